@@ -1,0 +1,144 @@
+// Package backend is the contract between the distlock facade and the
+// stores that hold locks. Application code does not use it; backend authors
+// do, the way database/sql/driver serves database/sql.
+//
+// The facade owns policy: it validates input, resolves the TTL, makes the
+// owner value, runs the handler chain, spins with random sleeps, enforces
+// deadlines, renews and signals loss. A backend makes single attempts and
+// reports their result. It never sees an empty key, a TTL <= 0 or a nil
+// lease: the facade guarantees normalized input.
+//
+// # Families
+//
+// A pull store implements [Spinner]: one atomic add-if-absent per call. The
+// facade calls it in its one spin loop, sleeping a random time in
+// [min, min+random) between attempts, never past the caller's deadline nor
+// past the holder's remaining TTL when the backend reports it.
+//
+// A push store implements [Waiter]: one blocking call that queues, waits on a
+// watch and returns when the lock is held, the deadline passes or the context
+// ends.
+//
+// Every store implements [RemoteResource] (release) and one of the two.
+//
+// # Optional abilities
+//
+// Found by type assertion, as database/sql finds driver.ExecerContext:
+//   - [Refresher]: extend a held lock (used by WithAutoRenew);
+//   - [Notifier]: wake spinning waiters when a key is released;
+//   - [KeyValidator]: reject keys the store cannot hold before any I/O.
+//
+// A store that can tell when it has lost a lock (an etcd lease or a
+// ZooKeeper session ended) closes [Lease].Lost.
+package backend
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotAcquired is returned by [Spinner.TryAcquire] never, and by
+// [Waiter.Acquire] when the lock stayed held by another owner until the
+// deadline. The facade returns it to callers as distlock.ErrNotAcquired
+// (the same value).
+var ErrNotAcquired = errors.New("distlock: not acquired")
+
+// ErrNotHeld is returned by [RemoteResource.Release] and [Refresher.Refresh]
+// when the store no longer holds the lease's value under its key: it expired,
+// or another owner took it. It is the same value as distlock.ErrNotHeld.
+var ErrNotHeld = errors.New("distlock: not held")
+
+// Lease is one acquisition as a backend sees it. The facade fills Key,
+// Value and TTL before the first attempt; the backend fills Token and may
+// fill Validity, Lost and Handle when it acquires.
+type Lease struct {
+	// Key is the caller's lock name. Never empty.
+	Key string
+	// Value is the owner value: fresh for every acquisition and unique
+	// across processes. Release and Refresh compare against it.
+	Value string
+	// TTL is the lease time for this acquisition, > 0. A store that rounds
+	// it (etcd: whole seconds) rounds up and says so in its package doc.
+	TTL time.Duration
+
+	// Token is the fencing token: strictly increasing across successive
+	// holders of Key on one store. 0 when the store cannot make one.
+	Token uint64
+	// Validity, when > 0, is how long the lock is known valid, counted from
+	// the moment the facade started the successful attempt. 0 means TTL.
+	// Redlock sets ttl - elapsed - drift here.
+	Validity time.Duration
+	// Lost, when non-nil, is closed by the backend when it learns the lock
+	// is gone (session expired, lease revoked). The facade then closes the
+	// lock's Done channel.
+	Lost <-chan struct{}
+	// Handle is backend-private state carried from acquire to release and
+	// refresh (an etcd lease ID, a znode path). The facade never reads it.
+	Handle any
+}
+
+// RemoteResource is what every store implements, together with one of
+// [Spinner] or [Waiter]. Implementations must be safe for concurrent use.
+type RemoteResource interface {
+	// Release deletes the lock if and only if the store still holds
+	// l.Value under l.Key (compare-and-delete). It returns ErrNotHeld when
+	// the store does not, and touches nothing then. Errors from the store
+	// are wrapped with the operation and key.
+	Release(ctx context.Context, l *Lease) error
+}
+
+// Spinner is a pull store: the facade's spin loop calls TryAcquire until it
+// succeeds or the wait ends.
+type Spinner interface {
+	RemoteResource
+	// TryAcquire makes exactly one atomic add-if-absent of l.Key with
+	// l.Value for l.TTL. On success it sets l.Token (and optionally
+	// l.Validity) and returns acquired == true. When another owner holds the
+	// key it returns acquired == false with a nil error, and holderTTL set to
+	// the holder's remaining time if the store told it (0 if unknown), so
+	// the spin loop does not sleep past the holder's expiry.
+	//
+	// It must not retry or sleep: the facade owns retry policy. A request
+	// that may have reached the store but whose reply was lost must be
+	// cleaned up (compare-and-delete of l.Value) before returning the error,
+	// so a failed attempt never leaves an orphan.
+	TryAcquire(ctx context.Context, l *Lease) (acquired bool, holderTTL time.Duration, err error)
+}
+
+// Waiter is a push store: it queues the caller and waits on a watch.
+type Waiter interface {
+	RemoteResource
+	// Acquire blocks until l is held, deadline passes, or ctx ends. A zero
+	// deadline means exactly one attempt: hold now or return
+	// ErrNotAcquired. On success it fills l.Token (and l.Lost, l.Handle as
+	// needed). When the deadline passes first it returns ErrNotAcquired;
+	// when ctx ends first, ctx.Err(). In both cases, and on any error, it
+	// leaves nothing behind in the store (no queued key, znode or lease).
+	Acquire(ctx context.Context, l *Lease, deadline time.Time) error
+}
+
+// Refresher is implemented by stores that can extend a held lock.
+type Refresher interface {
+	// Refresh extends l for another l.TTL if and only if the store still
+	// holds l.Value under l.Key (compare-and-expire). ErrNotHeld otherwise.
+	Refresh(ctx context.Context, l *Lease) error
+}
+
+// Notifier is implemented by pull stores that can tell waiters a key was
+// released, so they retry at once instead of sleeping out the spin.
+type Notifier interface {
+	// Subscribe asks for release notices of key. Each notice sends one
+	// value on ch without blocking (ch is buffered; a notice that finds it
+	// full is dropped). Notices are hints: a lost one costs only latency,
+	// because the spin loop keeps sleeping in between. cancel ends the
+	// subscription and must be called exactly once. ch is nil when the store
+	// cannot subscribe now.
+	Subscribe(key string) (ch <-chan struct{}, cancel func())
+}
+
+// KeyValidator is implemented by stores with limits on keys. The facade
+// calls ValidateKey before any I/O and returns its error to the caller.
+type KeyValidator interface {
+	ValidateKey(key string) error
+}

@@ -1,0 +1,3 @@
+module github.com/distlock/distlock
+
+go 1.26
