@@ -1,0 +1,194 @@
+package testserver
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var redisKind = kind{
+	name:    "redis",
+	envVar:  "DISTLOCK_TEST_REDIS",
+	binary:  "redis-server",
+	install: "apt-get install redis-server redis-tools",
+	image:   "redis:7",
+}
+
+// RedisServer is a Redis server for one test.
+//
+// Stop, Kill, Pause, Resume and Restart control a server the test started;
+// on a server given by an environment variable they skip the test (fail it
+// when CI is set). Call them from the test's goroutine. The server keeps no
+// data on disk: a restarted server is empty, as after a crash without
+// persistence.
+type RedisServer struct {
+	// Addr is the server's "host:port".
+	Addr string
+
+	t    testing.TB
+	proc *process // nil for an external server
+	src  source
+}
+
+// Redis starts a Redis server for t and stops it when t ends.
+// DISTLOCK_TEST_REDIS=host:port makes it use a running server instead.
+func Redis(t testing.TB) *RedisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	src, env := redisKind.choose(t, err == nil)
+	switch src {
+	case sourceEnv:
+		return &RedisServer{Addr: env, t: t, src: src}
+	case sourceDocker:
+		return &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), t: t, src: src}
+	}
+	return startRedis(t, bin, "redis", nil)
+}
+
+// RedisNodes starts n independent Redis servers (for Redlock).
+// DISTLOCK_TEST_REDIS_NODES=addr1,addr2,... (at least n) makes it use
+// running servers instead.
+func RedisNodes(t testing.TB, n int) []*RedisServer {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("testserver: RedisNodes(%d): n must be positive", n)
+	}
+	if env := os.Getenv("DISTLOCK_TEST_REDIS_NODES"); env != "" {
+		addrs := splitList(env)
+		if len(addrs) < n {
+			t.Fatalf("testserver: DISTLOCK_TEST_REDIS_NODES lists %d addresses; the test needs %d", len(addrs), n)
+		}
+		nodes := make([]*RedisServer, n)
+		for i := range nodes {
+			nodes[i] = &RedisServer{Addr: addrs[i], t: t, src: sourceEnv}
+		}
+		return nodes
+	}
+	bin, err := exec.LookPath("redis-server")
+	k := redisKind
+	k.envVar = "DISTLOCK_TEST_REDIS_NODES"
+	src, _ := k.choose(t, err == nil)
+	nodes := make([]*RedisServer, n)
+	for i := range nodes {
+		if src == sourceDocker {
+			nodes[i] = &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), t: t, src: src}
+			continue
+		}
+		nodes[i] = startRedis(t, bin, fmt.Sprintf("redis-node%d", i), nil)
+	}
+	return nodes
+}
+
+// startRedis starts redis-server in a fresh temp dir with extra arguments.
+func startRedis(t testing.TB, bin, name string, extra []string) *RedisServer {
+	t.Helper()
+	dir := t.TempDir()
+	s := &RedisServer{t: t, src: sourceBinary}
+	build := func(port int) *process {
+		args := []string{bin,
+			"--bind", "127.0.0.1",
+			"--port", strconv.Itoa(port),
+			"--dir", dir,
+			"--save", "",
+			"--appendonly", "no",
+			"--daemonize", "no",
+			"--protected-mode", "no",
+			"--logfile", "",
+			"--loglevel", "notice",
+		}
+		args = append(args, extra...)
+		p := newProcess(t, name+" "+hostPort(port), filepath.Join(dir, "redis.log"), args...)
+		p.dir = dir
+		return p
+	}
+	p, port := startOnFreePort(t, build, func(_ *process, port int) error { return redisPing(hostPort(port)) })
+	s.proc = p
+	s.Addr = hostPort(port)
+	return s
+}
+
+func redisPing(addr string) error {
+	r, err := redisDo(addr, "PING")
+	if err != nil {
+		return err
+	}
+	if r != "PONG" {
+		return fmt.Errorf("PING: got %q", r)
+	}
+	return nil
+}
+
+func (s *RedisServer) control(what string) *process {
+	s.t.Helper()
+	if s.proc == nil {
+		notControllable(s.t, what, redisKind.envVar)
+	}
+	return s.proc
+}
+
+// Stop shuts the server down (SIGTERM) and waits until it has exited.
+func (s *RedisServer) Stop() {
+	s.t.Helper()
+	s.control("stop").stop()
+}
+
+// Kill ends the server with SIGKILL and waits until it has exited.
+func (s *RedisServer) Kill() {
+	s.t.Helper()
+	s.control("kill").kill()
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open, nothing
+// answers, until Resume.
+func (s *RedisServer) Pause() {
+	s.t.Helper()
+	if err := s.control("pause").pause(); err != nil {
+		s.t.Fatalf("testserver: %v", err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *RedisServer) Resume() {
+	s.t.Helper()
+	if err := s.control("resume").resume(); err != nil {
+		s.t.Fatalf("testserver: %v", err)
+	}
+}
+
+// Restart stops the server if it runs, starts it again on the same address
+// and waits until it answers.
+func (s *RedisServer) Restart() {
+	s.t.Helper()
+	p := s.control("restart")
+	p.stop()
+	if err := p.start(); err != nil {
+		s.t.Fatalf("testserver: %v", err)
+	}
+	if err := p.waitReady(func() error { return redisPing(s.Addr) }); err != nil {
+		s.t.Fatalf("testserver: restart: %v", err)
+	}
+}
+
+// PID returns the server's process id, or 0 when it is not running or
+// was not started by the test.
+func (s *RedisServer) PID() int {
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.pid()
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
