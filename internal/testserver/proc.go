@@ -33,6 +33,8 @@ type process struct {
 	dir  string   // working directory
 	log  string   // log file path
 	cred *syscall.Credential
+	// stopSig asks the server to shut down; SIGTERM when zero.
+	stopSig syscall.Signal
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -156,7 +158,13 @@ func (p *process) resume() error {
 // stop ends the server gracefully (SIGTERM), killing it if it does not exit
 // within stopTimeout, and waits until it is reaped. Stopping a stopped
 // process does nothing.
-func (p *process) stop() { p.end(syscall.SIGTERM, stopTimeout) }
+func (p *process) stop() {
+	sig := p.stopSig
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	p.end(sig, stopTimeout)
+}
 
 // kill ends the server with SIGKILL and waits until it is reaped.
 func (p *process) kill() { p.end(syscall.SIGKILL, stopTimeout) }
@@ -186,6 +194,29 @@ func (p *process) end(sig syscall.Signal, timeout time.Duration) {
 	p.mu.Lock()
 	p.cmd, p.exited, p.paused = nil, nil, false
 	p.mu.Unlock()
+}
+
+// run starts the process and waits until it exits, for set-up commands
+// such as initdb. It fails if the command fails.
+func (p *process) run() error {
+	if err := p.start(); err != nil {
+		return err
+	}
+	_, exited := p.current()
+	select {
+	case <-exited:
+	case <-time.After(startTimeout):
+		p.kill()
+		return fmt.Errorf("%s did not finish within %v", p.name, startTimeout)
+	}
+	err := p.exitErr()
+	p.mu.Lock()
+	p.cmd, p.exited = nil, nil
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	return nil
 }
 
 // pid returns the server's pid, or 0 when it is not running.
