@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 )
 

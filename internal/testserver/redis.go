@@ -29,9 +29,7 @@ type RedisServer struct {
 	// Addr is the server's "host:port".
 	Addr string
 
-	t    testing.TB
-	proc *process // nil for an external server
-	src  source
+	node
 }
 
 // Redis starts a Redis server for t and stops it when t ends.
@@ -42,9 +40,9 @@ func Redis(t testing.TB) *RedisServer {
 	src, env := redisKind.choose(t, err == nil)
 	switch src {
 	case sourceEnv:
-		return &RedisServer{Addr: env, t: t, src: src}
+		return &RedisServer{Addr: env, node: node{t: t, envVar: redisKind.envVar}}
 	case sourceDocker:
-		return &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), t: t, src: src}
+		return &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), node: node{t: t, envVar: redisKind.envVar}}
 	}
 	return startRedis(t, bin, "redis", nil)
 }
@@ -64,7 +62,7 @@ func RedisNodes(t testing.TB, n int) []*RedisServer {
 		}
 		nodes := make([]*RedisServer, n)
 		for i := range nodes {
-			nodes[i] = &RedisServer{Addr: addrs[i], t: t, src: sourceEnv}
+			nodes[i] = &RedisServer{Addr: addrs[i], node: node{t: t, envVar: "DISTLOCK_TEST_REDIS_NODES"}}
 		}
 		return nodes
 	}
@@ -75,7 +73,7 @@ func RedisNodes(t testing.TB, n int) []*RedisServer {
 	nodes := make([]*RedisServer, n)
 	for i := range nodes {
 		if src == sourceDocker {
-			nodes[i] = &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), t: t, src: src}
+			nodes[i] = &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), node: node{t: t, envVar: redisKind.envVar}}
 			continue
 		}
 		nodes[i] = startRedis(t, bin, fmt.Sprintf("redis-node%d", i), nil)
@@ -87,7 +85,6 @@ func RedisNodes(t testing.TB, n int) []*RedisServer {
 func startRedis(t testing.TB, bin, name string, extra []string) *RedisServer {
 	t.Helper()
 	dir := t.TempDir()
-	s := &RedisServer{t: t, src: sourceBinary}
 	build := func(port int) *process {
 		args := []string{bin,
 			"--bind", "127.0.0.1",
@@ -106,9 +103,8 @@ func startRedis(t testing.TB, bin, name string, extra []string) *RedisServer {
 		return p
 	}
 	p, port := startOnFreePort(t, build, func(_ *process, port int) error { return redisPing(hostPort(port)) })
-	s.proc = p
-	s.Addr = hostPort(port)
-	return s
+	addr := hostPort(port)
+	return &RedisServer{Addr: addr, node: node{t: t, proc: p, ready: func() error { return redisPing(addr) }}}
 }
 
 func redisPing(addr string) error {
@@ -120,66 +116,6 @@ func redisPing(addr string) error {
 		return fmt.Errorf("PING: got %q", r)
 	}
 	return nil
-}
-
-func (s *RedisServer) control(what string) *process {
-	s.t.Helper()
-	if s.proc == nil {
-		notControllable(s.t, what, redisKind.envVar)
-	}
-	return s.proc
-}
-
-// Stop shuts the server down (SIGTERM) and waits until it has exited.
-func (s *RedisServer) Stop() {
-	s.t.Helper()
-	s.control("stop").stop()
-}
-
-// Kill ends the server with SIGKILL and waits until it has exited.
-func (s *RedisServer) Kill() {
-	s.t.Helper()
-	s.control("kill").kill()
-}
-
-// Pause freezes the server (SIGSTOP): connections stay open, nothing
-// answers, until Resume.
-func (s *RedisServer) Pause() {
-	s.t.Helper()
-	if err := s.control("pause").pause(); err != nil {
-		s.t.Fatalf("testserver: %v", err)
-	}
-}
-
-// Resume continues a paused server (SIGCONT).
-func (s *RedisServer) Resume() {
-	s.t.Helper()
-	if err := s.control("resume").resume(); err != nil {
-		s.t.Fatalf("testserver: %v", err)
-	}
-}
-
-// Restart stops the server if it runs, starts it again on the same address
-// and waits until it answers.
-func (s *RedisServer) Restart() {
-	s.t.Helper()
-	p := s.control("restart")
-	p.stop()
-	if err := p.start(); err != nil {
-		s.t.Fatalf("testserver: %v", err)
-	}
-	if err := p.waitReady(func() error { return redisPing(s.Addr) }); err != nil {
-		s.t.Fatalf("testserver: restart: %v", err)
-	}
-}
-
-// PID returns the server's process id, or 0 when it is not running or
-// was not started by the test.
-func (s *RedisServer) PID() int {
-	if s.proc == nil {
-		return 0
-	}
-	return s.proc.pid()
 }
 
 // splitList splits a comma-separated list, dropping empty items.
