@@ -33,7 +33,8 @@
 // are the Cluster hash tag, so both keys live in one slot whatever k
 // contains, and distinct keys never share names. The release channel is
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
-// sets another. The fence counter never expires: it is what makes tokens
+// sets another; it is escaped the same way, so its braces never make the
+// tag. The fence counter never expires: it is what makes tokens
 // increase across holders, and it costs a few bytes per distinct lock name.
 // The layout and scripts live in internal/redisscript, shared with the
 // Redlock backend.
@@ -41,8 +42,8 @@
 // # TTL
 //
 // The lease TTL becomes PX in whole milliseconds, rounded up (1.2ms is 2ms):
-// Redis never holds a lock for less than asked. Expiry runs on the Redis
-// server's clock.
+// Redis never holds a lock for less than asked, and TryAcquire writes the
+// rounded TTL back into the lease. Expiry runs on the Redis server's clock.
 //
 // # Fencing tokens
 //

@@ -60,8 +60,8 @@ type Option func(*Resource)
 
 // WithPrefix sets the prefix of every key and channel the Resource uses.
 // The default is [DefaultPrefix] ("distlock:"). An empty prefix is allowed.
-// The prefix is used verbatim: if it contains a hash tag ("{...}"), every
-// lock of the Resource lands in that one Cluster slot.
+// Its '%', '{' and '}' are percent-escaped like the key's, so the hash tag
+// Redis Cluster sees is always the key's.
 func WithPrefix(prefix string) Option {
 	return func(r *Resource) { r.prefix = prefix }
 }
@@ -113,15 +113,16 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 type handle struct {
 	key     string    // the user's key, to detect a foreign Handle
 	value   string    // the owner value the args were built from
+	ms      int64     // the TTL in setArgs
 	keys    [2]string // lock, fence
 	setArgs [2]any    // value, ttl ms (acquire and extend)
 	relArgs [2]any    // value, publish command (release)
 }
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
-	h := &handle{key: l.Key, value: l.Value}
+	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	h.setArgs = [2]any{l.Value, redisscript.Millis(l.TTL)}
+	h.setArgs = [2]any{l.Value, h.ms}
 	h.relArgs = [2]any{h.setArgs[0], r.publish}
 	return h
 }
@@ -157,8 +158,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if r.c == nil {
 		return false, 0, errNilClient
 	}
+	// PX takes whole milliseconds: round up and say so in l.TTL.
+	ms := redisscript.Millis(l.TTL)
+	l.TTL = time.Duration(ms) * time.Millisecond
 	h, ok := l.Handle.(*handle)
-	if !ok || h.key != l.Key || h.value != l.Value || h.setArgs[1] != redisscript.Millis(l.TTL) {
+	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
 		h = r.newHandle(l)
 		l.Handle = h
 	}
@@ -261,11 +265,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	args := h.setArgs
-	if ms := redisscript.Millis(l.TTL); args[1] != ms {
-		args[1] = ms
+	args := h.setArgs[:]
+	if ms := redisscript.Millis(l.TTL); ms != h.ms {
+		args = []any{l.Value, ms}
 	}
-	n, err := redisscript.Extend.Run(ctx, r.c, h.keys[:1], args[:]...).Int64()
+	n, err := redisscript.Extend.Run(ctx, r.c, h.keys[:1], args...).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

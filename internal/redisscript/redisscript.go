@@ -122,19 +122,19 @@ func UnescapeTag(s string) (k string, ok bool) {
 }
 
 // Layout returns the lock key and the fence key of k under prefix, built
-// in one allocation: lock is prefix + "{" + EscapeTag(k) + "}" and fence is
-// lock + [FenceSuffix] (lock shares fence's memory). Both hash to the slot
-// of the tag EscapeTag(k) when prefix has no braces; when prefix has a hash
-// tag, both hash to that tag's slot. Either way they share a slot, because
-// lock is a prefix of fence that already contains a complete "{...}".
+// in one allocation: lock is EscapeTag(prefix) + "{" + EscapeTag(k) + "}"
+// and fence is lock + [FenceSuffix] (lock shares fence's memory). Both
+// hash to the Cluster slot of the tag EscapeTag(k): the prefix is escaped
+// too, so its braces can never make the tag (a prefix without '%', '{' and
+// '}' is used as is).
 //
 // k must not be empty: "{}" is not a hash tag, and the two names would
 // then hash apart.
 func Layout(prefix, k string) (lock, fence string) {
-	n := len(prefix) + 2 + escapedLen(k)
+	n := escapedLen(prefix) + 2 + escapedLen(k)
 	var b strings.Builder
 	b.Grow(n + len(FenceSuffix))
-	b.WriteString(prefix)
+	writeEscaped(&b, prefix)
 	b.WriteByte('{')
 	writeEscaped(&b, k)
 	b.WriteByte('}')
