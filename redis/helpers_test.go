@@ -105,3 +105,27 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// commandRejections returns rejected_calls per command from INFO
+// commandstats, keyed "name.rejected".
+func commandRejections(t testing.TB, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	m := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				m[strings.TrimPrefix(name, "cmdstat_")+".rejected"] = n
+			}
+		}
+	}
+	return m
+}
