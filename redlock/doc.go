@@ -1,0 +1,104 @@
+// Package redlock is the distlock backend for Redlock: one lock taken on N
+// independent Redis masters, held while a majority of them hold it. It is a
+// pull store: [Resource] implements backend.Spinner, and the distlock
+// facade spins on it.
+//
+//	nodes := []goredis.UniversalClient{c1, c2, c3, c4, c5} // independent masters
+//	res, err := redlock.New(nodes)
+//	if err != nil { ... }
+//	d, err := distlock.New(res)
+//
+// N must be odd and at least 3 ([New] fails otherwise, with no I/O). The
+// nodes must fail independently: not replicas of one another, not shards
+// of one Cluster, ideally not on one host. The caller owns the clients;
+// create them with ContextTimeoutEnabled: true (see [New]).
+//
+// # Algorithm
+//
+// Acquire ([Resource.TryAcquire]) sends the same request, the Redis
+// backend's acquire script (SET lock value NX PX ttl, with the same owner
+// value everywhere), to every node at once. Each node gets a per-node
+// timeout far below the TTL: by default 5% of it, at least 5ms
+// ([WithNodeTimeout]). Elapsed time is measured with the monotonic clock
+// from the start of the round. The lock is held if and only if
+//
+//	yes >= N/2+1  and  validity = ttl - elapsed - drift > 0
+//
+// where drift = ttl x 0.01 + 2ms ([WithDrift]) allows for node clocks
+// running at slightly different rates. The lock is then known valid until
+// start + ttl - drift (no node can expire it sooner, since none set it
+// before the start); the facade closes the lock's Done channel then unless
+// it was renewed ([Resource.Refresh], distlock.WithAutoRenew). Otherwise
+// the key is deleted again on every node that did not refuse it (those
+// that timed out too: their SET may have landed) and the attempt fails:
+// contention (the spin loop tries again; distlock.ErrNotAcquired at the
+// end of the wait) when other owners hold it, an error wrapping
+// [ErrNoQuorum] that names the failed nodes when fewer than a majority
+// answered. A node that is down or paused costs at most one per-node
+// timeout per call, whichever nodes answer.
+//
+// Release is a compare-and-delete on every node at once; it succeeds when a
+// majority still held our value, and returns backend.ErrNotHeld when fewer
+// than a majority could have. Refresh is a compare-and-PEXPIRE on every
+// node at once and succeeds only with a majority within the new validity.
+//
+// The scripts and the key layout are the Redis backend's
+// (package internal/redisscript): a lock on key k is the string key
+// prefix{k'} holding the owner value, with k' the key with '%', '{' and '}'
+// escaped. No fence counter is kept.
+//
+// # What it promises, and what it does not
+//
+// Redlock keeps two holders apart only under timing assumptions: that a
+// process is not paused, and that the network does not delay a request,
+// for longer than the lock's validity, and that node clocks advance at
+// about the same rate (within the drift allowance; a clock that jumps, by
+// an operator or NTP stepping it, breaks the lock on that node). Martin
+// Kleppmann's critique ("How to do distributed locking", 2016) shows a
+// holder that pauses (GC, swap, a stalled VM) past the validity, then
+// writes to the protected resource while a second holder does too; Salvatore
+// Sanfilippo's answer ("Is Redlock safe?", 2016) defends the timing model
+// and points at the same fix: the protected resource must reject stale
+// holders.
+//
+// That fix is a fencing token, and Redlock cannot make one: N independent
+// counters do not give one strictly increasing sequence without consensus.
+// The lease's Token is always 0 (distlock's Lock.Token returns 0). Use
+// Redlock where an occasional overlap costs efficiency, not correctness
+// (work done twice, a cache filled twice). Where overlap would corrupt
+// data, use a store with consensus that makes tokens, the etcd or
+// ZooKeeper backend of this module, and have the resource check them.
+//
+// # Restarts: stay out for one TTL
+//
+// A node restarted without persistence comes back empty, and may then
+// grant our lock to someone else: if it was one of a bare majority, two
+// owners each hold a majority. Operators must keep a restarted node out of
+// service (not answering clients) for at least the longest TTL in use
+// (delayed restart), or run it with AOF persistence and appendfsync
+// always. The package cannot enforce this; it is the deployment's job.
+//
+// # Ambiguity and cleanup
+//
+// A request that timed out may still have set the key. A failed acquire
+// therefore deletes the key on every node that did not refuse it, with a
+// fresh context (the caller's may be why it failed), before it returns.
+// When a late reply does arrive and says the key was set, after its round
+// gave the lock up or after the lock was released, the goroutine that got
+// it deletes the key at once. A SET that lands later still, unseen, expires
+// with its TTL: Redis has no way to recall it.
+//
+// Requests to the nodes run on a few worker goroutines per node that exit
+// when idle for a while; [Resource.Close] (called by distlock's Close)
+// stops the idle ones at once.
+//
+// # Errors
+//
+// Store errors are wrapped with the operation and key ("redlock: acquire
+// \"k\": ..."). [ErrNoQuorum]: fewer than a majority of nodes answered
+// (the error joins each failed node's error, with its index and address).
+// [ErrNoValidity]: a majority answered too late. Release and Refresh
+// return errors wrapping backend.ErrNotHeld when the lock expired or was
+// taken. [Resource.ValidateKey] rejects empty keys and keys over
+// [MaxKeyLen] before any I/O.
+package redlock

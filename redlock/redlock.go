@@ -1,0 +1,474 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/redis"
+)
+
+// DefaultPrefix is the key prefix used unless [WithPrefix] says otherwise.
+// It is the Redis backend's, so a lock key is named alike on both.
+const DefaultPrefix = redis.DefaultPrefix
+
+// MaxKeyLen is the longest lock key, in bytes, that [Resource.ValidateKey]
+// accepts: the Redis backend's limit.
+const MaxKeyLen = redis.MaxKeyLen
+
+// Defaults of the timing options.
+const (
+	// DefaultNodeTimeoutFactor times the TTL is the per-node timeout
+	// unless [WithNodeTimeout] sets one.
+	DefaultNodeTimeoutFactor = 0.05
+	// MinNodeTimeout is the floor of the default per-node timeout.
+	MinNodeTimeout = 5 * time.Millisecond
+	// DefaultDriftFactor and DefaultDriftExtra make the default clock
+	// drift allowance: ttl x 0.01 + 2ms.
+	DefaultDriftFactor = 0.01
+	DefaultDriftExtra  = 2 * time.Millisecond
+)
+
+// ErrNoQuorum is wrapped by the error of an operation that could not reach
+// a majority of nodes: too many failed or did not answer within the
+// per-node timeout. The error names the failed nodes and wraps their
+// errors.
+var ErrNoQuorum = errors.New("redlock: no quorum")
+
+// ErrNoValidity is wrapped by the error of an acquire or refresh that
+// reached a majority too late: no validity was left of the TTL after the
+// elapsed time and the drift allowance. The lock was released again
+// (acquire) or is left to expire (refresh).
+var ErrNoValidity = errors.New("redlock: no validity left")
+
+var (
+	_ backend.Spinner      = (*Resource)(nil)
+	_ backend.Refresher    = (*Resource)(nil)
+	_ backend.KeyValidator = (*Resource)(nil)
+	_ io.Closer            = (*Resource)(nil)
+)
+
+// Resource is a lock store over N independent Redis masters: a lock is held
+// when a majority of them hold it. It is safe for concurrent use. Create it
+// with [New]; pass it to distlock.New.
+type Resource struct {
+	nodes  []*node
+	quorum int
+
+	prefix      string
+	nodeTimeout time.Duration // 0: DefaultNodeTimeoutFactor x TTL
+	driftFactor float64
+	driftExtra  time.Duration
+
+	quit      chan struct{} // closed by Close: idle workers exit
+	closeOnce sync.Once
+}
+
+// Option configures a [Resource]. A bad value makes [New] fail.
+type Option func(*Resource) error
+
+// WithPrefix sets the prefix of every key the Resource uses. The default is
+// [DefaultPrefix] ("distlock:"). Keys are laid out as the Redis backend lays
+// them out (the prefix, then the key in braces, both escaped), so the same
+// prefix names the same key on both.
+func WithPrefix(prefix string) Option {
+	return func(r *Resource) error {
+		r.prefix = prefix
+		return nil
+	}
+}
+
+// WithNodeTimeout sets how long an operation waits for each node's reply.
+// The default, d == 0, is [DefaultNodeTimeoutFactor] x the lock's TTL, at
+// least [MinNodeTimeout]. Either way the timeout is cut to the lock's
+// validity (TTL minus drift): waiting longer could not give a lock. Keep it
+// far below the TTL, so that a node that is down or paused costs little of
+// the lock's validity. A negative d makes [New] fail.
+func WithNodeTimeout(d time.Duration) Option {
+	return func(r *Resource) error {
+		if d < 0 {
+			return fmt.Errorf("redlock: negative node timeout %v", d)
+		}
+		r.nodeTimeout = d
+		return nil
+	}
+}
+
+// WithDrift sets the clock drift allowance subtracted from the TTL:
+// factor x TTL + extra. The default is [DefaultDriftFactor] (0.01) and
+// [DefaultDriftExtra] (2ms). It accounts for node clocks running at
+// different rates, not for clocks being set: see the package doc. A factor
+// outside [0, 1) or a negative extra makes [New] fail.
+func WithDrift(factor float64, extra time.Duration) Option {
+	return func(r *Resource) error {
+		if !(factor >= 0 && factor < 1) || extra < 0 {
+			return fmt.Errorf("redlock: bad drift %v x TTL + %v", factor, extra)
+		}
+		r.driftFactor, r.driftExtra = factor, extra
+		return nil
+	}
+}
+
+// New returns a Resource over nodes, which must be independent Redis
+// masters (not replicas of each other, not one Cluster): an odd number of
+// them, at least 3, none nil. The caller owns the clients: the Resource
+// never closes them. Each client is best created with
+// ContextTimeoutEnabled: true, so that go-redis gives up a node's socket
+// I/O at the per-node timeout; without it the Resource still stops waiting
+// at the timeout, and the abandoned request finishes in the background
+// within the client's ReadTimeout.
+//
+// New returns an error, and does no I/O, for an even, short or nil-holding
+// node list and for a bad option.
+func New(nodes []goredis.UniversalClient, opts ...Option) (*Resource, error) {
+	switch n := len(nodes); {
+	case n < 3:
+		return nil, fmt.Errorf("redlock: %d nodes; need an odd number, at least 3", n)
+	case n%2 == 0:
+		return nil, fmt.Errorf("redlock: %d nodes; need an odd number (an even one adds a node but no failure tolerance)", n)
+	}
+	r := &Resource{
+		quorum:      len(nodes)/2 + 1,
+		prefix:      DefaultPrefix,
+		driftFactor: DefaultDriftFactor,
+		driftExtra:  DefaultDriftExtra,
+		quit:        make(chan struct{}),
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("redlock: nil option")
+		}
+		if err := o(r); err != nil {
+			return nil, err
+		}
+	}
+	r.nodes = make([]*node, len(nodes))
+	for i, c := range nodes {
+		if c == nil {
+			return nil, fmt.Errorf("redlock: node %d is nil", i)
+		}
+		r.nodes[i] = &node{c: c, name: nodeName(i, c), tasks: make(chan task), quit: r.quit}
+	}
+	return r, nil
+}
+
+// nodeName names node i in errors: its index and, when known, its address.
+func nodeName(i int, c goredis.UniversalClient) string {
+	var addr string
+	switch c := c.(type) {
+	case *goredis.Client:
+		addr = c.Options().Addr
+	case *goredis.ClusterClient:
+		addr = strings.Join(c.Options().Addrs, ",")
+	}
+	if addr == "" {
+		return fmt.Sprintf("node %d", i)
+	}
+	return fmt.Sprintf("node %d (%s)", i, addr)
+}
+
+// Quorum returns the number of nodes that must agree: N/2 + 1.
+func (r *Resource) Quorum() int { return r.quorum }
+
+// drift is the clock drift allowance for ttl.
+func (r *Resource) drift(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*r.driftFactor) + r.driftExtra
+}
+
+// timeout is the per-node timeout for ttl, cut to the validity.
+func (r *Resource) timeout(ttl, validity time.Duration) time.Duration {
+	d := r.nodeTimeout
+	if d == 0 {
+		d = max(time.Duration(float64(ttl)*DefaultNodeTimeoutFactor), MinNodeTimeout)
+	}
+	return min(d, validity)
+}
+
+// handle is the per-lease state kept in backend.Lease.Handle: the key name
+// and the command arguments, built once per acquisition and shared, read
+// only, by every node's request of every attempt, refresh and release.
+type handle struct {
+	key, value string
+	ms         int64
+	keys       [1]string // the lock key, for EVAL after NOSCRIPT
+	argv       [2]any    // value, ttl ms: the scripts' ARGV
+
+	acquire [6]any // EVALSHA acquire 1 lock value ms
+	extend  [6]any // EVALSHA extend 1 lock value ms
+	release [5]any // EVALSHA release 1 lock value
+
+	// released is set by Release before it sends anything, so that an
+	// acquire request answering after its round was decided deletes the
+	// key it set if the lock has been released meanwhile.
+	released atomic.Bool
+}
+
+// The scripts' SHA1 digests, boxed once.
+var (
+	acquireSHA any = redisscript.Acquire.Hash()
+	extendSHA  any = redisscript.Extend.Hash()
+	releaseSHA any = redisscript.Release.Hash()
+)
+
+func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
+	h := &handle{key: l.Key, value: l.Value, ms: ms}
+	h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
+	var lock, value, px any = h.keys[0], l.Value, ms
+	h.argv = [2]any{value, px}
+	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
+	h.extend = [6]any{"evalsha", extendSHA, 1, lock, value, px}
+	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
+	return h
+}
+
+// handleOf returns the lease's handle, or a fresh one (not stored: the
+// lease may be in use by another goroutine) when it has none of ours.
+func (r *Resource) handleOf(l *backend.Lease) *handle {
+	ms := redisscript.Millis(l.TTL)
+	if h, ok := l.Handle.(*handle); ok && h.key == l.Key && h.value == l.Value && h.ms == ms {
+		return h
+	}
+	return r.newHandle(l, ms)
+}
+
+// ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
+// one longer than [MaxKeyLen] bytes. Any bytes are allowed, braces included.
+func (r *Resource) ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("redlock: empty key")
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("redlock: key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// TryAcquire implements [backend.Spinner] with one quorum round: the
+// acquire script (SET lock value NX PX ttl) is sent to every node at once
+// and the round waits for every reply, or for the per-node timeout. The
+// lock is held when at least [Resource.Quorum] nodes set it and the time
+// elapsed since the round started is less than the TTL minus the drift
+// allowance. l.Validity is then TTL - drift, counted from the start of the
+// round as [backend.Lease] says (so ttl - elapsed - drift is left when
+// TryAcquire returns), l.TTL is the TTL rounded up to whole milliseconds,
+// and l.Token stays 0: Redlock makes no fencing tokens.
+//
+// Otherwise the key is deleted (compare-and-delete) on every node that did
+// not refuse it, those that timed out or failed included, with a fresh
+// context bounded by the per-node timeout, and TryAcquire returns:
+//   - false and a nil error when other owners hold it on enough nodes that
+//     a majority answered but too few said yes; holderTTL is then the time
+//     until enough of their keys expire for a majority to be free (0 when
+//     a node did not say);
+//   - an error wrapping [ErrNoQuorum], naming the failed nodes, when fewer
+//     than a majority answered;
+//   - an error wrapping [ErrNoValidity] when a majority said yes too late;
+//   - an error wrapping ctx.Err() when ctx ended during the round.
+//
+// A TTL no longer than the drift allowance cannot give a lock: TryAcquire
+// then returns an error without I/O.
+func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	ms := redisscript.Millis(l.TTL)
+	ttl := time.Duration(ms) * time.Millisecond
+	validity := ttl - r.drift(ttl)
+	if validity <= 0 {
+		return false, 0, fmt.Errorf("redlock: acquire %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))
+	}
+	if err := ctx.Err(); err != nil {
+		return false, 0, fmt.Errorf("redlock: acquire %q: %w", l.Key, err)
+	}
+	l.TTL = ttl
+	h, ok := l.Handle.(*handle)
+	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
+		h = r.newHandle(l, ms)
+		l.Handle = h
+	}
+	start := time.Now()
+	timeout := r.timeout(ttl, validity)
+	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout)
+	rd.wait()
+	// The decision is made under the round's lock, so that a node
+	// answering after it knows whether to delete the key it set.
+	rd.mu.Lock()
+	rd.over = true
+	var yes, no int
+	for _, rep := range rd.res {
+		switch {
+		case !rep.done || rep.err != nil:
+		case rep.v > 0:
+			yes++
+		default:
+			no++
+		}
+	}
+	elapsed := time.Since(start)
+	rd.held = yes >= r.quorum && elapsed < validity
+	rd.mu.Unlock()
+	rd.cancel()
+	if rd.held {
+		l.Validity = validity
+		return true, 0, nil
+	}
+
+	cerr := r.cleanup(ctx, rd, timeout)
+	var err error
+	switch {
+	case yes >= r.quorum:
+		err = fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes set it in %v; the TTL %v minus drift leaves %v",
+			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
+	case ctx.Err() != nil:
+		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctx.Err())
+	case yes+no >= r.quorum:
+		if cerr != nil { // a node that set our value could not delete it
+			return false, 0, fmt.Errorf("redlock: acquire %q: not acquired; %w", l.Key, cerr)
+		}
+		return false, holderTTL(rd.res, r.quorum-yes), nil
+	default:
+		err = rd.noQuorum("acquire", l.Key, r.quorum)
+	}
+	if cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return false, 0, err
+}
+
+// cleanup deletes the key of a failed acquire round on every node that did
+// not refuse it, with a fresh context: ctx may be why the round failed. It
+// returns an error only when a node that set the key could not delete it.
+func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
+	var skip [maxInline]bool
+	var skipped []bool = skip[:0]
+	if len(r.nodes) > maxInline {
+		skipped = make([]bool, 0, len(r.nodes))
+	}
+	for _, rep := range acq.res {
+		// A node that answered "held by another" did not set our value.
+		skipped = append(skipped, rep.done && rep.err == nil && rep.v <= 0)
+	}
+	cctx := context.WithoutCancel(ctx)
+	rd := r.startOn(cctx, opRelease, acq.h, acq.h.release[:], timeout, skipped)
+	rd.wait()
+	rd.mu.Lock()
+	rd.over = true
+	var errs []error
+	for i, rep := range rd.res {
+		if skipped[i] || (rep.done && rep.err == nil) {
+			continue
+		}
+		if a := acq.res[i]; a.done && a.err == nil && a.v > 0 { // it holds our value
+			err := rep.err
+			if !rep.done {
+				err = fmt.Errorf("no reply within %v", timeout)
+			}
+			errs = append(errs, fmt.Errorf("%s kept the key: %w", r.nodes[i].name, err))
+		}
+	}
+	rd.mu.Unlock()
+	rd.cancel()
+	if len(errs) > 0 {
+		return fmt.Errorf("clean up: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// holderTTL returns the time until need more nodes are free: the need-th
+// smallest remaining TTL among the nodes held by others, or 0 when fewer
+// than need of them told it.
+func holderTTL(res []reply, need int) time.Duration {
+	var buf [maxInline]int64
+	ttls := buf[:0]
+	for _, rep := range res {
+		if rep.done && rep.err == nil && rep.v < 0 {
+			ttls = append(ttls, -rep.v)
+		}
+	}
+	if need <= 0 || len(ttls) < need {
+		return 0
+	}
+	for i := 1; i < len(ttls); i++ { // insertion sort: N is small
+		for j := i; j > 0 && ttls[j] < ttls[j-1]; j-- {
+			ttls[j], ttls[j-1] = ttls[j-1], ttls[j]
+		}
+	}
+	return time.Duration(ttls[need-1]) * time.Millisecond
+}
+
+// Release implements [backend.RemoteResource]: compare-and-delete on every
+// node at once, waiting for every reply or the per-node timeout. It returns
+// nil when at least a majority of nodes deleted our value, an error
+// wrapping [backend.ErrNotHeld] when fewer than a majority could still have
+// held it (even counting the nodes that failed), and otherwise an error
+// wrapping [ErrNoQuorum] naming the failed nodes: the lock may then still
+// be held, and expires with its TTL.
+func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
+	h := r.handleOf(l)
+	h.released.Store(true)
+	ttl := time.Duration(h.ms) * time.Millisecond
+	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl))
+	rd.wait()
+	deleted, failed := rd.decide()
+	rd.cancel()
+	switch {
+	case deleted >= r.quorum:
+		return nil
+	case deleted+failed < r.quorum:
+		return fmt.Errorf("redlock: release %q: %w: %d of %d nodes held it", l.Key, backend.ErrNotHeld, deleted, len(r.nodes))
+	case ctx.Err() != nil:
+		return fmt.Errorf("redlock: release %q: %w", l.Key, ctx.Err())
+	}
+	return rd.noQuorum("release", l.Key, r.quorum)
+}
+
+// Refresh implements [backend.Refresher]: compare-and-PEXPIRE to l.TTL on
+// every node at once. It succeeds when at least a majority extended our
+// value and the time elapsed is less than the TTL minus the drift
+// allowance, so the lock is valid for TTL - drift from the start of the
+// call, as after an acquire. It returns an error wrapping
+// [backend.ErrNotHeld] when fewer than a majority could still hold our
+// value, [ErrNoValidity] when the majority answered too late, and
+// [ErrNoQuorum] naming the failed nodes when too few answered. It does
+// not set the key again on a node that lost it (one restarted empty).
+func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
+	h := r.handleOf(l)
+	ttl := time.Duration(h.ms) * time.Millisecond
+	validity := ttl - r.drift(ttl)
+	if validity <= 0 {
+		return fmt.Errorf("redlock: refresh %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))
+	}
+	start := time.Now()
+	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity))
+	rd.wait()
+	extended, failed := rd.decide()
+	elapsed := time.Since(start)
+	rd.cancel()
+	switch {
+	case extended >= r.quorum && elapsed < validity:
+		return nil
+	case extended >= r.quorum:
+		return fmt.Errorf("redlock: refresh %q: %w: %d of %d nodes extended it in %v; the TTL %v minus drift leaves %v",
+			l.Key, ErrNoValidity, extended, len(r.nodes), elapsed, ttl, validity)
+	case extended+failed < r.quorum:
+		return fmt.Errorf("redlock: refresh %q: %w: %d of %d nodes held it", l.Key, backend.ErrNotHeld, extended, len(r.nodes))
+	case ctx.Err() != nil:
+		return fmt.Errorf("redlock: refresh %q: %w", l.Key, ctx.Err())
+	}
+	return rd.noQuorum("refresh", l.Key, r.quorum)
+}
+
+// Close stops the Resource's idle worker goroutines. It never closes the
+// clients given to [New]. The Resource stays usable: later calls start
+// goroutines as needed, which end with their request. Calls after the
+// first do nothing and return nil.
+func (r *Resource) Close() error {
+	r.closeOnce.Do(func() { close(r.quit) })
+	return nil
+}

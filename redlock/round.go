@@ -1,0 +1,233 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/internal/redisscript"
+)
+
+// maxInline is the node count up to which a round keeps its replies
+// inline, with no allocation of their own.
+const maxInline = 7
+
+// idleTimeout is how long a node's worker goroutine waits for the next
+// request before it exits.
+const idleTimeout = 2 * time.Second
+
+// lateCleanupTimeout bounds the compare-and-delete a worker sends when an
+// acquire request answered "set" after its round had given up the lock.
+const lateCleanupTimeout = time.Second
+
+type op uint8
+
+const (
+	opAcquire op = iota
+	opExtend
+	opRelease
+)
+
+// script returns op's script and how many of the handle's ARGV it takes,
+// for EVAL when a node does not have the script cached.
+func (o op) script() (*goredis.Script, int) {
+	switch o {
+	case opAcquire:
+		return redisscript.Acquire, 2
+	case opExtend:
+		return redisscript.Extend, 2
+	}
+	return redisscript.Release, 1
+}
+
+// reply is one node's answer in a round.
+type reply struct {
+	v    int64 // the script's reply
+	err  error
+	done bool // answered (v or err) before the round was decided
+}
+
+// round is one request sent to every node at once: the caller starts it,
+// waits until every node answered or the per-node timeout passed, then
+// decides under mu (setting over). A node answering after that is late:
+// its reply is not recorded, and a late "set" of an acquire that did not
+// keep the lock is deleted again by the worker that got it.
+type round struct {
+	nodes   []*node
+	op      op
+	h       *handle
+	args    []any // the command, shared read-only by every node's request
+	timeout time.Duration
+
+	ctx    context.Context // the caller's, with the per-node timeout
+	cancel context.CancelFunc
+	done   chan struct{} // closed when every started node has answered
+
+	mu   sync.Mutex
+	over bool // decided: later replies are late
+	held bool // an acquire round kept the lock
+	left int  // replies still expected
+	res  []reply
+	buf  [maxInline]reply
+}
+
+// start sends args to every node at once, each with a timeout from now.
+func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration) *round {
+	return r.startOn(ctx, o, h, args, timeout, nil)
+}
+
+// startOn is start for the nodes not marked in skip (nil: all).
+func (r *Resource) startOn(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, skip []bool) *round {
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, done: make(chan struct{})}
+	rd.ctx, rd.cancel = context.WithTimeout(ctx, timeout)
+	if n := len(r.nodes); n <= maxInline {
+		rd.res = rd.buf[:n]
+	} else {
+		rd.res = make([]reply, n)
+	}
+	for i := range r.nodes {
+		if skip == nil || !skip[i] {
+			rd.left++
+		}
+	}
+	if rd.left == 0 {
+		close(rd.done)
+		return rd
+	}
+	for i, nd := range r.nodes {
+		if skip == nil || !skip[i] {
+			nd.submit(task{rd: rd, i: i})
+		}
+	}
+	return rd
+}
+
+// wait returns when every node answered, the per-node timeout passed or
+// the caller's context ended.
+func (rd *round) wait() {
+	select {
+	case <-rd.done:
+	case <-rd.ctx.Done():
+	}
+}
+
+// decide ends a release or extend round: ok counts the nodes that
+// answered 1 (done), failed those that erred or did not answer in time.
+func (rd *round) decide() (ok, failed int) {
+	rd.mu.Lock()
+	rd.over = true
+	for _, rep := range rd.res {
+		switch {
+		case !rep.done || rep.err != nil:
+			failed++
+		case rep.v > 0:
+			ok++
+		}
+	}
+	rd.mu.Unlock()
+	return ok, failed
+}
+
+// noQuorum is the error of a decided round that fewer than quorum nodes
+// answered: it names each failed node with its error.
+func (rd *round) noQuorum(op, key string, quorum int) error {
+	var errs []error
+	for i, rep := range rd.res {
+		switch {
+		case !rep.done:
+			errs = append(errs, fmt.Errorf("%s: no reply within %v", rd.nodes[i].name, rd.timeout))
+		case rep.err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", rd.nodes[i].name, rep.err))
+		}
+	}
+	return fmt.Errorf("redlock: %s %q: %w: %d of %d nodes failed, %d must answer: %w",
+		op, key, ErrNoQuorum, len(errs), len(rd.nodes), quorum, errors.Join(errs...))
+}
+
+// run sends the round's request to node i and records the reply.
+func (rd *round) run(i int) {
+	nd := rd.nodes[i]
+	v, err := nd.eval(rd.ctx, rd.op, rd.args, rd.h)
+	rd.mu.Lock()
+	late := rd.over
+	if !late {
+		rd.res[i] = reply{v: v, err: err, done: true}
+		if rd.left--; rd.left == 0 {
+			close(rd.done)
+		}
+	}
+	held := rd.held
+	rd.mu.Unlock()
+	if late && rd.op == opAcquire && err == nil && v > 0 && (!held || rd.h.released.Load()) {
+		// The node set our key after the round gave the lock up, or
+		// after it was released: delete it rather than let it linger
+		// until its TTL. (Release sets released before it sends, so a
+		// set applied after Release's delete is seen here.)
+		ctx, cancel := context.WithTimeout(context.Background(), lateCleanupTimeout)
+		_, _ = nd.eval(ctx, opRelease, rd.h.release[:], rd.h)
+		cancel()
+	}
+}
+
+// node is one Redis master and its worker goroutines.
+type node struct {
+	c    goredis.UniversalClient
+	name string // for errors: "node 2 (127.0.0.1:6380)"
+	// tasks hands a request to an idle worker; unbuffered, so a send
+	// succeeds only when one is waiting.
+	tasks chan task
+	quit  <-chan struct{}
+}
+
+// task is node i's part of a round.
+type task struct {
+	rd *round
+	i  int
+}
+
+// submit runs t on an idle worker of the node, or on a new one. Workers
+// stay idle for idleTimeout, so a steady load reuses them and a round
+// costs no goroutine allocation, while a burst of concurrent rounds gets
+// as many workers as it needs.
+func (nd *node) submit(t task) {
+	select {
+	case nd.tasks <- t:
+	default:
+		go nd.work(t)
+	}
+}
+
+func (nd *node) work(t task) {
+	t.rd.run(t.i)
+	idle := time.NewTimer(idleTimeout)
+	defer idle.Stop()
+	for {
+		select {
+		case t = <-nd.tasks:
+			t.rd.run(t.i)
+			idle.Reset(idleTimeout)
+		case <-idle.C:
+			return
+		case <-nd.quit:
+			return
+		}
+	}
+}
+
+// eval runs the command in args (an EVALSHA) on the node, falling back to
+// EVAL of op's script when the node does not have it cached (a restarted
+// node, SCRIPT FLUSH).
+func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, error) {
+	cmd := goredis.NewCmd(ctx, args...)
+	_ = nd.c.Process(ctx, cmd)
+	v, err := cmd.Int64()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		s, nargv := o.script()
+		v, err = s.Eval(ctx, nd.c, h.keys[:], h.argv[:nargv]...).Int64()
+	}
+	return v, err
+}
