@@ -29,13 +29,14 @@
 // start + ttl - drift (no node can expire it sooner, since none set it
 // before the start); the facade closes the lock's Done channel then unless
 // it was renewed ([Resource.Refresh], distlock.WithAutoRenew). Otherwise
-// the key is deleted again on every node that did not refuse it (those
-// that timed out too: their SET may have landed) and the attempt fails:
+// the key is deleted again on every node (those that timed out too: their
+// SET may have landed) and the attempt fails:
 // contention (the spin loop tries again; distlock.ErrNotAcquired at the
 // end of the wait) when other owners hold it, an error wrapping
 // [ErrNoQuorum] that names the failed nodes when fewer than a majority
 // answered. A node that is down or paused costs at most one per-node
-// timeout per call, whichever nodes answer.
+// timeout per round, whichever nodes answer (a failed acquire has two
+// rounds: the attempt and its cleanup).
 //
 // Release is a compare-and-delete on every node at once; it succeeds when a
 // majority still held our value, and returns backend.ErrNotHeld when fewer
@@ -81,7 +82,7 @@
 // # Ambiguity and cleanup
 //
 // A request that timed out may still have set the key. A failed acquire
-// therefore deletes the key on every node that did not refuse it, with a
+// therefore deletes the key on every node (compare-and-delete), with a
 // fresh context (the caller's may be why it failed), before it returns.
 // When a late reply does arrive and says the key was set, after its round
 // gave the lock up or after the lock was released, the goroutine that got

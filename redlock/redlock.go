@@ -262,9 +262,9 @@ func (r *Resource) ValidateKey(key string) error {
 // TryAcquire returns), l.TTL is the TTL rounded up to whole milliseconds,
 // and l.Token stays 0: Redlock makes no fencing tokens.
 //
-// Otherwise the key is deleted (compare-and-delete) on every node that did
-// not refuse it, those that timed out or failed included, with a fresh
-// context bounded by the per-node timeout, and TryAcquire returns:
+// Otherwise the key is deleted (compare-and-delete) on every node, those
+// that timed out or failed included, with a fresh context bounded by the
+// per-node timeout, and TryAcquire returns:
 //   - false and a nil error when other owners hold it on enough nodes that
 //     a majority answered but too few said yes; holderTTL is then the time
 //     until enough of their keys expire for a majority to be free (0 when
@@ -341,27 +341,19 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	return false, 0, err
 }
 
-// cleanup deletes the key of a failed acquire round on every node that did
-// not refuse it, with a fresh context: ctx may be why the round failed. It
-// returns an error only when a node that set the key could not delete it.
+// cleanup deletes the key of a failed acquire round on every node, with a
+// fresh context: ctx may be why the round failed. Nodes that refused the
+// key are not spared: a request go-redis retried after a lost reply says
+// "held" when its first try set our value. cleanup returns an error only
+// when a node that said it set the key could not delete it.
 func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
-	var skip [maxInline]bool
-	var skipped []bool = skip[:0]
-	if len(r.nodes) > maxInline {
-		skipped = make([]bool, 0, len(r.nodes))
-	}
-	for _, rep := range acq.res {
-		// A node that answered "held by another" did not set our value.
-		skipped = append(skipped, rep.done && rep.err == nil && rep.v <= 0)
-	}
-	cctx := context.WithoutCancel(ctx)
-	rd := r.startOn(cctx, opRelease, acq.h, acq.h.release[:], timeout, skipped)
+	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout)
 	rd.wait()
 	rd.mu.Lock()
 	rd.over = true
 	var errs []error
 	for i, rep := range rd.res {
-		if skipped[i] || (rep.done && rep.err == nil) {
+		if rep.done && rep.err == nil {
 			continue
 		}
 		if a := acq.res[i]; a.done && a.err == nil && a.v > 0 { // it holds our value

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -77,11 +78,6 @@ type round struct {
 
 // start sends args to every node at once, each with a timeout from now.
 func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration) *round {
-	return r.startOn(ctx, o, h, args, timeout, nil)
-}
-
-// startOn is start for the nodes not marked in skip (nil: all).
-func (r *Resource) startOn(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, skip []bool) *round {
 	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, done: make(chan struct{})}
 	rd.ctx, rd.cancel = context.WithTimeout(ctx, timeout)
 	if n := len(r.nodes); n <= maxInline {
@@ -89,19 +85,9 @@ func (r *Resource) startOn(ctx context.Context, o op, h *handle, args []any, tim
 	} else {
 		rd.res = make([]reply, n)
 	}
-	for i := range r.nodes {
-		if skip == nil || !skip[i] {
-			rd.left++
-		}
-	}
-	if rd.left == 0 {
-		close(rd.done)
-		return rd
-	}
+	rd.left = len(r.nodes)
 	for i, nd := range r.nodes {
-		if skip == nil || !skip[i] {
-			nd.submit(task{rd: rd, i: i})
-		}
+		nd.submit(task{rd: rd, i: i})
 	}
 	return rd
 }
@@ -181,6 +167,9 @@ type node struct {
 	// succeeds only when one is waiting.
 	tasks chan task
 	quit  <-chan struct{}
+	// workers counts the running worker goroutines (for tests; changed
+	// only when one starts or exits).
+	workers atomic.Int32
 }
 
 // task is node i's part of a round.
@@ -202,6 +191,8 @@ func (nd *node) submit(t task) {
 }
 
 func (nd *node) work(t task) {
+	nd.workers.Add(1)
+	defer nd.workers.Add(-1)
 	t.rd.run(t.i)
 	idle := time.NewTimer(idleTimeout)
 	defer idle.Stop()

@@ -1,0 +1,154 @@
+package redlock_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/redlock"
+)
+
+// cluster is N independent Redis nodes for one top-level test, with a
+// client per node.
+type cluster struct {
+	servers []*testserver.RedisServer
+	clients []goredis.UniversalClient
+}
+
+// startNodes starts n Redis servers, and a client for each configured by
+// opt (nil: ContextTimeoutEnabled, as the package doc recommends).
+func startNodes(t *testing.T, n int, opt func(*goredis.Options)) *cluster {
+	t.Helper()
+	c := &cluster{servers: testserver.RedisNodes(t, n)}
+	for _, s := range c.servers {
+		o := &goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true}
+		if opt != nil {
+			opt(o)
+		}
+		cl := goredis.NewClient(o)
+		t.Cleanup(func() { _ = cl.Close() })
+		c.clients = append(c.clients, cl)
+	}
+	return c
+}
+
+// newResource returns a Resource over c's nodes, closed when t ends.
+func (c *cluster) newResource(t testing.TB, opts ...redlock.Option) *redlock.Resource {
+	t.Helper()
+	r, err := redlock.New(c.clients, opts...)
+	if err != nil {
+		t.Fatalf("redlock.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return r
+}
+
+// lockKey is the Redis key of lock key under the default prefix.
+func lockKey(key string) string {
+	lock, _ := redisscript.Layout(redlock.DefaultPrefix, key)
+	return lock
+}
+
+// values returns what each node holds under key's lock ("" when absent),
+// or "<down>" for a node that does not answer within a second.
+func (c *cluster) values(t testing.TB, key string) []string {
+	t.Helper()
+	out := make([]string, len(c.clients))
+	for i, cl := range c.clients {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		v, err := cl.Get(ctx, lockKey(key)).Result()
+		cancel()
+		switch {
+		case err == goredis.Nil:
+		case err != nil:
+			out[i] = "<down>"
+		default:
+			out[i] = v
+		}
+	}
+	return out
+}
+
+// count returns how many nodes hold value under key's lock.
+func (c *cluster) count(t testing.TB, key, value string) int {
+	t.Helper()
+	n := 0
+	for _, v := range c.values(t, key) {
+		if v == value {
+			n++
+		}
+	}
+	return n
+}
+
+// noneHold fails t if any node holds value under key's lock.
+func (c *cluster) noneHold(t testing.TB, key, value string) {
+	t.Helper()
+	for i, v := range c.values(t, key) {
+		if v == value {
+			t.Errorf("node %d still holds our value under %q", i, key)
+		}
+	}
+}
+
+// hold sets key's lock to value with ttl on the nodes listed, as another
+// owner would.
+func (c *cluster) hold(t testing.TB, key, value string, ttl time.Duration, nodes ...int) {
+	t.Helper()
+	for _, i := range nodes {
+		if err := c.clients[i].Set(context.Background(), lockKey(key), value, ttl).Err(); err != nil {
+			t.Fatalf("SET on node %d: %v", i, err)
+		}
+	}
+}
+
+// del deletes key's lock on the nodes listed.
+func (c *cluster) del(t testing.TB, key string, nodes ...int) {
+	t.Helper()
+	for _, i := range nodes {
+		if err := c.clients[i].Del(context.Background(), lockKey(key)).Err(); err != nil {
+			t.Fatalf("DEL on node %d: %v", i, err)
+		}
+	}
+}
+
+// uniqueKey is t's name plus random hex, so tests never share a key.
+func uniqueKey(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return t.Name() + "-" + hex.EncodeToString(b[:])
+}
+
+func newLease(key string, ttl time.Duration) *backend.Lease {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return &backend.Lease{Key: key, Value: hex.EncodeToString(b[:]), TTL: ttl}
+}
+
+// waitFor polls cond every few ms until it holds or 10s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func nodes(idx ...int) []int { return idx }
+
+func describe(v []string) string { return fmt.Sprintf("%q", v) }
