@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 		// leave our key on any of them.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
 			var left []string
-			for i, cl := range c.clients {
+			for i, cl := range c.inspect {
 				n, err := cl.Exists(ctx, lockKey(key)).Result()
 				if err != nil {
 					return nil, fmt.Errorf("node %d: %w", i, err)
@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 			return left, nil
 		},
 		Evict: func(ctx context.Context, key string) error {
-			for i, cl := range c.clients {
+			for i, cl := range c.inspect {
 				if err := cl.Del(ctx, lockKey(key)).Err(); err != nil {
 					return fmt.Errorf("node %d: %w", i, err)
 				}

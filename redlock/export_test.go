@@ -1,17 +1,19 @@
 package redlock
 
-// HolderTTL exposes holderTTL to the tests.
-var HolderTTL = holderTTL
+import "time"
 
-// Reply builds a reply for HolderTTL's tests: an answer v, or a failure.
-func Reply(v int64, failed bool) reply {
-	if failed {
-		return reply{done: true, err: errFailedForTest}
+// HolderTTL runs holderTTL on replies built from vs, where a v of 99
+// stands for a failed node.
+func HolderTTL(vs []int64, need int) time.Duration {
+	res := make([]reply, len(vs))
+	for i, v := range vs {
+		res[i] = reply{v: v, done: true}
+		if v == 99 {
+			res[i] = reply{done: true, err: ErrNoQuorum}
+		}
 	}
-	return reply{v: v, done: true}
+	return holderTTL(res, need)
 }
-
-var errFailedForTest = ErrNoQuorum
 
 // Workers returns how many worker goroutines the Resource's nodes run.
 func (r *Resource) Workers() int {

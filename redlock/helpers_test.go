@@ -17,25 +17,32 @@ import (
 )
 
 // cluster is N independent Redis nodes for one top-level test, with a
-// client per node.
+// client per node for the Resource under test and one for the test's own
+// checks (short timeouts, honoured: a paused node never blocks a check).
 type cluster struct {
 	servers []*testserver.RedisServer
 	clients []goredis.UniversalClient
+	inspect []*goredis.Client
 }
 
 // startNodes starts n Redis servers, and a client for each configured by
-// opt (nil: ContextTimeoutEnabled, as the package doc recommends).
+// opt. The defaults: ContextTimeoutEnabled, as the package doc recommends,
+// and one dial attempt, so that a killed node fails at once rather than
+// after go-redis's dial retries.
 func startNodes(t *testing.T, n int, opt func(*goredis.Options)) *cluster {
 	t.Helper()
 	c := &cluster{servers: testserver.RedisNodes(t, n)}
 	for _, s := range c.servers {
-		o := &goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true}
+		o := &goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialerRetries: 1}
 		if opt != nil {
 			opt(o)
 		}
 		cl := goredis.NewClient(o)
-		t.Cleanup(func() { _ = cl.Close() })
+		in := goredis.NewClient(&goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialerRetries: 1,
+			MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second})
+		t.Cleanup(func() { _ = cl.Close(); _ = in.Close() })
 		c.clients = append(c.clients, cl)
+		c.inspect = append(c.inspect, in)
 	}
 	return c
 }
@@ -65,8 +72,8 @@ func lockKey(key string) string {
 // or "<down>" for a node that does not answer within a second.
 func (c *cluster) values(t testing.TB, key string) []string {
 	t.Helper()
-	out := make([]string, len(c.clients))
-	for i, cl := range c.clients {
+	out := make([]string, len(c.inspect))
+	for i, cl := range c.inspect {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		v, err := cl.Get(ctx, lockKey(key)).Result()
 		cancel()
@@ -108,7 +115,7 @@ func (c *cluster) noneHold(t testing.TB, key, value string) {
 func (c *cluster) hold(t testing.TB, key, value string, ttl time.Duration, nodes ...int) {
 	t.Helper()
 	for _, i := range nodes {
-		if err := c.clients[i].Set(context.Background(), lockKey(key), value, ttl).Err(); err != nil {
+		if err := c.inspect[i].Set(context.Background(), lockKey(key), value, ttl).Err(); err != nil {
 			t.Fatalf("SET on node %d: %v", i, err)
 		}
 	}
@@ -118,7 +125,7 @@ func (c *cluster) hold(t testing.TB, key, value string, ttl time.Duration, nodes
 func (c *cluster) del(t testing.TB, key string, nodes ...int) {
 	t.Helper()
 	for _, i := range nodes {
-		if err := c.clients[i].Del(context.Background(), lockKey(key)).Err(); err != nil {
+		if err := c.inspect[i].Del(context.Background(), lockKey(key)).Err(); err != nil {
 			t.Fatalf("DEL on node %d: %v", i, err)
 		}
 	}

@@ -272,7 +272,8 @@ func (r *Resource) ValidateKey(key string) error {
 //   - an error wrapping [ErrNoQuorum], naming the failed nodes, when fewer
 //     than a majority answered;
 //   - an error wrapping [ErrNoValidity] when a majority said yes too late;
-//   - an error wrapping ctx.Err() when ctx ended during the round.
+//   - an error wrapping ctx.Err() when ctx ended before the round was
+//     decided, even if a majority had said yes.
 //
 // A TTL no longer than the drift allowance cannot give a lock: TryAcquire
 // then returns an error without I/O.
@@ -311,7 +312,8 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		}
 	}
 	elapsed := time.Since(start)
-	rd.held = yes >= r.quorum && elapsed < validity
+	// A caller that gave up does not get the lock, even from a majority.
+	rd.held = yes >= r.quorum && elapsed < validity && ctx.Err() == nil
 	rd.mu.Unlock()
 	rd.cancel()
 	if rd.held {
@@ -322,11 +324,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	cerr := r.cleanup(ctx, rd, timeout)
 	var err error
 	switch {
+	case ctx.Err() != nil:
+		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctx.Err())
 	case yes >= r.quorum:
 		err = fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes set it in %v; the TTL %v minus drift leaves %v",
 			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
-	case ctx.Err() != nil:
-		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctx.Err())
 	case yes+no >= r.quorum:
 		if cerr != nil { // a node that set our value could not delete it
 			return false, 0, fmt.Errorf("redlock: acquire %q: not acquired; %w", l.Key, cerr)

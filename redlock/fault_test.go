@@ -1,0 +1,218 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/redlock"
+)
+
+// readTimeout is the node clients' socket timeout in the tests of paused
+// nodes: far longer than any per-node timeout, so that waiting for a
+// paused node instead of giving up on it would show.
+const readTimeout = 30 * time.Second
+
+// bound is the most a round with a paused node may take in these tests:
+// well above the per-node timeout (the race detector, shared cores), well
+// below readTimeout.
+const bound = 5 * time.Second
+
+func pausedNodeClients(contextTimeout bool) func(*goredis.Options) {
+	return func(o *goredis.Options) {
+		o.ContextTimeoutEnabled = contextTimeout
+		o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
+	}
+}
+
+// TestPausedNode: a node frozen by SIGSTOP costs one per-node timeout per
+// round, not the client's socket timeout nor the caller's wait, whether or
+// not the client honours context deadlines.
+func TestPausedNode(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		contextTimeout bool
+	}{
+		{"ContextTimeoutEnabled", true},
+		{"ContextTimeoutDisabled", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startNodes(t, 5, pausedNodeClients(tc.contextTimeout))
+			const nodeTimeout = 100 * time.Millisecond
+			r := c.newResource(t, redlock.WithNodeTimeout(nodeTimeout))
+			ctx := t.Context()
+			c.servers[2].Pause()
+			resumed := false
+			defer func() {
+				if !resumed {
+					c.servers[2].Resume()
+				}
+			}()
+
+			var keys []string
+			for range 3 {
+				l := newLease(uniqueKey(t), time.Minute)
+				keys = append(keys, l.Key)
+				start := time.Now()
+				ok, _, err := r.TryAcquire(ctx, l)
+				if el := time.Since(start); el > bound {
+					t.Errorf("TryAcquire with a paused node took %v; want about the node timeout %v", el, nodeTimeout)
+				}
+				if !ok || err != nil {
+					t.Fatalf("TryAcquire with 1 of 5 nodes paused = %v, %v; want true, nil", ok, err)
+				}
+				if got := c.values(t, l.Key); got[0] != l.Value || got[1] != l.Value || got[3] != l.Value || got[4] != l.Value {
+					t.Errorf("nodes hold %s; want our value on all but node 2", describe(got))
+				}
+				if err := r.Refresh(ctx, l); err != nil {
+					t.Errorf("Refresh with a paused node = %v", err)
+				}
+				start = time.Now()
+				if err := r.Release(ctx, l); err != nil {
+					t.Errorf("Release with a paused node = %v", err)
+				}
+				if el := time.Since(start); el > bound {
+					t.Errorf("Release with a paused node took %v; want about the node timeout %v", el, nodeTimeout)
+				}
+			}
+			// A contended acquire has a second round, the cleanup: both
+			// are bounded.
+			key := uniqueKey(t)
+			c.hold(t, key, "other", time.Minute, 0, 1, 3)
+			start := time.Now()
+			ok, _, err := r.TryAcquire(ctx, newLease(key, time.Minute))
+			if el := time.Since(start); ok || err != nil || el > bound {
+				t.Errorf("contended TryAcquire with a paused node = %v, %v after %v; want false, nil, bounded", ok, err, el)
+			}
+
+			c.servers[2].Resume()
+			resumed = true
+			if tc.contextTimeout {
+				return
+			}
+			// The client still waited for the paused node's replies: the
+			// SETs it applied on waking after their locks were released
+			// are deleted by the workers that get the late replies.
+			for _, key := range keys {
+				waitFor(t, "node 2 to drop "+key, func() bool { return c.values(t, key)[2] == "" })
+			}
+		})
+	}
+}
+
+// TestFailedAcquireLeavesNothing: whatever makes an acquire fail, no node
+// keeps our value afterwards (a paused node: once it wakes and answers).
+func TestFailedAcquireLeavesNothing(t *testing.T) {
+	c := startNodes(t, 5, pausedNodeClients(false))
+	ctx := t.Context()
+
+	check := func(t *testing.T, key, value string) {
+		t.Helper()
+		for i, v := range c.values(t, key) {
+			if v == value {
+				t.Errorf("node %d keeps our value after the failed acquire", i)
+			}
+		}
+	}
+
+	t.Run("cancelled", func(t *testing.T) {
+		r := c.newResource(t, redlock.WithNodeTimeout(3*time.Second))
+		c.servers[2].Pause()
+		l := newLease(uniqueKey(t), time.Minute)
+		cctx, cancel := context.WithCancel(ctx)
+		go func() {
+			// Cancel once the round has reached the live nodes.
+			waitFor(t, "the live nodes to be set", func() bool { return c.count(t, l.Key, l.Value) == 4 })
+			cancel()
+		}()
+		ok, _, err := r.TryAcquire(cctx, l)
+		if ok || !errors.Is(err, context.Canceled) {
+			t.Errorf("TryAcquire cancelled = %v, %v; want false, context.Canceled", ok, err)
+		}
+		for i, v := range c.values(t, l.Key) {
+			if i != 2 && v == l.Value {
+				t.Errorf("live node %d keeps our value", i)
+			}
+		}
+		c.servers[2].Resume()
+		waitFor(t, "node 2 to answer and drop our key", func() bool { return c.count(t, l.Key, l.Value) == 0 })
+	})
+
+	t.Run("no validity", func(t *testing.T) {
+		// Half the TTL is drift: the round may last 250ms, and the paused
+		// node makes it last that long, so a majority says yes too late.
+		r := c.newResource(t, redlock.WithDrift(0.5, 0), redlock.WithNodeTimeout(time.Hour))
+		c.servers[2].Pause()
+		l := newLease(uniqueKey(t), 500*time.Millisecond)
+		ok, _, err := r.TryAcquire(ctx, l)
+		if ok || !errors.Is(err, redlock.ErrNoValidity) {
+			t.Errorf("TryAcquire = %v, %v; want false, ErrNoValidity", ok, err)
+		}
+		for i, v := range c.values(t, l.Key) {
+			if i != 2 && v == l.Value {
+				t.Errorf("live node %d keeps our value", i)
+			}
+		}
+		c.servers[2].Resume()
+		waitFor(t, "node 2 to answer and drop our key", func() bool { return c.count(t, l.Key, l.Value) == 0 })
+	})
+
+	t.Run("contention", func(t *testing.T) {
+		r := c.newResource(t)
+		key := uniqueKey(t)
+		c.hold(t, key, "other", time.Minute, 1, 2, 3)
+		l := newLease(key, time.Minute)
+		if ok, _, err := r.TryAcquire(ctx, l); ok || err != nil {
+			t.Fatalf("TryAcquire = %v, %v; want false, nil", ok, err)
+		}
+		check(t, key, l.Value)
+	})
+
+	t.Run("nodes down", func(t *testing.T) {
+		r := c.newResource(t, redlock.WithNodeTimeout(time.Second))
+		c.servers[0].Kill()
+		c.servers[3].Kill()
+		c.servers[4].Kill()
+		defer func() {
+			for _, i := range nodes(0, 3, 4) {
+				c.servers[i].Restart()
+			}
+		}()
+		l := newLease(uniqueKey(t), time.Minute)
+		if ok, _, err := r.TryAcquire(ctx, l); ok || !errors.Is(err, redlock.ErrNoQuorum) {
+			t.Fatalf("TryAcquire = %v, %v; want false, ErrNoQuorum", ok, err)
+		}
+		check(t, l.Key, l.Value)
+	})
+}
+
+// TestClose: idle workers exit on Close, and the Resource still works.
+func TestClose(t *testing.T) {
+	c := startNodes(t, 3, nil)
+	r, err := redlock.New(c.clients)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLease(uniqueKey(t), time.Minute)
+	if ok, _, err := r.TryAcquire(t.Context(), l); !ok || err != nil {
+		t.Fatalf("TryAcquire = %v, %v", ok, err)
+	}
+	if n := r.Workers(); n < 3 {
+		t.Errorf("Workers() = %d after a round on 3 nodes; want at least 3", n)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	waitFor(t, "the workers to exit", func() bool { return r.Workers() == 0 })
+	if err := r.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if err := r.Release(t.Context(), l); err != nil {
+		t.Errorf("Release after Close = %v", err)
+	}
+	c.noneHold(t, l.Key, l.Value)
+	waitFor(t, "the release's goroutines to end", func() bool { return r.Workers() == 0 })
+}
