@@ -19,8 +19,10 @@
 // backend's acquire script (SET lock value NX PX ttl, with the same owner
 // value everywhere), to every node at once. Each node gets a per-node
 // timeout far below the TTL: by default 5% of it, at least 5ms
-// ([WithNodeTimeout]). Elapsed time is measured with the monotonic clock
-// from the start of the round. The lock is held if and only if
+// ([WithNodeTimeout]). The round is decided as soon as a majority set the
+// key, else when every node answered or the timeout passed. Elapsed time
+// is measured with the monotonic clock from the start of the round. The
+// lock is held if and only if
 //
 //	yes >= N/2+1  and  validity = ttl - elapsed - drift > 0
 //
@@ -34,14 +36,15 @@
 // contention (the spin loop tries again; distlock.ErrNotAcquired at the
 // end of the wait) when other owners hold it, an error wrapping
 // [ErrNoQuorum] that names the failed nodes when fewer than a majority
-// answered. A node that is down or paused costs at most one per-node
-// timeout per round, whichever nodes answer (a failed acquire has two
-// rounds: the attempt and its cleanup).
+// answered. A node that is down or paused costs nothing while a majority
+// answers yes, and at most one per-node timeout per round otherwise (a
+// failed acquire has two rounds: the attempt and its cleanup).
 //
-// Release is a compare-and-delete on every node at once; it succeeds when a
-// majority still held our value, and returns backend.ErrNotHeld when fewer
-// than a majority could have. Refresh is a compare-and-PEXPIRE on every
-// node at once and succeeds only with a majority within the new validity.
+// Release is a compare-and-delete on every node at once; it succeeds as
+// soon as a majority deleted our value (the rest finish in the
+// background), and returns backend.ErrNotHeld when fewer than a majority
+// could have held it. Refresh is a compare-and-PEXPIRE on every node at
+// once and succeeds only with a majority within the new validity.
 //
 // The scripts and the key layout are the Redis backend's
 // (package internal/redisscript): a lock on key k is the string key

@@ -23,3 +23,11 @@ func (r *Resource) Workers() int {
 	}
 	return n
 }
+
+// PauseAfterWait makes every acquire sleep d between its round's wait and
+// its decision, as a GC pause or a descheduled goroutine would, until the
+// returned func restores it.
+func PauseAfterWait(d time.Duration) (restore func()) {
+	testHookAfterWait = func() { time.Sleep(d) }
+	return func() { testHookAfterWait = nil }
+}

@@ -29,7 +29,7 @@ type cluster struct {
 // opt. The defaults: ContextTimeoutEnabled, as the package doc recommends,
 // and one dial attempt, so that a killed node fails at once rather than
 // after go-redis's dial retries.
-func startNodes(t *testing.T, n int, opt func(*goredis.Options)) *cluster {
+func startNodes(t testing.TB, n int, opt func(*goredis.Options)) *cluster {
 	t.Helper()
 	c := &cluster{servers: testserver.RedisNodes(t, n)}
 	for _, s := range c.servers {
@@ -88,6 +88,15 @@ func (c *cluster) values(t testing.TB, key string) []string {
 	return out
 }
 
+// valueOn returns what node i holds under key's lock ("" when absent or
+// on error).
+func (c *cluster) valueOn(key string, i int) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	v, _ := c.inspect[i].Get(ctx, lockKey(key)).Result()
+	return v
+}
+
 // count returns how many nodes hold value under key's lock.
 func (c *cluster) count(t testing.TB, key, value string) int {
 	t.Helper()
@@ -100,14 +109,28 @@ func (c *cluster) count(t testing.TB, key, value string) int {
 	return n
 }
 
-// noneHold fails t if any node holds value under key's lock.
-func (c *cluster) noneHold(t testing.TB, key, value string) {
+// noneHoldNow fails t if any node holds value under key's lock now.
+func (c *cluster) noneHoldNow(t testing.TB, key, value string) {
 	t.Helper()
 	for i, v := range c.values(t, key) {
 		if v == value {
 			t.Errorf("node %d still holds our value under %q", i, key)
 		}
 	}
+}
+
+// noneHold waits until no node holds value under key's lock: a release
+// returns once a majority deleted it, the others follow in the background.
+func (c *cluster) noneHold(t testing.TB, key, value string) {
+	t.Helper()
+	waitFor(t, "no node to hold our value under "+key, func() bool { return c.count(t, key, value) == 0 })
+}
+
+// eventually waits until cond holds for what the nodes hold under key's
+// lock: an acquire returns once a majority set it, the others follow.
+func (c *cluster) eventually(t testing.TB, key, what string, cond func(values []string) bool) {
+	t.Helper()
+	waitFor(t, what, func() bool { return cond(c.values(t, key)) })
 }
 
 // hold sets key's lock to value with ttl on the nodes listed, as another

@@ -212,6 +212,10 @@ type handle struct {
 	released atomic.Bool
 }
 
+// testHookAfterWait, when set by a test, runs between an acquire round's
+// wait and its decision: it stands for the caller being paused there.
+var testHookAfterWait func()
+
 // The scripts' SHA1 digests, boxed once.
 var (
 	acquireSHA any = redisscript.Acquire.Hash()
@@ -253,11 +257,13 @@ func (r *Resource) ValidateKey(key string) error {
 }
 
 // TryAcquire implements [backend.Spinner] with one quorum round: the
-// acquire script (SET lock value NX PX ttl) is sent to every node at once
-// and the round waits for every reply, or for the per-node timeout. The
-// lock is held when at least [Resource.Quorum] nodes set it and the time
-// elapsed since the round started is less than the TTL minus the drift
-// allowance. l.Validity is then TTL - drift, counted from the start of the
+// acquire script (SET lock value NX PX ttl) is sent to every node at once.
+// The round ends as soon as [Resource.Quorum] nodes set the key, else when
+// every node answered or the per-node timeout passed. The lock is held
+// when at least a majority set it and the time elapsed since the round
+// started is less than the TTL minus the drift allowance; nodes still
+// answering then set the key for us in the background, and Release
+// deletes it there too. l.Validity is then TTL - drift, counted from the start of the
 // round as [backend.Lease] says (so ttl - elapsed - drift is left when
 // TryAcquire returns), l.TTL is the TTL rounded up to whole milliseconds,
 // and l.Token stays 0: Redlock makes no fencing tokens.
@@ -295,8 +301,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout)
+	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum)
 	rd.wait()
+	if testHookAfterWait != nil {
+		testHookAfterWait()
+	}
 	// The decision is made under the round's lock, so that a node
 	// answering after it knows whether to delete the key it set.
 	rd.mu.Lock()
@@ -315,7 +324,6 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// A caller that gave up does not get the lock, even from a majority.
 	rd.held = yes >= r.quorum && elapsed < validity && ctx.Err() == nil
 	rd.mu.Unlock()
-	rd.cancel()
 	if rd.held {
 		l.Validity = validity
 		return true, 0, nil
@@ -349,7 +357,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // "held" when its first try set our value. cleanup returns an error only
 // when a node that said it set the key could not delete it.
 func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
-	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout)
+	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout, 0)
 	rd.wait()
 	rd.mu.Lock()
 	rd.over = true
@@ -367,7 +375,6 @@ func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duratio
 		}
 	}
 	rd.mu.Unlock()
-	rd.cancel()
 	if len(errs) > 0 {
 		return fmt.Errorf("clean up: %w", errors.Join(errs...))
 	}
@@ -397,8 +404,10 @@ func holderTTL(res []reply, need int) time.Duration {
 }
 
 // Release implements [backend.RemoteResource]: compare-and-delete on every
-// node at once, waiting for every reply or the per-node timeout. It returns
-// nil when at least a majority of nodes deleted our value, an error
+// node at once. It returns nil as soon as a majority of nodes deleted our
+// value (the other nodes' deletes finish in the background, within the
+// per-node timeout); otherwise, once every node answered or the per-node
+// timeout passed, an error
 // wrapping [backend.ErrNotHeld] when fewer than a majority could still have
 // held it (even counting the nodes that failed), and otherwise an error
 // wrapping [ErrNoQuorum] naming the failed nodes: the lock may then still
@@ -407,10 +416,9 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
 	h.released.Store(true)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl))
+	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum)
 	rd.wait()
 	deleted, failed := rd.decide()
-	rd.cancel()
 	switch {
 	case deleted >= r.quorum:
 		return nil
@@ -423,8 +431,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 // Refresh implements [backend.Refresher]: compare-and-PEXPIRE to l.TTL on
-// every node at once. It succeeds when at least a majority extended our
-// value and the time elapsed is less than the TTL minus the drift
+// every node at once. It succeeds as soon as a majority extended our
+// value, if the time elapsed is less than the TTL minus the drift
 // allowance, so the lock is valid for TTL - drift from the start of the
 // call, as after an acquire. It returns an error wrapping
 // [backend.ErrNotHeld] when fewer than a majority could still hold our
@@ -439,11 +447,10 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("redlock: refresh %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))
 	}
 	start := time.Now()
-	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity))
+	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity), r.quorum)
 	rd.wait()
 	extended, failed := rd.decide()
 	elapsed := time.Since(start)
-	rd.cancel()
 	switch {
 	case extended >= r.quorum && elapsed < validity:
 		return nil

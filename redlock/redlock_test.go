@@ -208,7 +208,7 @@ func TestHeldByOthers(t *testing.T) {
 		if holderTTL <= 50*time.Second || holderTTL > time.Minute {
 			t.Errorf("holderTTL = %v; want about a minute", holderTTL)
 		}
-		c.noneHold(t, key, l.Value)
+		c.noneHoldNow(t, key, l.Value) // a failed acquire cleans up before it returns
 		if got := c.count(t, key, "other"); got != 3 {
 			t.Errorf("%d nodes hold the other owner's value; want 3 (untouched)", got)
 		}
@@ -276,6 +276,9 @@ func TestLease(t *testing.T) {
 	if l.Token != 0 {
 		t.Errorf("Token = %d; want 0: Redlock makes no fencing tokens", l.Token)
 	}
+	c.eventually(t, l.Key, "every node to hold our value", func(v []string) bool {
+		return v[0] == l.Value && v[1] == l.Value && v[2] == l.Value
+	})
 	for i, cl := range c.inspect {
 		pttl, err := cl.PTTL(ctx, lockKey(l.Key)).Result()
 		if err != nil || pttl <= 900*time.Millisecond || pttl > l.TTL {
@@ -355,11 +358,24 @@ func TestReleaseRefresh(t *testing.T) {
 		if err := r.Refresh(ctx, l); err != nil {
 			t.Fatalf("Refresh = %v", err)
 		}
-		for i, cl := range c.inspect {
-			if pttl := cl.PTTL(ctx, lockKey(l.Key)).Val(); pttl <= 400*time.Millisecond {
-				t.Errorf("node %d: PTTL after Refresh = %v; want about 500ms", i, pttl)
+		// A majority at once, the others in the background.
+		n := 0
+		for _, cl := range c.inspect {
+			if pttl := cl.PTTL(ctx, lockKey(l.Key)).Val(); pttl > 400*time.Millisecond {
+				n++
 			}
 		}
+		if n < 3 {
+			t.Errorf("%d nodes extended after Refresh; want at least 3", n)
+		}
+		waitFor(t, "every node to be extended", func() bool {
+			for _, cl := range c.inspect {
+				if pttl := cl.PTTL(ctx, lockKey(l.Key)).Val(); pttl <= 200*time.Millisecond {
+					return false
+				}
+			}
+			return true
+		})
 		if err := r.Release(ctx, l); err != nil {
 			t.Fatalf("Release = %v", err)
 		}

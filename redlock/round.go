@@ -52,52 +52,72 @@ type reply struct {
 	done bool // answered (v or err) before the round was decided
 }
 
-// round is one request sent to every node at once: the caller starts it,
-// waits until every node answered or the per-node timeout passed, then
-// decides under mu (setting over). A node answering after that is late:
-// its reply is not recorded, and a late "set" of an acquire that did not
-// keep the lock is deleted again by the worker that got it.
+// round is one request sent to every node at once. The caller starts it
+// and waits until the outcome is known: a majority said yes (early), every
+// node answered, the per-node timeout passed or the caller's context
+// ended. It then decides under mu, setting over. Replies after that are
+// late: not recorded, and a late "set" of an acquire that did not keep the
+// lock, or whose lock has been released since, is deleted again by the
+// worker that got it.
+//
+// The requests run under a context detached from the caller's
+// cancellation, bounded by the per-node timeout: a caller that stops
+// waiting does not cut a request whose reply tells whether the key was
+// set, nor the stragglers of a release decided by a majority. The last
+// request to finish releases that context's timer.
 type round struct {
 	nodes   []*node
 	op      op
 	h       *handle
 	args    []any // the command, shared read-only by every node's request
 	timeout time.Duration
+	early   int // > 0: end the wait once this many nodes said yes
 
-	ctx    context.Context // the caller's, with the per-node timeout
-	cancel context.CancelFunc
-	done   chan struct{} // closed when every started node has answered
+	ctx    context.Context    // the requests'
+	cancel context.CancelFunc // of ctx; called by the last request
+	caller <-chan struct{}    // the caller's ctx.Done()
+	done   chan struct{}      // closed when the wait can end
 
-	mu   sync.Mutex
-	over bool // decided: later replies are late
-	held bool // an acquire round kept the lock
-	left int  // replies still expected
-	res  []reply
-	buf  [maxInline]reply
+	mu      sync.Mutex
+	over    bool // decided: later replies are late
+	held    bool // an acquire round kept the lock
+	left    int  // replies still expected before the decision
+	pending int  // requests not finished, late ones included
+	yes     int
+	ended   bool // done is closed
+	res     []reply
+	buf     [maxInline]reply
 }
 
 // start sends args to every node at once, each with a timeout from now.
-func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration) *round {
-	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, done: make(chan struct{})}
-	rd.ctx, rd.cancel = context.WithTimeout(ctx, timeout)
+// early > 0 ends the wait as soon as that many nodes said yes (v > 0).
+func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int) *round {
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: early, done: make(chan struct{})}
+	rctx := ctx
+	if rd.caller = ctx.Done(); rd.caller != nil {
+		rctx = context.WithoutCancel(ctx)
+	}
+	rd.ctx, rd.cancel = context.WithTimeout(rctx, timeout)
 	if n := len(r.nodes); n <= maxInline {
 		rd.res = rd.buf[:n]
 	} else {
 		rd.res = make([]reply, n)
 	}
 	rd.left = len(r.nodes)
+	rd.pending = len(r.nodes)
 	for i, nd := range r.nodes {
 		nd.submit(task{rd: rd, i: i})
 	}
 	return rd
 }
 
-// wait returns when every node answered, the per-node timeout passed or
+// wait returns when the outcome is known, the per-node timeout passed or
 // the caller's context ended.
 func (rd *round) wait() {
 	select {
 	case <-rd.done:
 	case <-rd.ctx.Done():
+	case <-rd.caller:
 	}
 }
 
@@ -142,20 +162,30 @@ func (rd *round) run(i int) {
 	late := rd.over
 	if !late {
 		rd.res[i] = reply{v: v, err: err, done: true}
-		if rd.left--; rd.left == 0 {
+		rd.left--
+		if err == nil && v > 0 {
+			rd.yes++
+		}
+		if !rd.ended && (rd.left == 0 || (rd.early > 0 && rd.yes >= rd.early)) {
+			rd.ended = true
 			close(rd.done)
 		}
 	}
 	held := rd.held
+	rd.pending--
+	last := rd.pending == 0
 	rd.mu.Unlock()
 	if late && rd.op == opAcquire && err == nil && v > 0 && (!held || rd.h.released.Load()) {
 		// The node set our key after the round gave the lock up, or
 		// after it was released: delete it rather than let it linger
 		// until its TTL. (Release sets released before it sends, so a
 		// set applied after Release's delete is seen here.)
-		ctx, cancel := context.WithTimeout(context.Background(), lateCleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), lateCleanupTimeout)
 		_, _ = nd.eval(ctx, opRelease, rd.h.release[:], rd.h)
 		cancel()
+	}
+	if last {
+		rd.cancel()
 	}
 }
 
