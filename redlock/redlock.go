@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -206,10 +205,10 @@ type handle struct {
 	extend  [6]any // EVALSHA extend 1 lock value ms
 	release [5]any // EVALSHA release 1 lock value
 
-	// released is set by Release before it sends anything, so that an
-	// acquire request answering after its round was decided deletes the
-	// key it set if the lock has been released meanwhile.
-	released atomic.Bool
+	// acq is the acquire round that got the lock, set by TryAcquire on
+	// success and read by Release: the release round settles with it
+	// which keys set late must be deleted once more.
+	acq *round
 }
 
 // testHookAfterWait, when set by a test, runs between an acquire round's
@@ -301,13 +300,12 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum)
+	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum, nil)
 	rd.wait()
 	if testHookAfterWait != nil {
 		testHookAfterWait()
 	}
-	// The decision is made under the round's lock, so that a node
-	// answering after it knows whether to delete the key it set.
+	// Decided under the round's lock: later replies are late.
 	rd.mu.Lock()
 	rd.over = true
 	var yes, no int
@@ -322,9 +320,10 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	elapsed := time.Since(start)
 	// A caller that gave up does not get the lock, even from a majority.
-	rd.held = yes >= r.quorum && elapsed < validity && ctx.Err() == nil
+	held := yes >= r.quorum && elapsed < validity && ctx.Err() == nil
 	rd.mu.Unlock()
-	if rd.held {
+	if held {
+		h.acq = rd
 		l.Validity = validity
 		return true, 0, nil
 	}
@@ -357,7 +356,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // "held" when its first try set our value. cleanup returns an error only
 // when a node that said it set the key could not delete it.
 func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
-	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout, 0)
+	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout, 0, acq)
 	rd.wait()
 	rd.mu.Lock()
 	rd.over = true
@@ -414,9 +413,8 @@ func holderTTL(res []reply, need int) time.Duration {
 // be held, and expires with its TTL.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
-	h.released.Store(true)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum)
+	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum, h.acq)
 	rd.wait()
 	deleted, failed := rd.decide()
 	switch {
@@ -447,7 +445,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("redlock: refresh %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))
 	}
 	start := time.Now()
-	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity), r.quorum)
+	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity), r.quorum, nil)
 	rd.wait()
 	extended, failed := rd.decide()
 	elapsed := time.Since(start)

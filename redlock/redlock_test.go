@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,6 +289,7 @@ func TestLease(t *testing.T) {
 	if err := r.Release(ctx, l); err != nil {
 		t.Fatalf("Release = %v", err)
 	}
+	c.noneHold(t, l.Key, l.Value) // the release's stragglers are done
 
 	before := commands(t, c)
 	short := newLease(uniqueKey(t), 2*time.Millisecond)
@@ -345,6 +347,11 @@ func TestReleaseRefresh(t *testing.T) {
 		if ok, _, err := r.TryAcquire(ctx, l); !ok || err != nil {
 			t.Fatalf("TryAcquire = %v, %v", ok, err)
 		}
+		// TryAcquire returns once a majority set the key: wait for the
+		// rest, so that the test's evictions are not undone by them.
+		c.eventually(t, l.Key, "every node to hold our value", func(v []string) bool {
+			return !slices.ContainsFunc(v, func(s string) bool { return s != l.Value })
+		})
 		return l
 	}
 

@@ -52,59 +52,90 @@ type reply struct {
 	done bool // answered (v or err) before the round was decided
 }
 
+// Per-node state of an acquire round, kept under its mu, that decides
+// whether a key set by the round must be deleted once more. The race it
+// settles: the acquire request and a later delete (a release, or the
+// cleanup of a failed round) travel on different connections, and a
+// request that was slow to answer may have been applied after the delete.
+const (
+	nodeSet     uint8 = 1 << iota // the node said it set our key
+	nodeSetLate                   // ... and said so after a delete was sent
+	nodeDelDone                   // a delete of this round's key answered
+	nodeDeleted                   // ... and deleted our value
+)
+
 // round is one request sent to every node at once. The caller starts it
 // and waits until the outcome is known: a majority said yes (early), every
 // node answered, the per-node timeout passed or the caller's context
-// ended. It then decides under mu, setting over. Replies after that are
-// late: not recorded, and a late "set" of an acquire that did not keep the
-// lock, or whose lock has been released since, is deleted again by the
-// worker that got it.
+// ended. It then decides under mu, setting over; replies after that are
+// late and not recorded.
 //
 // The requests run under a context detached from the caller's
 // cancellation, bounded by the per-node timeout: a caller that stops
 // waiting does not cut a request whose reply tells whether the key was
 // set, nor the stragglers of a release decided by a majority. The last
 // request to finish releases that context's timer.
+//
+// A delete round (release or cleanup) of an acquire round acq records its
+// replies in acq's node state. Whichever of the two replies on a node
+// comes second sees whether our key was set after the delete ran there
+// (the set answered after the delete was sent, and the delete found
+// nothing or failed): then it deletes the key once more.
 type round struct {
 	nodes   []*node
 	op      op
 	h       *handle
 	args    []any // the command, shared read-only by every node's request
 	timeout time.Duration
-	early   int // > 0: end the wait once this many nodes said yes
+	early   int    // > 0: end the wait once this many nodes said yes
+	acq     *round // for a delete round: the acquire round it undoes
 
 	ctx    context.Context    // the requests'
 	cancel context.CancelFunc // of ctx; called by the last request
 	caller <-chan struct{}    // the caller's ctx.Done()
 	done   chan struct{}      // closed when the wait can end
 
-	mu      sync.Mutex
-	over    bool // decided: later replies are late
-	held    bool // an acquire round kept the lock
-	left    int  // replies still expected before the decision
-	pending int  // requests not finished, late ones included
-	yes     int
-	ended   bool // done is closed
-	res     []reply
-	buf     [maxInline]reply
+	mu       sync.Mutex
+	over     bool // decided: later replies are late
+	left     int  // replies still expected before the decision
+	pending  int  // requests not finished, late ones included
+	yes      int
+	ended    bool // done is closed
+	deleting bool // acquire round: a delete round has been sent
+	res      []reply
+	state    []uint8 // acquire round: node state
+	resBuf   [maxInline]reply
+	stateBuf [maxInline]uint8
 }
 
 // start sends args to every node at once, each with a timeout from now.
 // early > 0 ends the wait as soon as that many nodes said yes (v > 0).
-func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int) *round {
-	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: early, done: make(chan struct{})}
+// acq, for a delete round, is the acquire round whose key it deletes.
+func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round) *round {
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: early, acq: acq, done: make(chan struct{})}
 	rctx := ctx
 	if rd.caller = ctx.Done(); rd.caller != nil {
 		rctx = context.WithoutCancel(ctx)
 	}
 	rd.ctx, rd.cancel = context.WithTimeout(rctx, timeout)
 	if n := len(r.nodes); n <= maxInline {
-		rd.res = rd.buf[:n]
+		rd.res = rd.resBuf[:n]
+		if o == opAcquire {
+			rd.state = rd.stateBuf[:n]
+		}
 	} else {
 		rd.res = make([]reply, n)
+		if o == opAcquire {
+			rd.state = make([]uint8, n)
+		}
 	}
 	rd.left = len(r.nodes)
 	rd.pending = len(r.nodes)
+	if acq != nil {
+		acq.mu.Lock()
+		acq.deleting = true
+		acq.mu.Unlock()
+	}
 	for i, nd := range r.nodes {
 		nd.submit(task{rd: rd, i: i})
 	}
@@ -158,12 +189,13 @@ func (rd *round) noQuorum(op, key string, quorum int) error {
 func (rd *round) run(i int) {
 	nd := rd.nodes[i]
 	v, err := nd.eval(rd.ctx, rd.op, rd.args, rd.h)
+	yes := err == nil && v > 0
+	again := false
 	rd.mu.Lock()
-	late := rd.over
-	if !late {
+	if !rd.over {
 		rd.res[i] = reply{v: v, err: err, done: true}
 		rd.left--
-		if err == nil && v > 0 {
+		if yes {
 			rd.yes++
 		}
 		if !rd.ended && (rd.left == 0 || (rd.early > 0 && rd.yes >= rd.early)) {
@@ -171,15 +203,32 @@ func (rd *round) run(i int) {
 			close(rd.done)
 		}
 	}
-	held := rd.held
+	if rd.op == opAcquire && yes {
+		st := rd.state[i] | nodeSet
+		if rd.deleting {
+			st |= nodeSetLate
+			again = st&nodeDelDone != 0 && st&nodeDeleted == 0
+		}
+		rd.state[i] = st
+	}
 	rd.pending--
 	last := rd.pending == 0
 	rd.mu.Unlock()
-	if late && rd.op == opAcquire && err == nil && v > 0 && (!held || rd.h.released.Load()) {
-		// The node set our key after the round gave the lock up, or
-		// after it was released: delete it rather than let it linger
-		// until its TTL. (Release sets released before it sends, so a
-		// set applied after Release's delete is seen here.)
+	if a := rd.acq; a != nil {
+		a.mu.Lock()
+		st := a.state[i] | nodeDelDone
+		if yes {
+			st |= nodeDeleted
+		} else {
+			st &^= nodeDeleted
+		}
+		a.state[i] = st
+		again = !yes && st&nodeSetLate != 0
+		a.mu.Unlock()
+	}
+	if again {
+		// Our key was set on this node after a delete found nothing
+		// there: delete it rather than let it linger until its TTL.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), lateCleanupTimeout)
 		_, _ = nd.eval(ctx, opRelease, rd.h.release[:], rd.h)
 		cancel()
