@@ -7,9 +7,9 @@ import "time"
 func HolderTTL(vs []int64, need int) time.Duration {
 	res := make([]reply, len(vs))
 	for i, v := range vs {
-		res[i] = reply{v: v, done: true}
+		res[i] = reply{v: v}
 		if v == 99 {
-			res[i] = reply{done: true, err: ErrNoQuorum}
+			res[i] = reply{err: ErrNoQuorum}
 		}
 	}
 	return holderTTL(res, need)

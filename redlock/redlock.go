@@ -202,7 +202,6 @@ type handle struct {
 	argv       [2]any    // value, ttl ms: the scripts' ARGV
 
 	acquire [6]any // EVALSHA acquire 1 lock value ms
-	extend  [6]any // EVALSHA extend 1 lock value ms
 	release [5]any // EVALSHA release 1 lock value
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
@@ -228,7 +227,6 @@ func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
 	var lock, value, px any = h.keys[0], l.Value, ms
 	h.argv = [2]any{value, px}
 	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
-	h.extend = [6]any{"evalsha", extendSHA, 1, lock, value, px}
 	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
 	return h
 }
@@ -311,7 +309,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	var yes, no int
 	for _, rep := range rd.res {
 		switch {
-		case !rep.done || rep.err != nil:
+		case rep.err != nil:
 		case rep.v > 0:
 			yes++
 		default:
@@ -362,12 +360,12 @@ func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duratio
 	rd.over = true
 	var errs []error
 	for i, rep := range rd.res {
-		if rep.done && rep.err == nil {
+		if rep.err == nil {
 			continue
 		}
-		if a := acq.res[i]; a.done && a.err == nil && a.v > 0 { // it holds our value
+		if a := acq.res[i]; a.err == nil && a.v > 0 { // it holds our value
 			err := rep.err
-			if !rep.done {
+			if err == errPending {
 				err = fmt.Errorf("no reply within %v", timeout)
 			}
 			errs = append(errs, fmt.Errorf("%s kept the key: %w", r.nodes[i].name, err))
@@ -387,7 +385,7 @@ func holderTTL(res []reply, need int) time.Duration {
 	var buf [maxInline]int64
 	ttls := buf[:0]
 	for _, rep := range res {
-		if rep.done && rep.err == nil && rep.v < 0 {
+		if rep.err == nil && rep.v < 0 {
 			ttls = append(ttls, -rep.v)
 		}
 	}
@@ -445,7 +443,10 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("redlock: refresh %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))
 	}
 	start := time.Now()
-	rd := r.start(ctx, opExtend, h, h.extend[:], r.timeout(ttl, validity), r.quorum, nil)
+	// Built per call, not kept in the handle: refreshes are rare (every
+	// TTL/3 at most), acquisitions are not.
+	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5]}
+	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil)
 	rd.wait()
 	extended, failed := rd.decide()
 	elapsed := time.Since(start)

@@ -45,12 +45,15 @@ func (o op) script() (*goredis.Script, int) {
 	return redisscript.Release, 1
 }
 
-// reply is one node's answer in a round.
+// reply is one node's answer in a round: the script's reply v when err is
+// nil; err is errPending until the node answers.
 type reply struct {
-	v    int64 // the script's reply
-	err  error
-	done bool // answered (v or err) before the round was decided
+	v   int64
+	err error
 }
+
+// errPending marks a reply not received (yet, or before the decision).
+var errPending = errors.New("redlock: no reply")
 
 // Per-node state of an acquire round, kept under its mu, that decides
 // whether a key set by the round must be deleted once more. The race it
@@ -83,12 +86,12 @@ const (
 // nothing or failed): then it deletes the key once more.
 type round struct {
 	nodes   []*node
-	op      op
 	h       *handle
 	args    []any // the command, shared read-only by every node's request
 	timeout time.Duration
-	early   int    // > 0: end the wait once this many nodes said yes
 	acq     *round // for a delete round: the acquire round it undoes
+	early   int32  // > 0: end the wait once this many nodes said yes
+	op      op
 
 	ctx    context.Context    // the requests'
 	cancel context.CancelFunc // of ctx; called by the last request
@@ -96,12 +99,12 @@ type round struct {
 	done   chan struct{}      // closed when the wait can end
 
 	mu       sync.Mutex
-	over     bool // decided: later replies are late
-	left     int  // replies still expected before the decision
-	pending  int  // requests not finished, late ones included
-	yes      int
-	ended    bool // done is closed
-	deleting bool // acquire round: a delete round has been sent
+	over     bool  // decided: later replies are late
+	ended    bool  // done is closed
+	deleting bool  // acquire round: a delete round has been sent
+	left     int32 // replies still expected before the decision
+	pending  int32 // requests not finished, late ones included
+	yes      int32
 	res      []reply
 	state    []uint8 // acquire round: node state
 	resBuf   [maxInline]reply
@@ -112,7 +115,7 @@ type round struct {
 // early > 0 ends the wait as soon as that many nodes said yes (v > 0).
 // acq, for a delete round, is the acquire round whose key it deletes.
 func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round) *round {
-	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: early, acq: acq, done: make(chan struct{})}
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: int32(early), acq: acq, done: make(chan struct{})}
 	rctx := ctx
 	if rd.caller = ctx.Done(); rd.caller != nil {
 		rctx = context.WithoutCancel(ctx)
@@ -129,8 +132,11 @@ func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeo
 			rd.state = make([]uint8, n)
 		}
 	}
-	rd.left = len(r.nodes)
-	rd.pending = len(r.nodes)
+	for i := range rd.res {
+		rd.res[i].err = errPending
+	}
+	rd.left = int32(len(r.nodes))
+	rd.pending = rd.left
 	if acq != nil {
 		acq.mu.Lock()
 		acq.deleting = true
@@ -159,7 +165,7 @@ func (rd *round) decide() (ok, failed int) {
 	rd.over = true
 	for _, rep := range rd.res {
 		switch {
-		case !rep.done || rep.err != nil:
+		case rep.err != nil:
 			failed++
 		case rep.v > 0:
 			ok++
@@ -175,7 +181,7 @@ func (rd *round) noQuorum(op, key string, quorum int) error {
 	var errs []error
 	for i, rep := range rd.res {
 		switch {
-		case !rep.done:
+		case rep.err == errPending:
 			errs = append(errs, fmt.Errorf("%s: no reply within %v", rd.nodes[i].name, rd.timeout))
 		case rep.err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", rd.nodes[i].name, rep.err))
@@ -193,7 +199,7 @@ func (rd *round) run(i int) {
 	again := false
 	rd.mu.Lock()
 	if !rd.over {
-		rd.res[i] = reply{v: v, err: err, done: true}
+		rd.res[i] = reply{v: v, err: err}
 		rd.left--
 		if yes {
 			rd.yes++
