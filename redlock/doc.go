@@ -87,14 +87,26 @@
 // A request that timed out may still have set the key. A failed acquire
 // therefore deletes the key on every node (compare-and-delete), with a
 // fresh context (the caller's may be why it failed), before it returns.
-// When a late reply does arrive and says the key was set, after its round
-// gave the lock up or after the lock was released, the goroutine that got
-// it deletes the key at once. A SET that lands later still, unseen, expires
-// with its TTL: Redis has no way to recall it.
+// Requests are not cut when the caller gives up or a majority has decided:
+// they run on, bounded by the per-node timeout, and a reply that arrives
+// late still counts. When it says the key was set after a delete of it (a
+// release, or the cleanup of a failed acquire) was sent, and that delete
+// found nothing there, the key is deleted once more. A SET that lands
+// later still, unseen (its reply lost or timed out), expires with its TTL:
+// Redis has no way to recall it.
 //
-// Requests to the nodes run on a few worker goroutines per node that exit
-// when idle for a while; [Resource.Close] (called by distlock's Close)
-// stops the idle ones at once.
+// Requests to the nodes run on worker goroutines, per node, that exit
+// after two idle seconds; [Resource.Close] (called by distlock's Close)
+// stops the idle ones at once. A burst of concurrent calls starts as many
+// workers as it needs.
+//
+// # Clients
+//
+// A down node costs what go-redis takes to fail a request (its dial and
+// command retries, DialerRetries and MaxRetries), at most the per-node
+// timeout. With ContextTimeoutEnabled, go-redis also stops reading from a
+// slow node at that timeout; without it the Resource still stops waiting
+// then, and the request ends within the client's ReadTimeout.
 //
 // # Errors
 //

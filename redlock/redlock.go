@@ -194,7 +194,8 @@ func (r *Resource) timeout(ttl, validity time.Duration) time.Duration {
 
 // handle is the per-lease state kept in backend.Lease.Handle: the key name
 // and the command arguments, built once per acquisition and shared, read
-// only, by every node's request of every attempt, refresh and release.
+// only, by every node's request of every attempt, refresh and release;
+// and the acquire round that got the lock.
 type handle struct {
 	key, value string
 	ms         int64

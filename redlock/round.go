@@ -61,8 +61,7 @@ var errPending = errors.New("redlock: no reply")
 // cleanup of a failed round) travel on different connections, and a
 // request that was slow to answer may have been applied after the delete.
 const (
-	nodeSet     uint8 = 1 << iota // the node said it set our key
-	nodeSetLate                   // ... and said so after a delete was sent
+	nodeSetLate uint8 = 1 << iota // the node said it set our key after a delete was sent
 	nodeDelDone                   // a delete of this round's key answered
 	nodeDeleted                   // ... and deleted our value
 )
@@ -209,12 +208,9 @@ func (rd *round) run(i int) {
 			close(rd.done)
 		}
 	}
-	if rd.op == opAcquire && yes {
-		st := rd.state[i] | nodeSet
-		if rd.deleting {
-			st |= nodeSetLate
-			again = st&nodeDelDone != 0 && st&nodeDeleted == 0
-		}
+	if rd.op == opAcquire && yes && rd.deleting {
+		st := rd.state[i] | nodeSetLate
+		again = st&nodeDelDone != 0 && st&nodeDeleted == 0
 		rd.state[i] = st
 	}
 	rd.pending--
