@@ -224,30 +224,26 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 		}
 		c = m
 	}
-	for _, eval := range []bool{false, true} {
-		pipe := c.Pipeline()
-		var acq *goredis.Cmd
-		if eval {
-			acq = redisscript.Acquire.Eval(ctx, pipe, h.keys[:], h.acq[5:]...)
-		} else {
-			acq = redisscript.Acquire.EvalSha(ctx, pipe, h.keys[:], h.acq[5:]...)
-		}
-		wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if err := acq.Err(); err != nil {
-			if !eval && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-				continue
-			}
-			return 0, 0, err
-		}
-		v, _ = acq.Int64()
-		if v <= 0 {
-			return v, 0, nil
-		}
-		acked, err = wait.Int64()
-		return v, acked, err
+	v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.EvalSha)
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.Eval)
 	}
-	panic("unreachable")
+	return v, acked, err
+}
+
+// pipeWait sends the acquire script (by run: EvalSha or Eval) and WAIT in
+// one pipeline on c.
+func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
+	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
+	pipe := c.Pipeline()
+	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
+	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	if v, err = acq.Int64(); err != nil || v <= 0 {
+		return v, 0, err
+	}
+	acked, err = wait.Int64()
+	return v, acked, err
 }
 
 // cleanup deletes h's key if it still holds h's value, with a fresh
