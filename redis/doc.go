@@ -7,7 +7,10 @@
 //	d, err := distlock.New(redis.New(rdb))
 //
 // [New] takes any goredis.UniversalClient (*goredis.Client from NewClient
-// or NewFailoverClient, *goredis.ClusterClient). The caller owns the client;
+// or NewFailoverClient, *goredis.ClusterClient). A *goredis.ClusterClient
+// is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
+// Redis 7.0 or later; on older servers locks work and wake-up falls back to
+// spinning). The caller owns the client;
 // [Resource.Close] closes only the subscription connections the Resource
 // opened itself.
 //

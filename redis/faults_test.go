@@ -117,3 +117,30 @@ func TestWaitReplicas(t *testing.T) {
 		}
 	})
 }
+
+// TestReleaseWhenPublishDenied: the release notice is a hint. With PUBLISH
+// denied by an ACL (as SPUBLISH is missing before Redis 7.0) the
+// compare-and-delete still succeeds.
+func TestReleaseWhenPublishDenied(t *testing.T) {
+	admin := standalone(t)
+	ctx := t.Context()
+	user := "nopub-" + uniqueKey(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-publish").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: admin.Options().Addr, Username: user, Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Publish(ctx, "x", "").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("PUBLISH as %s = %v; want NOPERM", user, err)
+	}
+	r := newResource(t, c)
+	l := newLease(uniqueKey(t), time.Minute)
+	mustAcquire(t, r, l)
+	if err := r.Release(ctx, l); err != nil {
+		t.Fatalf("Release with PUBLISH denied = %v; want nil", err)
+	}
+	lock, _ := redisscript.Layout(redis.DefaultPrefix, l.Key)
+	if exists(t, admin, lock) {
+		t.Errorf("lock %q not deleted", lock)
+	}
+}
