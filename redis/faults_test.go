@@ -69,19 +69,12 @@ func TestLostAcquireReplyCleansUp(t *testing.T) {
 // TestWaitReplicas runs the acquire with WAIT against a master with one
 // real replica.
 func TestWaitReplicas(t *testing.T) {
-	master := standalone(t)
-	replicaSrv := testserver.Redis(t)
+	masterSrv := testserver.Redis(t)
+	replicaSrv := testserver.RedisReplica(t, masterSrv)
+	master := goredis.NewClient(&goredis.Options{Addr: masterSrv.Addr})
 	replica := goredis.NewClient(&goredis.Options{Addr: replicaSrv.Addr})
-	t.Cleanup(func() { _ = replica.Close() })
+	t.Cleanup(func() { _ = master.Close(); _ = replica.Close() })
 	ctx := t.Context()
-	host, port, _ := net.SplitHostPort(master.Options().Addr)
-	if err := replica.SlaveOf(ctx, host, port).Err(); err != nil {
-		t.Fatalf("REPLICAOF: %v", err)
-	}
-	waitFor(t, "the replica to sync", func() bool {
-		info, _ := replica.Info(ctx, "replication").Result()
-		return strings.Contains(info, "master_link_status:up")
-	})
 
 	t.Run("enough", func(t *testing.T) {
 		r := newResource(t, master, redis.WithWaitReplicas(1, 2*time.Second))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,14 +24,11 @@ func standalone(t testing.TB) *goredis.Client {
 	return c
 }
 
-// TEMPORARY until testserver.RedisCluster lands on main.
+// cluster starts a three-master Redis Cluster for t and returns a client.
 func cluster(t testing.TB) *goredis.ClusterClient {
 	t.Helper()
-	addrs := os.Getenv("TMP_REDIS_CLUSTER")
-	if addrs == "" {
-		t.Skip("TMP_REDIS_CLUSTER not set")
-	}
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	srv := testserver.RedisCluster(t)
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
