@@ -137,3 +137,36 @@ func TestReleaseWhenPublishDenied(t *testing.T) {
 		t.Errorf("lock %q not deleted", lock)
 	}
 }
+
+// TestFailoverAfterWait: a lock taken with WithWaitReplicas(1, ...) is on
+// the replica when the master dies, so after promotion the lock still
+// excludes others and the next token is still larger.
+func TestFailoverAfterWait(t *testing.T) {
+	masterSrv := testserver.Redis(t)
+	replicaSrv := testserver.RedisReplica(t, masterSrv)
+	master := goredis.NewClient(&goredis.Options{Addr: masterSrv.Addr})
+	promoted := goredis.NewClient(&goredis.Options{Addr: replicaSrv.Addr})
+	t.Cleanup(func() { _ = master.Close(); _ = promoted.Close() })
+	ctx := t.Context()
+
+	r := newResource(t, master, redis.WithWaitReplicas(1, 2*time.Second))
+	held := newLease(uniqueKey(t), time.Minute)
+	mustAcquire(t, r, held)
+
+	masterSrv.Kill()
+	replicaSrv.Promote()
+
+	after := newResource(t, promoted)
+	ok, _, err := after.TryAcquire(ctx, newLease(held.Key, time.Minute))
+	if ok || err != nil {
+		t.Fatalf("TryAcquire on the promoted replica = %v, %v; want false, nil (the lock was replicated)", ok, err)
+	}
+	if err := after.Release(ctx, held); err != nil {
+		t.Fatalf("Release on the promoted replica = %v", err)
+	}
+	next := newLease(held.Key, time.Minute)
+	mustAcquire(t, after, next)
+	if next.Token <= held.Token {
+		t.Errorf("token after failover %d; want > %d", next.Token, held.Token)
+	}
+}
