@@ -10,7 +10,9 @@
 // or NewFailoverClient, *goredis.ClusterClient). A *goredis.ClusterClient
 // is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
 // Redis 7.0 or later; on older servers locks work and wake-up falls back to
-// spinning). The caller owns the client;
+// spinning). A *goredis.Ring works too (its shards follow the hash tag, so
+// a lock and its fence counter stay together) but without wake-up. The
+// caller owns the client;
 // [Resource.Close] closes only the subscription connections the Resource
 // opened itself.
 //

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,7 +185,6 @@ func rejectedIn(m map[string]int64, cmd string) int64 { return m[cmd+".rejected"
 func TestSubscribeRefcount(t *testing.T) {
 	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := t.Context()
-		goroutines := runtime.NumGoroutine()
 		r := redis.New(c)
 		key, other := uniqueKey(t), uniqueKey(t)
 
@@ -217,6 +217,9 @@ func TestSubscribeRefcount(t *testing.T) {
 		cancel2()
 		waitFor(t, "unsubscription", func() bool { return subscribers(t, c, key) == 0 })
 
+		if subscriptionGoroutines() == 0 {
+			t.Fatal("no subscription goroutines found before Close: the count below proves nothing")
+		}
 		if err := r.Close(); err != nil {
 			t.Fatalf("Close = %v", err)
 		}
@@ -230,9 +233,23 @@ func TestSubscribeRefcount(t *testing.T) {
 		} else {
 			cancel()
 		}
-		waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= goroutines })
+		waitFor(t, "the subscription goroutines to end", func() bool { return subscriptionGoroutines() == 0 })
 		if err := c.Ping(ctx).Err(); err != nil {
 			t.Errorf("client unusable after Close: %v", err)
 		}
 	})
+}
+
+// subscriptionGoroutines counts live goroutines of the hub and of go-redis
+// PubSub channels (their forwarders and health checks).
+func subscriptionGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "distlock/redis.(*hub)") || strings.Contains(g, "go-redis/v9.(*channel)") {
+			n++
+		}
+	}
+	return n
 }

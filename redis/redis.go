@@ -103,7 +103,10 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 			o(r)
 		}
 	}
-	r.hub = newHub(c, r.cluster)
+	if _, ring := c.(*goredis.Ring); !ring && c != nil {
+		// A Ring has no one server to subscribe on: no wake-up.
+		r.hub = newHub(c, r.cluster)
+	}
 	return r
 }
 
@@ -301,10 +304,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 // same deployment. The Resource keeps one subscription connection (on
 // Cluster: one per master serving a subscribed key), subscribed to a key's
 // channel only while someone in this process waits for it. Notices are
-// hints; a lost subscription costs only latency. After [Resource.Close], ch
-// is nil.
+// hints; a lost subscription costs only latency. ch is nil after
+// [Resource.Close], and always over a *goredis.Ring (its shards are
+// independent servers, with no one place to subscribe).
 func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
-	if r.c == nil {
+	if r.hub == nil {
 		return nil, func() {}
 	}
 	lock, _ := redisscript.Layout(r.prefix, key)
