@@ -18,7 +18,7 @@ import (
 // Run the uncontended cycles with client and server on one CPU, side by
 // side, and compare with benchstat:
 //
-//	taskset -c 0 go test -run '^$' -bench 'Cycle|Floor' -count 10 ./redis
+//	taskset -c 0 go test -run '^$' -bench 'Cycle|Floor|Paired' -count 10 ./redis
 
 // reportCommands reports the calls per op of the named top-level commands
 // (commands run inside scripts count in commandstats too: leave them out).
@@ -80,6 +80,48 @@ func BenchmarkFloor(b *testing.B) {
 		}
 	}
 	reportCommands(b, c, before, "set", "evalsha", "eval")
+}
+
+// BenchmarkPaired alternates one distlock cycle and one floor cycle per
+// iteration and times each, so both see the same machine load (the
+// machine may be shared); floor/distlock is distlock's relative throughput.
+func BenchmarkPaired(b *testing.B) {
+	c := standalone(b)
+	d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	key, floorKey := uniqueKey(b), uniqueKey(b)+"-floor"
+	var (
+		n                  uint64
+		cycleSum, floorSum time.Duration
+	)
+	for b.Loop() {
+		t0 := time.Now()
+		lk, err := d.TryLock(ctx, key, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		n++
+		value := strconv.FormatUint(n, 16)
+		if ok, err := c.SetNX(ctx, floorKey, value, 10*time.Second).Result(); err != nil || !ok {
+			b.Fatalf("SETNX = %v, %v", ok, err)
+		}
+		if err := floorRelease.Run(ctx, c, []string{floorKey}, value).Err(); err != nil {
+			b.Fatal(err)
+		}
+		cycleSum += t1.Sub(t0)
+		floorSum += time.Since(t1)
+	}
+	b.ReportMetric(float64(cycleSum.Nanoseconds())/float64(b.N), "cycle-ns/op")
+	b.ReportMetric(float64(floorSum.Nanoseconds())/float64(b.N), "floor-ns/op")
+	b.ReportMetric(float64(floorSum)/float64(cycleSum), "floor/cycle")
 }
 
 // noNotice hides the Resource's Notifier, leaving the spin alone.
