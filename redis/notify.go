@@ -244,14 +244,25 @@ func (h *hub) subscribeSharded(ctx context.Context, conns map[string]*conn, ch s
 	return node, true
 }
 
-// open starts the forwarder of ps.
+// open starts the forwarder of ps. Besides each release notice, it passes
+// on each confirmation of a subscription (first, or again after go-redis
+// reconnected) as a wake-up: a release that happened while the channel was
+// not yet (or no longer) subscribed sent its notice to nobody, and the
+// waiters' retry finds the key free instead of sleeping out the spin.
 func (h *hub) open(ps *goredis.PubSub) *conn {
 	c := &conn{ps: ps, done: make(chan struct{})}
-	msgs := ps.Channel()
+	msgs := ps.ChannelWithSubscriptions()
 	go func() {
 		defer close(c.done)
 		for m := range msgs {
-			h.notify(m.Channel)
+			switch m := m.(type) {
+			case *goredis.Message:
+				h.notify(m.Channel)
+			case *goredis.Subscription:
+				if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+					h.notify(m.Channel)
+				}
+			}
 		}
 	}()
 	return c

@@ -191,6 +191,15 @@ func TestSubscribeRefcount(t *testing.T) {
 		ch1, cancel1 := r.Subscribe(key)
 		ch2, cancel2 := r.Subscribe(key)
 		waitFor(t, "subscription", func() bool { return subscribers(t, c, key) == 1 })
+		// The confirmation of the subscription wakes both once (a release
+		// before it would have reached nobody).
+		for i, ch := range []<-chan struct{}{ch1, ch2} {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("waiter %d not woken by the subscription's confirmation", i+1)
+			}
+		}
 
 		l := newLease(key, time.Minute)
 		mustAcquire(t, r, l)
