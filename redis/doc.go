@@ -77,9 +77,12 @@
 // retry as soon as the holder releases, instead of sleeping out the spin.
 // The Resource keeps one subscription connection (on Cluster, one per master
 // that serves a waited-for key, using sharded pub/sub), subscribed to a
-// key's channel only while a waiter in this process waits for it. Notices
-// are hints: a lost or failed subscription costs only latency, as the spin
-// loop keeps retrying on its own.
+// key's channel only while a waiter in this process waits for it. When
+// Redis confirms a subscription (the first time, or again after a
+// reconnect) the waiters retry once too, so a release that came before the
+// subscription is not slept through. Notices are hints: a lost or failed
+// subscription costs only latency, as the spin loop keeps retrying on its
+// own.
 //
 // # Errors
 //
