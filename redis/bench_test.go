@@ -155,17 +155,19 @@ type watchedNotifier struct {
 // BenchmarkHandoff measures the time from the holder's Unlock to the
 // waiter's TryLock returning the lock, with the release notice (wakeup) and
 // with the random spin alone (spin: 10ms + [0, 10ms)). The holder releases
-// 2ms after the waiter's first failed attempt.
+// 2ms after the waiter's first failed attempt, or at once (wakeup-at-once:
+// the release races the waiter's SUBSCRIBE, and the subscription's
+// confirmation makes the waiter retry).
 func BenchmarkHandoff(b *testing.B) {
 	c := standalone(b)
-	for _, mode := range []string{"wakeup", "spin"} {
+	for _, mode := range []string{"wakeup", "wakeup-at-once", "spin"} {
 		b.Run(mode, func(b *testing.B) {
 			ctx := distlock.ContextWithTTL(context.Background(), 10*time.Second)
 			r := redis.New(c)
 			defer r.Close()
 			w := &watched{Spinner: r, waiting: make(chan struct{}, 1)}
 			var res backend.RemoteResource = w
-			if mode == "wakeup" {
+			if mode != "spin" {
 				res = watchedNotifier{w, r}
 			} else {
 				w.Spinner = noNotice{r}
@@ -198,7 +200,9 @@ func BenchmarkHandoff(b *testing.B) {
 					got <- at
 				}()
 				<-w.waiting
-				time.Sleep(2 * time.Millisecond)
+				if mode != "wakeup-at-once" {
+					time.Sleep(2 * time.Millisecond)
+				}
 				released := time.Now()
 				if err := lk.Unlock(ctx); err != nil {
 					b.Fatal(err)
