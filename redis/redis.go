@@ -75,7 +75,8 @@ func WithPrefix(prefix string) Option {
 // in. The default is n = 0: no waiting. n <= 0 disables the option; a
 // timeout under 1ms is raised to 1ms (WAIT 0 would block forever). The
 // timeout must be shorter than the client's ReadTimeout (3s by default),
-// which bounds the pipeline's reply.
+// which bounds the pipeline's reply. Over a *goredis.Ring the WAIT may go
+// to another shard: do not combine the two.
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(r *Resource) {
 		if n <= 0 {
