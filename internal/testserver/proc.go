@@ -82,8 +82,8 @@ func (p *process) start() error {
 	cmd.Stdout = f
 	cmd.Stderr = f
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Own process group: signals go to the server and its children
-		// (PostgreSQL's backends) and never to the test binary.
+		// Own process group: signals go to the server (and helpers in
+		// its group) and never to the test binary.
 		Setpgid: true,
 		// The kernel kills the server if the test binary dies first.
 		Pdeathsig:  syscall.SIGKILL,
@@ -106,7 +106,7 @@ func (p *process) start() error {
 	return nil
 }
 
-// running returns the exit channel of the current process, or nil.
+// current returns the current process and its exit channel, or nils.
 func (p *process) current() (*exec.Cmd, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -132,7 +132,8 @@ func (p *process) hasExited() bool {
 // server's process group alone does not reach them.
 func (p *process) signal(sig syscall.Signal) error {
 	cmd, _ := p.current()
-	if cmd == nil {
+	if cmd == nil || p.hasExited() {
+		// Once reaped, its pid may belong to another process.
 		return fmt.Errorf("%s: not running", p.name)
 	}
 	root := cmd.Process.Pid
@@ -192,7 +193,11 @@ func (p *process) end(sig syscall.Signal, timeout time.Duration) {
 	p.mu.Lock()
 	paused := p.paused
 	p.mu.Unlock()
-	if sig != syscall.SIGKILL {
+	if p.hasExited() {
+		// It died on its own; its pid may belong to another process now.
+		sig = 0
+	}
+	if sig != 0 && sig != syscall.SIGKILL {
 		// The server shuts its children down itself.
 		_ = syscall.Kill(-root, sig)
 		if paused {
