@@ -5,17 +5,17 @@
 // # Servers
 //
 //   - [Redis], [RedisNodes] (independent nodes, for Redlock), [RedisCluster]
-//     (three masters) and [RedisReplica].
+//     (three masters), [RedisReplica] and [RedisSentinel].
 //   - [Etcd], in the test process with go.etcd.io/etcd/server/v3/embed, and
 //     [EtcdCluster], whose members run in processes of their own.
 //   - [ZooKeeper] and [ZooKeeperEnsemble], from Debian's zookeeper package.
 //   - [Postgres] and [MariaDB], each with a fresh database per call.
 //
-// Every server process a test started (a [RedisServer], [ZooKeeperServer],
-// [EtcdMember], [PostgresServer] or [MariaDBServer]) can be stopped, killed
-// (SIGKILL), paused (SIGSTOP until Resume) and restarted on the same address
-// with its data (Redis keeps none); the in-process [EtcdServer] can be
-// stopped and restarted.
+// Every server process a test started (a [RedisServer],
+// [RedisSentinelServer], [ZooKeeperServer], [EtcdMember], [PostgresServer]
+// or [MariaDBServer]) can be stopped, killed (SIGKILL), paused (SIGSTOP
+// until Resume) and restarted on the same address with its data (Redis
+// keeps none); the in-process [EtcdServer] can be stopped and restarted.
 //
 // Start a server once per top-level test and share it among its subtests.
 //
@@ -36,6 +36,7 @@
 //	DISTLOCK_TEST_REDIS_NODES         host:port,... (at least n)
 //	DISTLOCK_TEST_REDIS_CLUSTER       host:port,... (the cluster's masters)
 //	DISTLOCK_TEST_REDIS_REPLICA       host:port of a replica of the master
+//	DISTLOCK_TEST_REDIS_SENTINEL      host:port of a sentinel monitoring "mymaster"
 //	DISTLOCK_TEST_ETCD                http://host:port,...
 //	DISTLOCK_TEST_ETCD_CLUSTER        http://host:port,...
 //	DISTLOCK_TEST_ZOOKEEPER           host:port
