@@ -55,7 +55,8 @@ func TestCrashedTestBinaryTakesItsServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestCrashedTestBinaryTakesItsServers$", "-test.v")
-	cmd.Env = append(os.Environ(), crashHelperEnv+"=1")
+	// The child's temp dirs go under ours: killed, it cannot remove them.
+	cmd.Env = append(os.Environ(), crashHelperEnv+"=1", "TMPDIR="+t.TempDir())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
