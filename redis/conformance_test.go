@@ -8,6 +8,7 @@ import (
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/testsuite"
 )
@@ -41,4 +42,20 @@ func harness(c goredis.UniversalClient) testsuite.Harness {
 		},
 		MaxKeyLen: redis.MaxKeyLen,
 	}
+}
+
+// TestConformanceRing runs the suite over a two-shard *goredis.Ring: locks
+// work (shards follow the hash tag), wake-up is off.
+func TestConformanceRing(t *testing.T) {
+	nodes := testserver.RedisNodes(t, 2)
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{
+		"a": nodes[0].Addr, "b": nodes[1].Addr,
+	}})
+	t.Cleanup(func() { _ = ring.Close() })
+	if ch, cancel := redis.New(ring).Subscribe("k"); ch != nil {
+		t.Errorf("Subscribe over a Ring: non-nil channel; want nil (no wake-up)")
+	} else {
+		cancel()
+	}
+	testsuite.Run(t, harness(ring))
 }

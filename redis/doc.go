@@ -7,7 +7,12 @@
 //	d, err := distlock.New(redis.New(rdb))
 //
 // [New] takes any goredis.UniversalClient (*goredis.Client from NewClient
-// or NewFailoverClient, *goredis.ClusterClient). The caller owns the client;
+// or NewFailoverClient, *goredis.ClusterClient). A *goredis.ClusterClient
+// is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
+// Redis 7.0 or later; on older servers locks work and wake-up falls back to
+// spinning). A *goredis.Ring works too (its shards follow the hash tag, so
+// a lock and its fence counter stay together) but without wake-up. The
+// caller owns the client;
 // [Resource.Close] closes only the subscription connections the Resource
 // opened itself.
 //
@@ -72,9 +77,12 @@
 // retry as soon as the holder releases, instead of sleeping out the spin.
 // The Resource keeps one subscription connection (on Cluster, one per master
 // that serves a waited-for key, using sharded pub/sub), subscribed to a
-// key's channel only while a waiter in this process waits for it. Notices
-// are hints: a lost or failed subscription costs only latency, as the spin
-// loop keeps retrying on its own.
+// key's channel only while a waiter in this process waits for it. When
+// Redis confirms a subscription (the first time, or again after a
+// reconnect) the waiters retry once too, so a release that came before the
+// subscription is not slept through. Notices are hints: a lost or failed
+// subscription costs only latency, as the spin loop keeps retrying on its
+// own.
 //
 // # Errors
 //

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,27 +12,23 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 )
 
-// TEMPORARY until internal/testserver lands on main: servers started by hand.
+// standalone starts a Redis server for t and returns a client of it.
 func standalone(t testing.TB) *goredis.Client {
 	t.Helper()
-	addr := os.Getenv("TMP_REDIS_ADDR")
-	if addr == "" {
-		t.Skip("TMP_REDIS_ADDR not set")
-	}
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	srv := testserver.Redis(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
+// cluster starts a three-master Redis Cluster for t and returns a client.
 func cluster(t testing.TB) *goredis.ClusterClient {
 	t.Helper()
-	addrs := os.Getenv("TMP_REDIS_CLUSTER")
-	if addrs == "" {
-		t.Skip("TMP_REDIS_CLUSTER not set")
-	}
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	srv := testserver.RedisCluster(t)
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

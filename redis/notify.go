@@ -149,56 +149,87 @@ func (h *hub) run(ctx context.Context) {
 			return
 		case <-h.kick:
 		}
-		var add, drop []string
-		h.mu.Lock()
-		for ch := range h.waiters {
-			if _, ok := have[ch]; !ok {
-				add = append(add, ch)
-			}
+		h.reconcile(ctx, conns, have)
+	}
+}
+
+// reconcile subscribes the channels waiters want and unsubscribes the
+// ones nobody waits for any more. Outside Cluster each direction is one
+// command; on Cluster one per channel (SSUBSCRIBE takes one slot at a time).
+func (h *hub) reconcile(ctx context.Context, conns map[string]*conn, have map[string]string) {
+	var add, drop []string
+	h.mu.Lock()
+	for ch := range h.waiters {
+		if _, ok := have[ch]; !ok {
+			add = append(add, ch)
 		}
-		for ch := range have {
-			if _, ok := h.waiters[ch]; !ok {
-				drop = append(drop, ch)
-			}
+	}
+	for ch := range have {
+		if _, ok := h.waiters[ch]; !ok {
+			drop = append(drop, ch)
 		}
-		h.mu.Unlock()
+	}
+	h.mu.Unlock()
+	if len(add) == 0 && len(drop) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	defer cancel()
+
+	if h.cluster == nil {
+		c := conns[""]
+		if len(drop) > 0 && c != nil {
+			_ = c.ps.Unsubscribe(ctx, drop...)
+		}
 		for _, ch := range drop {
-			c := conns[have[ch]]
 			delete(have, ch)
-			opCtx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-			if h.cluster != nil {
-				_ = c.ps.SUnsubscribe(opCtx, ch)
-			} else {
-				_ = c.ps.Unsubscribe(opCtx, ch)
-			}
-			cancel()
 		}
-		for _, ch := range add {
-			opCtx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-			node, ok := h.subscribeOne(opCtx, conns, ch)
-			cancel()
-			if ok {
-				have[ch] = node
+		// A failed write is not fatal: go-redis keeps the channels in the
+		// PubSub's set and subscribes them again when it reconnects.
+		if len(add) > 0 && guard(func() {
+			if c == nil {
+				c = h.open(h.c.Subscribe(ctx))
+				conns[""] = c
 			}
+			_ = c.ps.Subscribe(ctx, add...)
+		}) {
+			for _, ch := range add {
+				have[ch] = ""
+			}
+		}
+		return
+	}
+	for _, ch := range drop {
+		_ = conns[have[ch]].ps.SUnsubscribe(ctx, ch)
+		delete(have, ch)
+	}
+	for _, ch := range add {
+		var (
+			node string
+			ok   bool
+		)
+		if guard(func() { node, ok = h.subscribeSharded(ctx, conns, ch) }) && ok {
+			have[ch] = node
 		}
 	}
 }
 
-// subscribeOne subscribes ch on the connection that can carry it, opening
-// that connection first if needed. A failed write is not fatal: go-redis
-// keeps ch in the PubSub's set and subscribes it again on reconnect.
-// ok is false only when no connection could be chosen (Cluster: the key's
-// master is unknown); the channel is then retried on the next kick.
-func (h *hub) subscribeOne(ctx context.Context, conns map[string]*conn, ch string) (node string, ok bool) {
-	if h.cluster == nil {
-		c := conns[""]
-		if c == nil {
-			c = h.open(h.c.Subscribe(ctx))
-			conns[""] = c
+// guard turns a panic of go-redis (a client type that cannot subscribe
+// without channels, say) into a failed subscription: notices are hints.
+func guard(f func()) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
 		}
-		_ = c.ps.Subscribe(ctx, ch)
-		return "", true
-	}
+	}()
+	f()
+	return true
+}
+
+// subscribeSharded subscribes ch on the connection to the master of ch's
+// slot, opening it first if needed. ok is false when the master is unknown;
+// the channel is then tried again on the next change of waiters.
+func (h *hub) subscribeSharded(ctx context.Context, conns map[string]*conn, ch string) (node string, ok bool) {
 	m, err := h.cluster.MasterForKey(ctx, ch)
 	if err != nil {
 		return "", false
@@ -213,14 +244,25 @@ func (h *hub) subscribeOne(ctx context.Context, conns map[string]*conn, ch strin
 	return node, true
 }
 
-// open starts the forwarder of ps.
+// open starts the forwarder of ps. Besides each release notice, it passes
+// on each confirmation of a subscription (first, or again after go-redis
+// reconnected) as a wake-up: a release that happened while the channel was
+// not yet (or no longer) subscribed sent its notice to nobody, and the
+// waiters' retry finds the key free instead of sleeping out the spin.
 func (h *hub) open(ps *goredis.PubSub) *conn {
 	c := &conn{ps: ps, done: make(chan struct{})}
-	msgs := ps.Channel()
+	msgs := ps.ChannelWithSubscriptions()
 	go func() {
 		defer close(c.done)
 		for m := range msgs {
-			h.notify(m.Channel)
+			switch m := m.(type) {
+			case *goredis.Message:
+				h.notify(m.Channel)
+			case *goredis.Subscription:
+				if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+					h.notify(m.Channel)
+				}
+			}
 		}
 	}()
 	return c

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,13 +185,21 @@ func rejectedIn(m map[string]int64, cmd string) int64 { return m[cmd+".rejected"
 func TestSubscribeRefcount(t *testing.T) {
 	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := t.Context()
-		goroutines := runtime.NumGoroutine()
 		r := redis.New(c)
 		key, other := uniqueKey(t), uniqueKey(t)
 
 		ch1, cancel1 := r.Subscribe(key)
 		ch2, cancel2 := r.Subscribe(key)
 		waitFor(t, "subscription", func() bool { return subscribers(t, c, key) == 1 })
+		// The confirmation of the subscription wakes both once (a release
+		// before it would have reached nobody).
+		for i, ch := range []<-chan struct{}{ch1, ch2} {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("waiter %d not woken by the subscription's confirmation", i+1)
+			}
+		}
 
 		l := newLease(key, time.Minute)
 		mustAcquire(t, r, l)
@@ -217,6 +226,9 @@ func TestSubscribeRefcount(t *testing.T) {
 		cancel2()
 		waitFor(t, "unsubscription", func() bool { return subscribers(t, c, key) == 0 })
 
+		if subscriptionGoroutines() == 0 {
+			t.Fatal("no subscription goroutines found before Close: the count below proves nothing")
+		}
 		if err := r.Close(); err != nil {
 			t.Fatalf("Close = %v", err)
 		}
@@ -230,9 +242,23 @@ func TestSubscribeRefcount(t *testing.T) {
 		} else {
 			cancel()
 		}
-		waitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= goroutines })
+		waitFor(t, "the subscription goroutines to end", func() bool { return subscriptionGoroutines() == 0 })
 		if err := c.Ping(ctx).Err(); err != nil {
 			t.Errorf("client unusable after Close: %v", err)
 		}
 	})
+}
+
+// subscriptionGoroutines counts live goroutines of the hub and of go-redis
+// PubSub channels (their forwarders and health checks).
+func subscriptionGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "distlock/redis.(*hub)") || strings.Contains(g, "go-redis/v9.(*channel)") {
+			n++
+		}
+	}
+	return n
 }

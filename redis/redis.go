@@ -47,7 +47,7 @@ type Resource struct {
 	c       goredis.UniversalClient
 	cluster *goredis.ClusterClient // c, when it is a Cluster client
 	prefix  string
-	publish string // redisscript.Publish or ShardedPublish
+	publish any // redisscript.Publish or ShardedPublish, boxed once
 
 	waitReplicas int
 	waitTimeout  time.Duration
@@ -75,7 +75,8 @@ func WithPrefix(prefix string) Option {
 // in. The default is n = 0: no waiting. n <= 0 disables the option; a
 // timeout under 1ms is raised to 1ms (WAIT 0 would block forever). The
 // timeout must be shorter than the client's ReadTimeout (3s by default),
-// which bounds the pipeline's reply.
+// which bounds the pipeline's reply. Over a *goredis.Ring the WAIT may go
+// to another shard: do not combine the two.
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(r *Resource) {
 		if n <= 0 {
@@ -103,27 +104,38 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 			o(r)
 		}
 	}
-	r.hub = newHub(c, r.cluster)
+	if _, ring := c.(*goredis.Ring); !ring && c != nil {
+		// A Ring has no one server to subscribe on: no wake-up.
+		r.hub = newHub(c, r.cluster)
+	}
 	return r
 }
 
 // handle is the per-lease state kept in backend.Lease.Handle: the key names
-// and the boxed script arguments, built once per acquisition and reused by
-// every attempt, refresh and release.
+// and the script commands, built and boxed once per acquisition and reused
+// by every attempt, refresh and release (go-redis only reads them).
 type handle struct {
-	key     string    // the user's key, to detect a foreign Handle
-	value   string    // the owner value the args were built from
-	ms      int64     // the TTL in setArgs
-	keys    [2]string // lock, fence
-	setArgs [2]any    // value, ttl ms (acquire and extend)
-	relArgs [2]any    // value, publish command (release)
+	key   string    // the user's key, to detect a foreign Handle
+	value string    // the owner value the commands were built from
+	ms    int64     // the TTL in acq
+	keys  [2]string // lock, fence
+	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
+	rel   [6]any    // EVALSHA release 1 lock value publish
 }
+
+// Script digests, boxed once.
+var (
+	acquireSHA any = redisscript.Acquire.Hash()
+	releaseSHA any = redisscript.Release.Hash()
+	extendSHA  any = redisscript.Extend.Hash()
+)
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	h.setArgs = [2]any{l.Value, h.ms}
-	h.relArgs = [2]any{h.setArgs[0], r.publish}
+	lock, value := any(h.keys[0]), any(l.Value)
+	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, h.ms}
+	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
 	return h
 }
 
@@ -134,6 +146,18 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 		return h
 	}
 	return r.newHandle(l)
+}
+
+// run sends cmd, a prebuilt EVALSHA of s with keys, and falls back to EVAL
+// once when the server does not have the script cached (as Script.Run).
+func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	c := goredis.NewCmd(ctx, cmd...)
+	_ = r.c.Process(ctx, c)
+	v, err := c.Int64()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Int64()
+	}
+	return v, err
 }
 
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
@@ -177,7 +201,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
 		}
 	} else {
-		v, err = redisscript.Acquire.Run(ctx, r.c, h.keys[:], h.setArgs[:]...).Int64()
+		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
 	}
 	if err != nil {
 		if cerr := r.cleanup(ctx, h); cerr != nil {
@@ -204,30 +228,26 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 		}
 		c = m
 	}
-	for _, eval := range []bool{false, true} {
-		pipe := c.Pipeline()
-		var acq *goredis.Cmd
-		if eval {
-			acq = redisscript.Acquire.Eval(ctx, pipe, h.keys[:], h.setArgs[:]...)
-		} else {
-			acq = redisscript.Acquire.EvalSha(ctx, pipe, h.keys[:], h.setArgs[:]...)
-		}
-		wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if err := acq.Err(); err != nil {
-			if !eval && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-				continue
-			}
-			return 0, 0, err
-		}
-		v, _ = acq.Int64()
-		if v <= 0 {
-			return v, 0, nil
-		}
-		acked, err = wait.Int64()
-		return v, acked, err
+	v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.EvalSha)
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.Eval)
 	}
-	panic("unreachable")
+	return v, acked, err
+}
+
+// pipeWait sends the acquire script (by run: EvalSha or Eval) and WAIT in
+// one pipeline on c.
+func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
+	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
+	pipe := c.Pipeline()
+	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
+	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	if v, err = acq.Int64(); err != nil || v <= 0 {
+		return v, 0, err
+	}
+	acked, err = wait.Int64()
+	return v, acked, err
 }
 
 // cleanup deletes h's key if it still holds h's value, with a fresh
@@ -235,7 +255,8 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	return redisscript.Release.Run(ctx, r.c, h.keys[:1], h.relArgs[:]...).Err()
+	_, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	return err
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
@@ -247,7 +268,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	n, err := redisscript.Release.Run(ctx, r.c, h.keys[:1], h.relArgs[:]...).Int64()
+	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
 	}
@@ -265,11 +286,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	args := h.setArgs[:]
-	if ms := redisscript.Millis(l.TTL); ms != h.ms {
-		args = []any{l.Value, ms}
+	ms := h.acq[6]
+	if m := redisscript.Millis(l.TTL); m != h.ms {
+		ms = m
 	}
-	n, err := redisscript.Extend.Run(ctx, r.c, h.keys[:1], args...).Int64()
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}
@@ -284,10 +305,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 // same deployment. The Resource keeps one subscription connection (on
 // Cluster: one per master serving a subscribed key), subscribed to a key's
 // channel only while someone in this process waits for it. Notices are
-// hints; a lost subscription costs only latency. After [Resource.Close], ch
-// is nil.
+// hints; a lost subscription costs only latency. ch is nil after
+// [Resource.Close], and always over a *goredis.Ring (its shards are
+// independent servers, with no one place to subscribe).
 func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
-	if r.c == nil {
+	if r.hub == nil {
 		return nil, func() {}
 	}
 	lock, _ := redisscript.Layout(r.prefix, key)

@@ -189,6 +189,29 @@ func TestResource(t *testing.T) {
 			}
 		})
 
+		t.Run("script-cache-flushed", func(t *testing.T) {
+			// After SCRIPT FLUSH (a restart, a failover to a fresh
+			// replica) EVALSHA fails with NOSCRIPT: EVAL takes over.
+			flush := func(ctx context.Context, n *goredis.Client) error { return n.ScriptFlush(ctx).Err() }
+			var err error
+			if cc, ok := c.(*goredis.ClusterClient); ok {
+				err = cc.ForEachMaster(ctx, flush)
+			} else {
+				err = flush(ctx, c.(*goredis.Client))
+			}
+			if err != nil {
+				t.Fatalf("SCRIPT FLUSH: %v", err)
+			}
+			l := newLease(uniqueKey(t), time.Minute)
+			mustAcquire(t, r, l)
+			if err := r.Refresh(ctx, l); err != nil {
+				t.Errorf("Refresh = %v", err)
+			}
+			if err := r.Release(ctx, l); err != nil {
+				t.Errorf("Release = %v", err)
+			}
+		})
+
 		t.Run("failed-acquire-cleans-up", func(t *testing.T) {
 			// A fence counter that is not an integer makes the script fail
 			// after its SET: the lock must not stay behind.
