@@ -36,6 +36,10 @@ const MaxKeyLen = 32 << 10
 // detached from the caller's, which may already have ended.
 const cleanupTimeout = 5 * time.Second
 
+// clockGuard is taken off Lease.Validity: the facade counts it from when
+// Acquire has returned, a moment after we read the clock.
+const clockGuard = time.Millisecond
+
 // Resource is a lock store over an etcd cluster. It implements
 // [backend.Waiter], [backend.Refresher], [backend.KeyValidator] and
 // [io.Closer]; it is safe for concurrent use.
@@ -125,13 +129,15 @@ func (r *Resource) queuePrefix(key string) string {
 	return r.prefix + encodeKey(key) + "/"
 }
 
-// Leftovers lists the etcd keys the Resource holds for the lock key: the
-// holder's and the waiters'. It is meant for tests and debugging.
+// Leftovers lists the etcd keys the Resource holds for the lock key in
+// queue order: the holder's, then the waiters'. It is meant for tests and
+// debugging.
 func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) {
 	if r == nil || r.c == nil {
 		return nil, errNilClient
 	}
-	resp, err := r.c.Get(ctx, r.queuePrefix(key), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := r.c.Get(ctx, r.queuePrefix(key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list %q: %w", key, err)
 	}
@@ -187,6 +193,9 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	if closed {
 		return fmt.Errorf("etcd: acquire %q: resource closed", l.Key)
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if r.shared {
 		return r.acquireShared(ctx, l, deadline)
 	}
@@ -235,7 +244,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 		}
 	}
-	validity := lastSent.Add(ttl).Sub(start)
+	validity := time.Until(lastSent.Add(ttl)) - clockGuard
 	if validity <= 0 {
 		return fmt.Errorf("etcd: acquire %q: lease %x may have expired while queued", l.Key, int64(id))
 	}
@@ -474,10 +483,10 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	return nil
 }
 
-// Refresh extends l for another TTL: KeepAliveOnce on its lease, or with
-// [WithSharedLease] a check that the shared lease is kept alive. ErrNotHeld
-// when the lease is gone. It does not notice our key deleted by hand while
-// the lease lives.
+// Refresh extends l for another TTL: KeepAliveOnce on its lease (with
+// [WithSharedLease]: only when the shared lease is not already known to
+// live that long), then a read of our key. ErrNotHeld when the lease or the
+// key is gone.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -495,7 +504,24 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		}
 		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
 	}
+	exists, err := r.keyExists(ctx, h)
+	if err != nil {
+		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+	}
+	if !exists { // deleted behind our back: the lease alone holds nothing
+		r.revoke(ctx, h.lease)
+		return backend.ErrNotHeld
+	}
 	return nil
+}
+
+// keyExists reports whether h's key is still the one we made.
+func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
+	resp, err := r.c.Get(ctx, h.key, clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == h.rev, nil
 }
 
 // Close stops the Resource: it ends the goroutines it runs and revokes its

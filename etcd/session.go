@@ -223,12 +223,14 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	if u := s.until(); u.Before(end) {
 		end = u
 	}
-	validity := end.Sub(start)
+	validity := time.Until(end) - clockGuard
 	if validity <= 0 || s.isDone() {
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
 	}
-	h.deadline = start.Add(validity)
-	h.timer = time.AfterFunc(validity, func() { r.expire(h) })
+	h.mu.Lock()
+	h.deadline = end
+	h.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
+	h.mu.Unlock()
 	l.TTL = s.ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
@@ -320,9 +322,18 @@ func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handl
 		}
 		s.mu.Unlock()
 	}
+	ok, err := r.keyExists(ctx, h)
+	if err != nil {
+		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.state != held {
+		return backend.ErrNotHeld
+	}
+	if !ok { // deleted behind our back
+		h.state = expired
+		h.timer.Stop()
 		return backend.ErrNotHeld
 	}
 	h.deadline = now.Add(h.ttl)
