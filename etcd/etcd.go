@@ -55,6 +55,11 @@ type Resource struct {
 
 	seq     atomic.Uint64 // names queue keys on a shared lease
 	wakeups atomic.Int64  // predecessor deletions seen by waiters
+
+	// watchAtRead starts predecessor watches at the revision read, as
+	// concurrency.Mutex does, instead of the one after; only benchmarks
+	// set it, to show what that costs.
+	watchAtRead bool
 }
 
 var (
@@ -370,8 +375,12 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 		// Start just after the revision we read: the server then serves
 		// the watch as synced (at once) instead of from its 100 ms
 		// catch-up loop, and still sends any deletion after that read.
+		from := rev + 1
+		if r.watchAtRead {
+			from = rev
+		}
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(dctx))
-		wch := r.c.Watch(wctx, pred, clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+		wch := r.c.Watch(wctx, pred, clientv3.WithRev(from), clientv3.WithFilterPut())
 		woke = false
 	watch:
 		for {
