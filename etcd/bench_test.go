@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/internal/testserver"
 )
 
 // Compare with benchstat:
@@ -20,7 +21,7 @@ import (
 // with auto-renew on, and concurrency.Mutex Lock + Unlock on one session,
 // over the same server.
 func BenchmarkCycle(b *testing.B) {
-	endpoints := startEtcd(b)
+	endpoints := testserver.Etcd(b).Endpoints
 	c := newClient(b, endpoints)
 	for _, m := range modes {
 		b.Run("distlock-"+m.name, func(b *testing.B) {
@@ -67,7 +68,7 @@ func BenchmarkCycle(b *testing.B) {
 // concurrency.Mutex does: the server then serves it as an unsynced watcher
 // from its 100 ms catch-up loop.
 func BenchmarkHandoff(b *testing.B) {
-	endpoints := startEtcd(b)
+	endpoints := testserver.Etcd(b).Endpoints
 	for _, m := range modes {
 		for _, atRead := range []bool{false, true} {
 			name := "distlock-" + m.name

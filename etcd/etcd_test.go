@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -51,7 +52,7 @@ func newResource(t testing.TB, endpoints []string, opts ...Option) *Resource {
 }
 
 func TestConformance(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -129,7 +130,7 @@ func lease(key string, ttl time.Duration) *backend.Lease {
 func uniqueKey(t testing.TB) string { return testsuite.Key(t) }
 
 func TestTTLRoundsUp(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			r := newResource(t, endpoints, m.opts...)
@@ -181,7 +182,7 @@ func waitKeys(t *testing.T, r *Resource, key string, n int) []string {
 // granted the lock in that order, each woken once: one release wakes one
 // waiter, not the herd.
 func TestFIFO(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			const waiters = 5
@@ -234,7 +235,7 @@ func TestFIFO(t *testing.T) {
 // waiter whose lease ends while it is queued must get an error when its
 // predecessor goes, never the lock.
 func TestRevokedWaiter(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -279,7 +280,7 @@ func TestRevokedWaiter(t *testing.T) {
 // ended by cancel, by context deadline, by wait deadline and after a zero
 // wait: only the holder's remain.
 func TestCancelledWaitsLeaveNothing(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -353,7 +354,7 @@ func leases(t *testing.T, c *clientv3.Client) []int64 {
 // TestTokens checks that tokens increase across holders of one key, and
 // across keys, as create revisions do cluster-wide.
 func TestTokens(t *testing.T) {
-	endpoints := startEtcd(t)
+	endpoints := testserver.Etcd(t).Endpoints
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			r := newResource(t, endpoints, m.opts...)
