@@ -375,3 +375,52 @@ func TestTokens(t *testing.T) {
 		})
 	}
 }
+
+// TestFencingRecipe checks the package documentation's recipe: a write
+// guarded by a fence key refuses a holder whose token is older than one
+// already seen.
+func TestFencingRecipe(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	c := newClient(t, endpoints)
+	r := newResource(t, endpoints)
+	key := uniqueKey(t)
+	fence, data := "/app/fence/"+key, "/app/data/"+key
+	// write is the recipe: the fence holds the newest token as 20 digits.
+	write := func(token uint64, v string) bool {
+		tok := fmt.Sprintf("%020d", token)
+		resp, err := c.Txn(t.Context()).
+			If(clientv3.Compare(clientv3.Value(fence), ">", tok)).
+			Else(clientv3.OpPut(fence, tok), clientv3.OpPut(data, v)).
+			Commit()
+		if err != nil {
+			t.Fatalf("Txn: %v", err)
+		}
+		return !resp.Succeeded
+	}
+	old := lease(key, 2*time.Second)
+	if err := r.Acquire(t.Context(), old, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if !write(old.Token, "old") || !write(old.Token, "old again") {
+		t.Fatal("the holder's writes were refused")
+	}
+	// The old holder's lock is lost (evicted); a new holder writes.
+	if err := r.Release(t.Context(), old); err != nil {
+		t.Fatal(err)
+	}
+	cur := lease(key, 2*time.Second)
+	if err := r.Acquire(t.Context(), cur, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release(context.Background(), cur)
+	if !write(cur.Token, "new") {
+		t.Fatal("the new holder's write was refused")
+	}
+	if write(old.Token, "stale") {
+		t.Fatal("a write with the old token was accepted")
+	}
+	resp, err := c.Get(t.Context(), data)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "new" {
+		t.Fatalf("data = %v, %v; want \"new\"", resp, err)
+	}
+}
