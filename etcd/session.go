@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -29,6 +30,7 @@ type session struct {
 	period time.Duration // between renewals
 	done   chan struct{} // closed when the lease is gone or given up
 	cancel context.CancelFunc
+	given  atomic.Bool // abandon was called: done closes soon
 
 	mu       sync.Mutex
 	lastSent time.Time // send time of the last successful grant or renewal
@@ -46,7 +48,7 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 	if s != nil {
 		select {
 		case <-s.ready:
-			if s.err == nil && !s.isDone() {
+			if s.err == nil && !s.isDone() && !s.given.Load() {
 				r.mu.Unlock()
 				return s, nil
 			}
@@ -154,6 +156,7 @@ func (s *session) isDone() bool {
 
 // abandon stops renewing: the lease and its keys expire on the server.
 func (s *session) abandon() {
+	s.given.Store(true)
 	if s.cancel != nil {
 		s.cancel()
 	}
