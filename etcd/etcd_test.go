@@ -424,3 +424,59 @@ func TestFencingRecipe(t *testing.T) {
 		t.Fatalf("data = %v, %v; want \"new\"", resp, err)
 	}
 }
+
+// TestLongKey takes a lock on the longest key allowed, made of bytes that
+// all need escaping: it must fit in one etcd request.
+func TestLongKey(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	r := newResource(t, endpoints)
+	l := lease(strings.Repeat("/", MaxKeyLen), time.Second)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatalf("Acquire(%d escaped bytes): %v", MaxKeyLen, err)
+	}
+	if err := r.Release(t.Context(), l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// TestSharedLeaseLost revokes a shared lease behind the Resource's back:
+// Lost closes, Refresh and Release report ErrNotHeld, and the next acquire
+// gets a new lease.
+func TestSharedLeaseLost(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	r := newResource(t, endpoints, WithSharedLease())
+	key := uniqueKey(t)
+	l := lease(key, time.Second)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if l.Lost == nil {
+		t.Fatal("Lost is nil on a shared lease")
+	}
+	id := l.Handle.(*handle).lease
+	if _, err := admin.Revoke(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed after the shared lease was revoked")
+	}
+	if err := r.Refresh(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh after loss = %v; want ErrNotHeld", err)
+	}
+	if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release after loss = %v; want ErrNotHeld", err)
+	}
+	l2 := lease(key, time.Second)
+	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
+		t.Fatalf("Acquire after loss: %v", err)
+	}
+	if got := l2.Handle.(*handle).lease; got == id {
+		t.Errorf("new lock on the revoked lease %x", int64(id))
+	}
+	if err := r.Release(t.Context(), l2); err != nil {
+		t.Fatal(err)
+	}
+}
