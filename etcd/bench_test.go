@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
 )
 
@@ -43,6 +44,23 @@ func BenchmarkCycle(b *testing.B) {
 			}
 		})
 	}
+	for _, m := range modes {
+		b.Run("resource-"+m.name, func(b *testing.B) {
+			r := New(c, m.opts...)
+			defer r.Close()
+			key := uniqueKey(b)
+			ctx := context.Background()
+			for b.Loop() {
+				l := &backend.Lease{Key: key, Value: "v", TTL: 10 * time.Second}
+				if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+					b.Fatal(err)
+				}
+				if err := r.Release(ctx, l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 	b.Run("concurrency.Mutex", func(b *testing.B) {
 		s, err := concurrency.NewSession(c, concurrency.WithTTL(10))
 		if err != nil {
@@ -60,6 +78,55 @@ func BenchmarkCycle(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkCycleVsMutex interleaves a distlock cycle (auto-renew on) and a
+// concurrency.Mutex cycle in every iteration, so that load from elsewhere
+// on the machine hits both alike, and reports the mean of each and the
+// speed ratio: speed-x = mutex time / distlock time (>= 0.9 is the goal).
+func BenchmarkCycleVsMutex(b *testing.B) {
+	endpoints := testserver.Etcd(b).Endpoints
+	c := newClient(b, endpoints)
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(10))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			d, err := distlock.New(New(c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			key := uniqueKey(b)
+			mu := concurrency.NewMutex(s, "/bench/"+key)
+			ctx := context.Background()
+			var ours, theirs time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				lk, err := d.TryLock(ctx, key, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := mu.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := mu.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				ours, theirs = ours+t1.Sub(t0), theirs+time.Since(t1)
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(ours.Microseconds())/n, "distlock-us")
+			b.ReportMetric(float64(theirs.Microseconds())/n, "mutex-us")
+			b.ReportMetric(float64(theirs)/float64(ours), "speed-x")
+		})
+	}
 }
 
 // BenchmarkHandoff measures the time from the holder's Unlock call to the
