@@ -13,12 +13,18 @@
 // Each acquisition gets a lease whose TTL is the lock's, and creates, in one
 // transaction and only if absent, the key
 //
-//	<prefix><encoded lock key>/<lease ID>
+//	<prefix><encoded lock key>/<resource ID>-<slot>
 //
-// bound to that lease. The prefix is [DefaultPrefix] unless [WithPrefix]
-// says otherwise; the lock key is percent-escaped so that it never contains
-// '/', so every lock key, whatever its bytes ("a" and "a/", NUL, unicode),
-// has a directory of its own. The holder is the key with the lowest create
+// bound to that lease (the lease ID is on the key, as etcd shows it). The
+// prefix is [DefaultPrefix] unless [WithPrefix] says otherwise; the lock key
+// is percent-escaped so that it never contains '/', so every lock key,
+// whatever its bytes ("a" and "a/", NUL, unicode), has a directory of its
+// own. The resource ID is random per [Resource]; the slot is the smallest
+// not in use by the Resource's other acquisitions of the same lock key. A
+// name is used again once its key is deleted: etcd keeps deleted keys in
+// its index until it compacts, and every acquire reads the directory, so
+// names that never repeat (such as lease IDs) make acquires of a busy lock
+// slower and slower until the next compaction. The holder is the key with the lowest create
 // revision in that directory; the same transaction tells whether that is
 // ours. A waiter watches only the key created just before its own and,
 // when that one is deleted, reads again (its predecessor, and its own key:

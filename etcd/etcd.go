@@ -53,8 +53,9 @@ type Resource struct {
 	closed   bool
 	sessions map[int64]*session // shared leases by lock TTL in seconds
 
-	seq     atomic.Uint64 // names queue keys on a shared lease
-	wakeups atomic.Int64  // predecessor deletions seen by waiters
+	id      string // names this Resource's queue keys, with a slot
+	names   names
+	wakeups atomic.Int64 // predecessor deletions seen by waiters
 
 	// watchAtRead starts predecessor watches at the revision read, as
 	// concurrency.Mutex does, instead of the one after; only benchmarks
@@ -102,7 +103,8 @@ func WithSharedLease() Option {
 // owns c: [Resource.Close] does not close it. A nil c gives a Resource
 // whose every call returns an error.
 func New(c *clientv3.Client, opts ...Option) *Resource {
-	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session)}
+	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
+		id: fmt.Sprintf("%016x", rand.Uint64())}
 	if c != nil {
 		r.leases = clientv3.RetryLeaseClient(c)
 	}
@@ -155,9 +157,12 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
-	key   string // our queue key, prefix/<encoded key>/<lease id>[-seq]
-	rev   int64  // its create revision: the token
-	lease clientv3.LeaseID
+	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
+	rev     int64  // its create revision: the token
+	lease   clientv3.LeaseID
+	lockKey string
+	slot    int
+	freed   atomic.Bool // the name was given back
 
 	// Only for a lock on a shared lease, which the Resource expires itself.
 	sess     *session
@@ -218,13 +223,14 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 	}
+	pfx := r.queuePrefix(l.Key)
+	h := r.newHandle(l.Key, pfx)
+	h.lease = id
 	defer func() {
-		if err != nil {
-			r.revoke(ctx, id)
+		if err != nil && r.revoke(ctx, id) {
+			r.free(h)
 		}
 	}()
-	pfx := r.queuePrefix(l.Key)
-	h := &handle{key: pfx + fmt.Sprintf("%016x", int64(id)), lease: id}
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
 	if err != nil {
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
@@ -285,11 +291,12 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 }
 
 // revoke ends a lease and its keys, best effort: a lease we fail to revoke
-// still expires with its TTL.
-func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) {
+// still expires with its TTL. It reports whether the lease is known gone.
+func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, _ = r.c.Revoke(ctx, id)
+	_, err := r.c.Revoke(ctx, id)
+	return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 }
 
 // enqueue creates h.key under h.lease unless it exists, sets h.rev to its
@@ -434,7 +441,7 @@ func (r *Resource) predecessor(ctx context.Context, pfx string, h *handle) (stri
 	if err != nil {
 		return "", 0, err
 	}
-	if len(resp.Responses[1].GetResponseRange().Kvs) == 0 {
+	if own := resp.Responses[1].GetResponseRange().Kvs; len(own) == 0 || own[0].CreateRevision != h.rev {
 		return "", 0, fmt.Errorf("queue key %s is gone (lease %x expired or revoked): %w",
 			h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
 	}
@@ -485,10 +492,12 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	}
 	if _, err := r.c.Revoke(ctx, h.lease); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			r.free(h)
 			return backend.ErrNotHeld
 		}
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
+	r.free(h)
 	return nil
 }
 
@@ -518,6 +527,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
 	}
 	if !exists { // deleted behind our back: the lease alone holds nothing
+		r.free(h)
 		r.revoke(ctx, h.lease)
 		return backend.ErrNotHeld
 	}

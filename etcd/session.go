@@ -190,15 +190,11 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	}
 	start := time.Now()
 	pfx := r.queuePrefix(l.Key)
-	h := &handle{
-		key:   fmt.Sprintf("%s%016x-%x", pfx, int64(s.id), r.seq.Add(1)),
-		lease: s.id,
-		sess:  s,
-		ttl:   s.ttl,
-	}
+	h := r.newHandle(l.Key, pfx)
+	h.lease, h.sess, h.ttl = s.id, s, s.ttl
 	defer func() {
-		if err != nil {
-			r.deleteKey(ctx, h)
+		if err != nil && r.deleteKey(ctx, h) {
+			r.free(h)
 		}
 	}()
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
@@ -256,7 +252,9 @@ func (r *Resource) expire(h *handle) {
 	}
 	h.state = expired
 	h.mu.Unlock()
-	if !r.deleteKey(context.Background(), h) {
+	if r.deleteKey(context.Background(), h) {
+		r.free(h)
+	} else {
 		// Our key would outlive its TTL: let the lease, and every key on it,
 		// expire instead.
 		h.sess.abandon()
@@ -294,6 +292,9 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	h.state = released
 	h.timer.Stop()
 	h.mu.Unlock()
+	if wasHeld { // else expire deletes and frees
+		r.free(h)
+	}
 	if !resp.Succeeded || !wasHeld {
 		return backend.ErrNotHeld
 	}
@@ -337,6 +338,7 @@ func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handl
 	if !ok { // deleted behind our back
 		h.state = expired
 		h.timer.Stop()
+		r.free(h)
 		return backend.ErrNotHeld
 	}
 	h.deadline = now.Add(h.ttl)
