@@ -207,7 +207,7 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 		return err
 	}
 	if r.shared {
-		return r.acquireShared(ctx, l, deadline)
+		return r.acquireShared(ctx, l, deadline, false)
 	}
 	return r.acquireOwn(ctx, l, deadline)
 }

@@ -480,3 +480,32 @@ func TestSharedLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSharedLeaseRevokedBetweenAcquires: an acquire that finds its shared
+// lease revoked starts a new one instead of failing.
+func TestSharedLeaseRevokedBetweenAcquires(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	r := newResource(t, endpoints, WithSharedLease())
+	l := lease(uniqueKey(t), 3*time.Second)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(t.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+	id := l.Handle.(*handle).lease
+	if _, err := admin.Revoke(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	l2 := lease(l.Key, 3*time.Second)
+	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
+		t.Fatalf("Acquire after the shared lease was revoked: %v", err)
+	}
+	if l2.Handle.(*handle).lease == id {
+		t.Errorf("acquired on the revoked lease")
+	}
+	if err := r.Release(t.Context(), l2); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -180,7 +180,7 @@ func (s *session) close() error {
 
 // acquireShared takes the lock with a key on the shared lease for l.TTL:
 // one transaction when uncontended.
-func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
+func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
 	s, err := r.session(ctx, l.TTL)
 	if err != nil {
 		if err == ctx.Err() {
@@ -193,14 +193,20 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	h := r.newHandle(l.Key, pfx)
 	h.lease, h.sess, h.ttl = s.id, s, s.ttl
 	defer func() {
-		if err != nil && r.deleteKey(ctx, h) {
+		if err != nil && !h.freed.Load() && r.deleteKey(ctx, h) {
 			r.free(h)
 		}
 	}()
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.abandon() // so the next acquire makes a new one
+			// The shared lease ended behind our back (the transaction
+			// created nothing): start a new one, once.
+			s.abandon()
+			if !retried {
+				r.free(h)
+				return r.acquireShared(ctx, l, deadline, true)
+			}
 		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
