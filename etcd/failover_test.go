@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 )
 
 // testFailover holds a lock with waiters queued behind it, stops the
@@ -103,4 +104,19 @@ func retry(t *testing.T, f func(context.Context) error) error {
 		}
 		time.Sleep(100 * time.Millisecond) // polling with a deadline
 	}
+}
+
+// TestFailover runs on a three-member cluster whose leader is killed
+// (SIGKILL: no graceful leadership transfer) while a lock is held and
+// waiters queue.
+func TestFailover(t *testing.T) {
+	c := testserver.EtcdCluster(t, 3)
+	testFailover(t, c.Endpoints(), func() (restart func()) {
+		leader, err := c.Leader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Members[leader].Kill()
+		return c.Members[leader].Start
+	})
 }
