@@ -241,6 +241,9 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			return backend.ErrNotAcquired
 		}
 		renew := func(ctx context.Context) error {
+			// KeepAliveOnce retries while no member answers: bound it.
+			ctx, cancel := context.WithTimeout(ctx, max(ttl/3, 100*time.Millisecond))
+			defer cancel()
 			sent := time.Now()
 			if _, err := r.c.KeepAliveOnce(ctx, id); err != nil {
 				return err
