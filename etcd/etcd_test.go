@@ -509,3 +509,40 @@ func TestSharedLeaseRevokedBetweenAcquires(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitOutlivesTTL queues a waiter with a 1s TTL behind a holder for
+// longer than the waiter's lease: the waiter keeps its lease alive while
+// it waits, and gets the lock with a full TTL ahead.
+func TestWaitOutlivesTTL(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			key := uniqueKey(t)
+			a := newResource(t, endpoints, m.opts...)
+			b := newResource(t, endpoints, m.opts...)
+			la := lease(key, time.Minute)
+			if err := a.Acquire(t.Context(), la, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			time.AfterFunc(3500*time.Millisecond, func() { _ = a.Release(context.Background(), la) })
+			lb := lease(key, time.Second)
+			start := time.Now()
+			if err := b.Acquire(t.Context(), lb, time.Now().Add(time.Minute)); err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+			if el := time.Since(start); el < 3*time.Second {
+				t.Fatalf("waiter got the lock after %v, before the holder let go", el)
+			}
+			if lb.Validity < lb.TTL/2 {
+				t.Errorf("Validity after a long wait = %v; want about TTL %v", lb.Validity, lb.TTL)
+			}
+			if err := b.Refresh(t.Context(), lb); err != nil {
+				t.Errorf("Refresh: %v", err)
+			}
+			if err := b.Release(t.Context(), lb); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+}
