@@ -284,10 +284,10 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	if state != held {
 		return backend.ErrNotHeld
 	}
-	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-		Then(clientv3.OpDelete(h.key)).
-		Commit()
+	// A plain delete is a compare-and-delete here: only this Resource makes
+	// keys with its ID, and it makes none under h's name until h gives the
+	// name back, after the key is known deleted.
+	resp, err := r.c.Delete(ctx, h.key)
 	if err != nil {
 		// Still held as far as we know: the timer deletes the key at its
 		// deadline unless a retry does first.
@@ -301,7 +301,7 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	if wasHeld { // else expire deletes and frees
 		r.free(h)
 	}
-	if !resp.Succeeded || !wasHeld {
+	if resp.Deleted == 0 || !wasHeld {
 		return backend.ErrNotHeld
 	}
 	return nil
