@@ -80,16 +80,20 @@
 //
 // # Shared leases
 //
-// [WithSharedLease] makes locks share one lease per TTL, kept alive by
-// the Resource, like one concurrency.Session: an uncontended acquire and
-// release then cost one transaction each (like concurrency.Mutex) instead
-// of a grant, a transaction and a revoke. The lock's TTL is then kept by a
-// timer in the process, which deletes a lock not refreshed in time; the
-// shared lease lives TTL plus a third of it (at least a second), so a lock
-// whose process dies stays that long. backend.Lease.Lost is closed when the
-// shared lease is lost (revoked, or not renewed for its whole life), which
-// ends every lock on it. [Resource.Close] revokes the shared leases, and with
-// them the locks still held on them.
+// [WithSharedLease] makes locks share one lease per TTL, kept alive by the
+// Resource, like one concurrency.Session: an uncontended acquire is then one
+// transaction and a release one delete, as with concurrency.Mutex, instead
+// of a grant, a transaction and a revoke (about 2.5 times faster, measured
+// by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
+// process, which deletes a lock not refreshed in time; the shared lease
+// lives TTL plus a third of it (at least a second) and is renewed every
+// half of that third, so a lock taken on it is valid for its full TTL, and
+// a lock whose process died stays up to that longer. backend.Lease.Lost is
+// closed when the shared lease is lost (revoked, or not renewed for its
+// whole life), which ends every lock on it. The Resource keeps one lease
+// and one goroutine per TTL in use until [Resource.Close] (which
+// distlock's Close calls); Close revokes the shared leases, and with them
+// the locks still held on them.
 //
 // # Errors
 //

@@ -91,8 +91,10 @@ func WithPrefix(prefix string) Option {
 // WithSharedLease makes locks share one lease per TTL (in whole seconds)
 // that the Resource keeps alive, as [concurrency.Session] does, instead of
 // granting and revoking a lease per lock: an uncontended acquire and release
-// cost one round trip each instead of three in all. See the package
-// documentation for what changes. Off by default.
+// cost one round trip each instead of three in all. A lock's TTL is then
+// kept by a timer in the process, and a lock whose process died stays in
+// etcd up to a third of its TTL (at least a second) longer. See the package
+// documentation. Off by default.
 //
 // [concurrency.Session]: https://pkg.go.dev/go.etcd.io/etcd/client/v3/concurrency#Session
 func WithSharedLease() Option {
