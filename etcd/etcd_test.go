@@ -546,3 +546,43 @@ func TestWaitOutlivesTTL(t *testing.T) {
 		})
 	}
 }
+
+// TestNamesReused checks that a Resource names its queue keys again once
+// they are deleted, and never names two live keys alike.
+func TestNamesReused(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			r := newResource(t, endpoints, m.opts...)
+			key := uniqueKey(t)
+			var first string
+			for i := range 3 {
+				l := lease(key, 5*time.Second)
+				if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+					t.Fatal(err)
+				}
+				name := l.Handle.(*handle).key
+				if i == 0 {
+					first = name
+				} else if name != first {
+					t.Errorf("cycle %d used %s; want the released %s again", i, name, first)
+				}
+				if err := r.Release(t.Context(), l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A waiter of the same Resource gets a name of its own.
+			l := lease(key, 5*time.Second)
+			if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			w := lease(key, 5*time.Second)
+			if err := r.Acquire(t.Context(), w, time.Time{}); err != backend.ErrNotAcquired {
+				t.Errorf("second acquire of a held key = %v; want ErrNotAcquired", err)
+			}
+			if err := r.Release(t.Context(), l); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
