@@ -8,11 +8,12 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/testsuite"
 )
 
 func TestConformance(t *testing.T) {
-	addrs := zkAddrs(t)
+	addrs := []string{testserver.ZooKeeper(t).Addr}
 	admin := connect(t, addrs) // the operator's view
 	probe := New(admin)
 	testsuite.Run(t, testsuite.Harness{

@@ -9,7 +9,21 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 )
+
+// TestFaults injects the faults of the network between a client and one
+// standalone server.
+func TestFaults(t *testing.T) {
+	zs := testserver.ZooKeeper(t)
+	run(t, []string{zs.Addr}, []namedTest{
+		{"CreateReplyLost", testCreateReplyLost},
+		{"SessionExpiry", testSessionExpiry},
+		{"SessionChangeIsLoss", testSessionChangeIsLoss},
+		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
+		{"ShortDisconnectionRidden", testShortDisconnectionRidden},
+	})
+}
 
 // negotiated returns the session timeout the server granted conn, which
 // go-zookeeper keeps to itself (the server clamps the request to its
@@ -37,8 +51,7 @@ func faultyResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *z
 // TestCreateReplyLost drops the connection after the server applied our
 // create but before its reply arrived: the resource must find its znode by
 // the guid in its name, and use it or delete it, never orphan it.
-func TestCreateReplyLost(t *testing.T) {
-	addrs := zkAddrs(t)
+func testCreateReplyLost(t *testing.T, addrs []string) {
 	r, _, fd := faultyResource(t, addrs)
 	other, admin := newResource(t, addrs)
 
@@ -92,8 +105,7 @@ func TestCreateReplyLost(t *testing.T) {
 // its session: Done (Lease.Lost) of every lock of the session closes
 // within the session timeout plus a margin, and another client gets the
 // lock.
-func TestSessionExpiry(t *testing.T) {
-	addrs := zkAddrs(t)
+func testSessionExpiry(t *testing.T, addrs []string) {
 	probe := connect(t, addrs)
 	timeout := negotiated(t, probe)
 	const margin = 2 * time.Second
@@ -147,8 +159,7 @@ func TestSessionExpiry(t *testing.T) {
 // TestSessionChangeIsLoss trusts the connection through any disconnection
 // (a huge WithSessionTimeout) so that only the changed session id after
 // the reconnection can tell the loss.
-func TestSessionChangeIsLoss(t *testing.T) {
-	addrs := zkAddrs(t)
+func testSessionChangeIsLoss(t *testing.T, addrs []string) {
 	r, conn, fd := faultyResource(t, addrs, WithSessionTimeout(time.Hour))
 	other, _ := newResource(t, addrs)
 	timeout := negotiated(t, conn)
@@ -178,8 +189,7 @@ func TestSessionChangeIsLoss(t *testing.T) {
 // resource cannot know how long the session outlives a disconnection, so
 // it reports the loss at once, and deletes the znode when the connection
 // comes back within the session, so the lock is not held by nobody.
-func TestDisconnectionIsLossByDefault(t *testing.T) {
-	addrs := zkAddrs(t)
+func testDisconnectionIsLossByDefault(t *testing.T, addrs []string) {
 	r, conn, fd := faultyResource(t, addrs)
 	key := uniqueKey(t)
 	l := lease(key, time.Hour)
@@ -206,8 +216,7 @@ func TestDisconnectionIsLossByDefault(t *testing.T) {
 
 // TestShortDisconnectionRidden: with WithSessionTimeout, a disconnection
 // shorter than the session keeps the lock.
-func TestShortDisconnectionRidden(t *testing.T) {
-	addrs := zkAddrs(t)
+func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	probe := connect(t, addrs)
 	timeout := negotiated(t, probe)
 	r, conn, fd := faultyResource(t, addrs, WithSessionTimeout(timeout))

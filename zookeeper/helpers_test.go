@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -20,14 +19,16 @@ import (
 	"github.com/distlock/distlock/backend"
 )
 
-// zkAddrs returns the addresses of a ZooKeeper for this test.
-func zkAddrs(t testing.TB) []string {
-	t.Helper()
-	a := os.Getenv("ZK_TEST_ADDR")
-	if a == "" {
-		t.Skip("ZK_TEST_ADDR not set")
+// run runs each test as a subtest of t, all against one server.
+func run(t *testing.T, addrs []string, tests []namedTest) {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, addrs) })
 	}
-	return []string{a}
+}
+
+type namedTest struct {
+	name string
+	fn   func(t *testing.T, addrs []string)
 }
 
 // sessionTimeout is what the tests ask for; the server must allow it

@@ -11,12 +11,28 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
 )
 
 const ttl = 10 * time.Second
 
-func TestAcquireRelease(t *testing.T) {
-	addrs := zkAddrs(t)
+// TestResource runs the resource's own tests against one standalone server.
+func TestResource(t *testing.T) {
+	zs := testserver.ZooKeeper(t)
+	run(t, []string{zs.Addr}, []namedTest{
+		{"AcquireRelease", testAcquireRelease},
+		{"TokenIncreases", testTokenIncreases},
+		{"ZeroDeadlineUnderContention", testZeroDeadlineUnderContention},
+		{"CancelledWaitsLeaveNoChildren", testCancelledWaitsLeaveNoChildren},
+		{"FIFOOneWakeUp", testFIFOOneWakeUp},
+		{"TTLDeletesNode", testTTLDeletesNode},
+		{"RefreshPushesTTLBack", testRefreshPushesTTLBack},
+		{"CloseDeletesHeld", testCloseDeletesHeld},
+		{"RootOption", testRootOption},
+	})
+}
+
+func testAcquireRelease(t *testing.T, addrs []string) {
 	r, conn := newResource(t, addrs)
 	ctx := t.Context()
 	key := uniqueKey(t)
@@ -64,8 +80,7 @@ func TestAcquireRelease(t *testing.T) {
 	}
 }
 
-func TestTokenIncreases(t *testing.T) {
-	addrs := zkAddrs(t)
+func testTokenIncreases(t *testing.T, addrs []string) {
 	r1, conn := newResource(t, addrs)
 	r2, _ := newResource(t, addrs)
 	ctx := t.Context()
@@ -98,8 +113,7 @@ func TestTokenIncreases(t *testing.T) {
 	}
 }
 
-func TestZeroDeadlineUnderContention(t *testing.T) {
-	addrs := zkAddrs(t)
+func testZeroDeadlineUnderContention(t *testing.T, addrs []string) {
 	r1, conn := newResource(t, addrs)
 	r2, _ := newResource(t, addrs)
 	ctx := t.Context()
@@ -121,8 +135,7 @@ func TestZeroDeadlineUnderContention(t *testing.T) {
 	}
 }
 
-func TestCancelledWaitsLeaveNoChildren(t *testing.T) {
-	addrs := zkAddrs(t)
+func testCancelledWaitsLeaveNoChildren(t *testing.T, addrs []string) {
 	r1, conn := newResource(t, addrs)
 	r2, _ := newResource(t, addrs)
 	key := uniqueKey(t)
@@ -163,8 +176,7 @@ func TestCancelledWaitsLeaveNoChildren(t *testing.T) {
 // TestFIFOOneWakeUp queues waiters in a known order, each on its own
 // connection, and releases the lock down the line: the grants follow the
 // queue, and each release sends exactly one watch notification.
-func TestFIFOOneWakeUp(t *testing.T) {
-	addrs := zkAddrs(t)
+func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 	const n = 5
 	key := uniqueKey(t)
 	var wakeups atomic.Int32
@@ -221,8 +233,7 @@ func TestFIFOOneWakeUp(t *testing.T) {
 	}
 }
 
-func TestTTLDeletesNode(t *testing.T) {
-	addrs := zkAddrs(t)
+func testTTLDeletesNode(t *testing.T, addrs []string) {
 	r1, conn := newResource(t, addrs)
 	r2, _ := newResource(t, addrs)
 	key := uniqueKey(t)
@@ -253,8 +264,7 @@ func TestTTLDeletesNode(t *testing.T) {
 	}
 }
 
-func TestRefreshPushesTTLBack(t *testing.T) {
-	addrs := zkAddrs(t)
+func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 	r, conn := newResource(t, addrs)
 	key := uniqueKey(t)
 	const short = 300 * time.Millisecond
@@ -301,8 +311,7 @@ func TestRefreshPushesTTLBack(t *testing.T) {
 	}
 }
 
-func TestCloseDeletesHeld(t *testing.T) {
-	addrs := zkAddrs(t)
+func testCloseDeletesHeld(t *testing.T, addrs []string) {
 	conn := connect(t, addrs)
 	r := New(conn)
 	key := uniqueKey(t)
@@ -373,8 +382,7 @@ func TestBadInputNoIO(t *testing.T) {
 	}
 }
 
-func TestRootOption(t *testing.T) {
-	addrs := zkAddrs(t)
+func testRootOption(t *testing.T, addrs []string) {
 	root := "/distlock-test/" + strings.ReplaceAll(uniqueKey(t), "/", "-") + "/locks"
 	r, conn := newResource(t, addrs, WithRoot(root))
 	l := lease("k", ttl)
