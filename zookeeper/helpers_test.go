@@ -41,8 +41,9 @@ func (silentLogger) Printf(string, ...any) {}
 
 // connOpts are the connection's test hooks.
 type connOpts struct {
-	dialer zk.Dialer        // default net.DialTimeout
-	events zk.EventCallback // default none
+	dialer  zk.Dialer        // default net.DialTimeout
+	events  zk.EventCallback // default none
+	timeout time.Duration    // default sessionTimeout
 }
 
 // connect opens a connection closed at cleanup, waiting for its session.
@@ -59,7 +60,10 @@ func connectWith(t testing.TB, addrs []string, o connOpts) *zk.Conn {
 	if o.events == nil {
 		o.events = func(zk.Event) {}
 	}
-	conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(silentLogger{}),
+	if o.timeout == 0 {
+		o.timeout = sessionTimeout
+	}
+	conn, _, err := zk.Connect(addrs, o.timeout, zk.WithLogger(silentLogger{}),
 		zk.WithDialer(o.dialer), zk.WithEventCallback(o.events))
 	if err != nil {
 		t.Fatalf("zk.Connect: %v", err)
