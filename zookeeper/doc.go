@@ -55,11 +55,17 @@
 //
 // # Fencing token
 //
-// The token is the czxid of the holder's znode: the zxid of the
-// transaction that created it. Zxids are global to the ensemble and
-// strictly increasing, so successive holders get increasing tokens even
-// when the parent znode was deleted and recreated in between, and across
-// leader changes.
+// The token is a zxid, the id ZooKeeper gives every transaction: global to
+// the ensemble and strictly increasing, across leader changes and when the
+// parent znode was deleted and recreated in between. It is the czxid of
+// the holder's znode (the zxid of its create) except when the listing that
+// granted the lock held that znode alone: then it is the parent's pzxid
+// in that listing (the zxid of its last child change, at least our czxid),
+// which saves the round trip that reading our czxid costs on the
+// uncontended path. Either way successive holders get increasing tokens:
+// a later holder's create was not in that listing, so its czxid is higher
+// than any zxid the listing shows, and a later holder's own listing comes
+// after the deletion of our znode, so its pzxid is higher than our czxid.
 //
 // Between the moment the server expires a session and the moment its
 // client notices (up to the tolerated time after the disconnection),

@@ -194,8 +194,9 @@ func sequence(name string) (int64, bool) {
 
 // Acquire queues for l.Key with an ephemeral sequential znode and waits
 // until it is the lowest, watching only its immediate predecessor. On
-// success l.Token is the znode's czxid, l.Handle its path and l.Lost a
-// channel closed when the session is lost or the TTL deletes the znode.
+// success l.Token is a zxid (see "Fencing token" in the package doc),
+// l.Handle the znode's path and l.Lost a channel closed when the session
+// is lost or the TTL deletes the znode.
 //
 // A zero deadline makes one attempt. It returns [backend.ErrNotAcquired] at
 // the deadline, ctx.Err() when ctx ends, [ErrClosed] after Close, and the
@@ -213,13 +214,14 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	}
 	parent := r.parentPath(l.Key)
 	guid := newGUID()
+	sid := r.conn.SessionID()
 	path, err := r.create(ctx, parent, guid, []byte(l.Value))
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
-	czxid, sid, err := r.wait(ctx, parent, path, guid, deadline)
+	token, sid, err := r.wait(ctx, parent, path, guid, sid, deadline)
 	if err == nil {
-		err = r.track(l, path, czxid, sid)
+		err = r.track(l, path, token, sid)
 	}
 	if err != nil {
 		r.remove(path)
@@ -357,32 +359,30 @@ func (r *Resource) createParent(path string, container bool) error {
 }
 
 // wait lists parent until our node is the lowest, watching only its
-// immediate predecessor in between. It returns our node's czxid and owner
-// session.
-func (r *Resource) wait(ctx context.Context, parent, path, guid string, deadline time.Time) (czxid, sid int64, err error) {
-	// Our node's stat (for the token) and the first listing, pipelined on
-	// the one connection.
-	var stat *zk.Stat
-	var exists bool
-	var statErr error
-	statDone := make(chan struct{})
-	go func() {
-		defer close(statDone)
-		exists, stat, statErr = r.conn.Exists(path)
-	}()
-	children, _, err := r.conn.Children(parent)
-	<-statDone
-	switch {
-	case statErr != nil:
-		return 0, 0, statErr
-	case !exists:
-		return 0, 0, errVanished
-	}
-	czxid, sid = stat.Czxid, stat.EphemeralOwner
+// immediate predecessor in between. sid is the session current before the
+// create. It returns the fencing token and the session owning our node.
+func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (czxid, owner int64, err error) {
 	name := path[len(parent)+1:]
 	mySeq, ok := sequence(name)
 	if !ok {
 		return 0, 0, fmt.Errorf("server gave %q no sequence number", path)
+	}
+	children, pstat, err := r.conn.Children(parent)
+	owner = sid
+	// stat reads our node's czxid and owner session, once.
+	stat := func() error {
+		if czxid != 0 {
+			return nil
+		}
+		exists, st, err := r.conn.Exists(path)
+		switch {
+		case err != nil:
+			return err
+		case !exists:
+			return errVanished
+		}
+		czxid, owner = st.Czxid, st.EphemeralOwner
+		return nil
 	}
 
 	var timer *time.Timer
@@ -415,10 +415,24 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, deadline
 			return 0, 0, errVanished
 		}
 		if pred == "" {
-			return czxid, sid, nil
+			if czxid == 0 && len(children) == 1 {
+				// We are alone: the parent's pzxid, the zxid of its last
+				// child change, is our token, with no round trip for our
+				// czxid. No later holder's token can be lower (see
+				// "Fencing token" in the package doc).
+				return pstat.Pzxid, owner, nil
+			}
+			if err := stat(); err != nil {
+				return 0, 0, err
+			}
+			return czxid, owner, nil
 		}
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return 0, 0, backend.ErrNotAcquired
+		}
+		// Read the czxid now, so that the handoff does not wait for it.
+		if err := stat(); err != nil {
+			return 0, 0, err
 		}
 		// Watch the predecessor only: one release wakes one waiter.
 		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
@@ -444,14 +458,14 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, deadline
 				return 0, 0, ErrClosed
 			}
 		}
-		children, _, err = r.conn.Children(parent)
+		children, pstat, err = r.conn.Children(parent)
 	}
 }
 
 var errVanished = errors.New("our znode vanished while queued (session expired?)")
 
 // track records a granted lock: TTL timer, loss watch, lease fields.
-func (r *Resource) track(l *backend.Lease, path string, czxid, sid int64) error {
+func (r *Resource) track(l *backend.Lease, path string, token, sid int64) error {
 	if r.conn.SessionID() != sid {
 		return errVanished
 	}
@@ -471,7 +485,7 @@ func (r *Resource) track(l *backend.Lease, path string, czxid, sid int64) error 
 	}
 	r.mu.Unlock()
 	h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
-	l.Token = uint64(czxid)
+	l.Token = uint64(token)
 	l.Handle = path
 	l.Lost = h.lost
 	return nil

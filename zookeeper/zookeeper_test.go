@@ -49,6 +49,7 @@ func testAcquireRelease(t *testing.T, addrs []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Alone under the parent, the token is its pzxid: our create, here.
 	if l.Token == 0 || l.Token != uint64(stat.Czxid) {
 		t.Errorf("Token = %d; want the czxid %d", l.Token, stat.Czxid)
 	}
@@ -216,6 +217,9 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("waiter %d not granted after its predecessor's release", i)
 		}
+		if leases[i].Token <= prev.Token {
+			t.Errorf("grant %d: token %d <= the previous holder's %d", i, leases[i].Token, prev.Token)
+		}
 		if got := wakeups.Load() - before; got != 1 {
 			t.Errorf("release %d woke %d waiters; want 1", i, got)
 		}
@@ -229,6 +233,17 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 		prev, prevRes = leases[i], res[i]
 	}
 	if err := prevRes.Release(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	// Alone again: the token comes from the listing, and still rises.
+	alone := lease(key, ttl)
+	if err := r0.Acquire(t.Context(), alone, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if alone.Token <= prev.Token {
+		t.Errorf("token alone %d <= the last queued holder's %d", alone.Token, prev.Token)
+	}
+	if err := r0.Release(t.Context(), alone); err != nil {
 		t.Fatal(err)
 	}
 }
