@@ -242,11 +242,17 @@ func (r *Resource) wrap(op, key string, err error) error {
 
 // create makes our ephemeral sequential child of parent and returns its
 // path. The guid in its name finds it again when the reply was lost.
-func (r *Resource) create(ctx context.Context, parent, guid string, data []byte) (string, error) {
+func (r *Resource) create(ctx context.Context, parent, guid string, data []byte) (path string, err error) {
 	prefix := parent + "/" + guidPrefix + guid + lockInfix
-	var err error
+	lostReply := false
+	defer func() {
+		if err != nil && lostReply {
+			// A create whose reply was lost may still land after we
+			// looked: look once more, later.
+			r.later(cleanup{parent: parent, guid: guid})
+		}
+	}()
 	for range 5 {
-		var path string
 		path, err = r.conn.Create(prefix, data, zk.FlagEphemeralSequential, r.cfg.acl)
 		switch {
 		case err == nil:
@@ -259,13 +265,13 @@ func (r *Resource) create(ctx context.Context, parent, guid string, data []byte)
 			}
 		case ambiguous(err):
 			// The request may have been applied: look for our guid.
-			path, ferr := r.find(ctx, parent, guid)
+			lostReply = true
+			found, ferr := r.find(ctx, parent, guid)
 			if ferr != nil {
-				r.later(cleanup{parent: parent, guid: guid})
 				return "", errors.Join(err, ferr)
 			}
-			if path != "" {
-				return path, nil
+			if found != "" {
+				return found, nil
 			}
 			// Not applied: create again under the same guid.
 		default:
@@ -361,7 +367,7 @@ func (r *Resource) createParent(path string, container bool) error {
 // wait lists parent until our node is the lowest, watching only its
 // immediate predecessor in between. sid is the session current before the
 // create. It returns the fencing token and the session owning our node.
-func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (czxid, owner int64, err error) {
+func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, err error) {
 	name := path[len(parent)+1:]
 	mySeq, ok := sequence(name)
 	if !ok {
@@ -369,6 +375,7 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 	}
 	children, pstat, err := r.conn.Children(parent)
 	owner = sid
+	var czxid int64
 	// stat reads our node's czxid and owner session, once.
 	stat := func() error {
 		if czxid != 0 {
