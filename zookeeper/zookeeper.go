@@ -441,7 +441,9 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 		if err := stat(); err != nil {
 			return 0, 0, err
 		}
-		// Watch the predecessor only: one release wakes one waiter.
+		// Watch the predecessor only: one release wakes one waiter. A data
+		// watch (getData), as Curator sets: unlike exists, it leaves no
+		// watch behind when the predecessor is already gone.
 		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
 		switch {
 		case errors.Is(werr, zk.ErrNoNode):
