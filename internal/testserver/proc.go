@@ -196,6 +196,18 @@ func (p *process) end(sig syscall.Signal, timeout time.Duration) {
 	p.mu.Unlock()
 }
 
+// killAll kills the processes concurrently. It ends clusters at cleanup:
+// members shut down gracefully would wait for each other (an etcd leader
+// tries for seconds to hand its leadership over), and their data is
+// thrown away anyway.
+func killAll(ps []*process) {
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(p.kill)
+	}
+	wg.Wait()
+}
+
 // run starts the process and waits until it exits, for set-up commands
 // such as initdb. It fails if the command fails.
 func (p *process) run() error {

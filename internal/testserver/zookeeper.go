@@ -115,6 +115,13 @@ func ZooKeeperEnsemble(t testing.TB, n int) *ZooKeeperEnsembleServer {
 		e.Members = append(e.Members, s)
 		e.Addrs = append(e.Addrs, s.Addr)
 	}
+	t.Cleanup(func() {
+		var ps []*process
+		for _, s := range e.Members {
+			ps = append(ps, s.proc)
+		}
+		killAll(ps)
+	})
 	for _, s := range e.Members {
 		if err := s.proc.start(); err != nil {
 			t.Fatalf("testserver: %v", err)
