@@ -1,7 +1,11 @@
 package zookeeper
 
 import (
+	"io"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,9 +104,9 @@ func BenchmarkZooKeeper(b *testing.B) {
 		}
 		conn := connect(b, addrs)
 		probe := New(conn)
-		return newPair(b, mk(), mk(), func() int {
+		return newPair(b, mk(), mk(), func() bool {
 			cs, _ := children(conn, probe, key)
-			return len(cs)
+			return len(cs) == 2 && watching(b, addrs[0])
 		})
 	}
 	zkPair := func(b *testing.B) *pair {
@@ -112,9 +116,9 @@ func BenchmarkZooKeeper(b *testing.B) {
 			return locker{lock: l.Lock, unlock: l.Unlock}
 		}
 		conn := connect(b, addrs)
-		return newPair(b, mk(), mk(), func() int {
+		return newPair(b, mk(), mk(), func() bool {
 			cs, _, _ := conn.Children(path)
-			return len(cs)
+			return len(cs) == 2 && watching(b, addrs[0])
 		})
 	}
 	b.Run("Handoff/distlock", func(b *testing.B) {
@@ -185,11 +189,11 @@ type locker struct{ lock, unlock func() error }
 // pair is two clients taking turns on one lock.
 type pair struct {
 	holder, waiter locker
-	queued         func() int // how many contenders the store holds
+	queued         func() bool // the waiter is queued and watching
 	lat            []time.Duration
 }
 
-func newPair(b *testing.B, a, c locker, queued func() int) *pair {
+func newPair(b *testing.B, a, c locker, queued func() bool) *pair {
 	if err := a.lock(); err != nil {
 		b.Fatal(err)
 	}
@@ -198,8 +202,8 @@ func newPair(b *testing.B, a, c locker, queued func() int) *pair {
 	return p
 }
 
-// step queues the waiter, waits until the store shows it queued, then
-// unlocks the holder: the time until the waiter's Lock returns is one
+// step queues the waiter, waits until the server shows it queued and
+// watching its predecessor, then unlocks the holder: the time until the waiter's Lock returns is one
 // sample. The two swap roles.
 func (p *pair) step(b *testing.B) {
 	got := make(chan error, 1)
@@ -209,7 +213,7 @@ func (p *pair) step(b *testing.B) {
 		t1 = time.Now()
 		got <- err
 	}()
-	for p.queued() < 2 {
+	for !p.queued() {
 		time.Sleep(100 * time.Microsecond)
 	}
 	t0 := time.Now()
@@ -232,4 +236,27 @@ func (p *pair) report(b *testing.B, name string) {
 	slices.Sort(p.lat)
 	b.ReportMetric(float64(p.lat[len(p.lat)/2].Nanoseconds()), name+"-p50-ns")
 	b.ReportMetric(float64(p.lat[len(p.lat)*9/10].Nanoseconds()), name+"-p90-ns")
+}
+
+// watching reports whether the server at addr holds a watch (the wchs
+// command), so that a handoff is timed from a waiter that is ready. When
+// the server does not answer wchs it reports true: the handoffs then
+// include some of the waiter's queueing.
+func watching(b *testing.B, addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "wchs"); err != nil {
+		b.Fatal(err)
+	}
+	out, _ := io.ReadAll(c)
+	_, total, ok := strings.Cut(string(out), "Total watches:")
+	if !ok {
+		return true
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(total))
+	return err != nil || n > 0
 }

@@ -437,14 +437,22 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return 0, 0, backend.ErrNotAcquired
 		}
-		// Read the czxid now, so that the handoff does not wait for it.
-		if err := stat(); err != nil {
-			return 0, 0, err
+		// Read our czxid now, so that the handoff does not wait for it,
+		// pipelined with setting the watch.
+		var statDone chan error
+		if czxid == 0 {
+			statDone = make(chan error, 1)
+			go func() { statDone <- stat() }()
 		}
 		// Watch the predecessor only: one release wakes one waiter. A data
 		// watch (getData), as Curator sets: unlike exists, it leaves no
 		// watch behind when the predecessor is already gone.
 		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
+		if statDone != nil {
+			if err := <-statDone; err != nil {
+				return 0, 0, err
+			}
+		}
 		switch {
 		case errors.Is(werr, zk.ErrNoNode):
 			// Gone already: list again.
