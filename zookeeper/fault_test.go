@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
 )
@@ -119,14 +120,24 @@ func testSessionExpiry(t *testing.T, addrs []string) {
 			t.Fatal(err)
 		}
 	}
+	// And one through the facade, whose Done follows Lost.
+	d, err := distlock.New(r, distlock.WithDefaultTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	lk, err := d.TryLock(t.Context(), uniqueKey(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	sid := conn.SessionID()
 	start := time.Now()
 	fd.block()
-	for _, l := range []*backend.Lease{l1, l2} {
+	for _, ch := range []<-chan struct{}{l1.Lost, l2.Lost, lk.Done()} {
 		select {
-		case <-l.Lost:
+		case <-ch:
 		case <-time.After(time.Until(start.Add(timeout + margin))):
-			t.Fatalf("Lost of %q still open %v after the disconnection (session timeout %v)", l.Key, time.Since(start), timeout)
+			t.Fatalf("a lock still held %v after the disconnection (session timeout %v)", time.Since(start), timeout)
 		}
 	}
 	next := lease(k1, ttl)
@@ -145,6 +156,9 @@ func testSessionExpiry(t *testing.T, addrs []string) {
 		if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
 			t.Errorf("Release of %q after the session expired = %v; want ErrNotHeld", l.Key, err)
 		}
+	}
+	if err := lk.Unlock(t.Context()); !errors.Is(err, distlock.ErrNotHeld) {
+		t.Errorf("Unlock after the session expired = %v; want ErrNotHeld", err)
 	}
 	// The new session works.
 	l3 := lease(k2, ttl)
