@@ -23,7 +23,8 @@ var (
 	_ backend.KeyValidator = (*Resource)(nil)
 )
 
-// ErrClosed is returned by every call on a [Resource] after [Resource.Close].
+// ErrClosed is returned by [Resource.Acquire] after [Resource.Close], and
+// by a wait that Close interrupts.
 var ErrClosed = errors.New("zookeeper: resource closed")
 
 // DefaultRoot is the znode under which locks live unless [WithRoot] says
@@ -679,8 +680,9 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 
 // Close deletes the znodes of the locks still held through r (closing
 // their Lost channels), stops the session watcher and the background
-// deletions, and makes later calls return [ErrClosed]. It does not close
-// the connection. Close is idempotent and returns the first deletion error.
+// deletions, and makes Acquire return [ErrClosed]. It does not close
+// the connection. Close is idempotent; it returns the deletion errors,
+// joined.
 func (r *Resource) Close() error {
 	r.mu.Lock()
 	if r.closed {
