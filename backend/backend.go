@@ -66,8 +66,9 @@ type Lease struct {
 	// holders of Key on one store. 0 when the store cannot make one.
 	Token uint64
 	// Validity, when > 0, is how long the lock is known valid, counted from
-	// the moment the facade started the successful attempt. 0 means TTL.
-	// Redlock sets ttl - elapsed - drift here.
+	// the start of the successful TryAcquire (for a Waiter: from Acquire's
+	// return). 0 means TTL. Redlock sets ttl - elapsed - drift here. A
+	// store that rounds the TTL up writes the effective TTL into TTL.
 	Validity time.Duration
 	// Lost, when non-nil, is closed by the backend when it learns the lock
 	// is gone (session expired, lease revoked). The facade then closes the
@@ -119,6 +120,9 @@ type Waiter interface {
 }
 
 // Refresher is implemented by stores that can extend a held lock.
+//
+// Release and Refresh of one lease may run concurrently; neither may modify
+// the Lease.
 type Refresher interface {
 	// Refresh extends l for another l.TTL if and only if the store still
 	// holds l.Value under l.Key (compare-and-expire). ErrNotHeld otherwise.

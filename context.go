@@ -1,0 +1,56 @@
+package distlock
+
+import (
+	"context"
+	"time"
+)
+
+type ttlKey struct{}
+
+// ContextWithTTL returns a copy of ctx that makes the TryLock calls it is
+// passed to use ttl instead of the default set by [WithDefaultTTL]. It
+// applies to those calls only. A ttl <= 0 makes TryLock fail with
+// [ErrInvalid].
+func ContextWithTTL(ctx context.Context, ttl time.Duration) context.Context {
+	return context.WithValue(ctx, ttlKey{}, ttl)
+}
+
+// TTLFromContext returns the TTL set by [ContextWithTTL], and whether one
+// was set.
+func TTLFromContext(ctx context.Context) (time.Duration, bool) {
+	ttl, ok := ctx.Value(ttlKey{}).(time.Duration)
+	return ttl, ok
+}
+
+type lockKey struct{}
+
+// heldList is the chain of locks a context carries, innermost first.
+type heldList struct {
+	lk   *Lock
+	next *heldList
+}
+
+// ContextWithLock returns a copy of ctx that carries lk, so that a
+// [DistributeLock.TryLock] of the same key on the same DistributeLock with
+// this context (or one derived from it) reenters lk instead of waiting on
+// itself. [DistributeLock.Do] passes such a context to its function.
+// A nil lk returns ctx unchanged.
+func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
+	if lk == nil {
+		return ctx
+	}
+	next, _ := ctx.Value(lockKey{}).(*heldList)
+	return context.WithValue(ctx, lockKey{}, &heldList{lk: lk, next: next})
+}
+
+// heldIn returns the state of the innermost lock of key on d that ctx
+// carries, or nil.
+func heldIn(ctx context.Context, d *DistributeLock, key string) *lockState {
+	l, _ := ctx.Value(lockKey{}).(*heldList)
+	for ; l != nil; l = l.next {
+		if s := l.lk.s; s.d == d && s.req.Key == key {
+			return s
+		}
+	}
+	return nil
+}

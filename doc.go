@@ -1,0 +1,67 @@
+// Package distlock is a distributed lock with one API over many stores.
+//
+// Build a [DistributeLock] over a backend once, then lock keys:
+//
+//	d, err := distlock.New(redis.New(client))
+//	lk, err := d.TryLock(ctx, "order:42", 3*time.Second)
+//	if errors.Is(err, distlock.ErrNotAcquired) { /* someone else has it */ }
+//	defer lk.Unlock(ctx)
+//	write(ctx, lk.Token(), ...) // the resource refuses stale tokens
+//
+// or let [DistributeLock.Do] hold the lock around a function. Each lock has
+// a TTL, [WithDefaultTTL] or per call with [ContextWithTTL]; [WithAutoRenew]
+// extends it while held. [Lock.Token] is a fencing token and [Lock.Done]
+// closes when the lock is known lost.
+//
+// # Backends
+//
+// A backend implements the small contract of package
+// [github.com/distlock/distlock/backend]. Pull stores (Redis, SQL databases,
+// the in-process [github.com/distlock/distlock/backend/memory] store) offer
+// an atomic add-if-absent with TTL and a compare-and-delete; the facade
+// spins between attempts, sleeping a random time in [min, min+random)
+// ([WithSpin]) and waking early when the store announces a release. Push
+// stores (etcd, ZooKeeper) queue waiters and wake them with a watch. Redlock
+// takes a majority of independent Redis nodes.
+//
+// Every backend keeps the same rules, checked by one conformance suite
+// (package testsuite): a fresh owner value per acquisition, the release is a
+// compare-and-delete, a cancelled wait leaves nothing in the store, tokens
+// strictly increase across holders, and bad input fails before any I/O.
+//
+// # Handlers
+//
+// [WithHandlers] installs a chain of [Handler]s in front of the backend,
+// composed once, the first outermost: an in-process lock for hot keys
+// (package hotspot), metrics, or your own. A handler sees each [Request]
+// (key, owner value, TTL, deadline, remote attempts, token) and its outcome,
+// and may short-circuit. On release the order nests: a handler that acted
+// before the store on acquire acts after it on release.
+//
+// # Reentrancy
+//
+// A context can carry the locks it holds ([ContextWithLock]; Do does it for
+// its function). TryLock of a key the context already holds on the same
+// DistributeLock returns a new handle at once, with no I/O; the lock is
+// released when its last handle is. [WithMaxReentrancy] limits or forbids it.
+//
+// # Errors
+//
+// Contention is not failure. TryLock returns [ErrNotAcquired] when another
+// owner held the key for the whole wait, and errors.Join(ErrNotAcquired,
+// ctx.Err()) when the context ended first. Store failures are returned
+// wrapped with the operation and key, never as ErrNotAcquired. Unlock
+// returns [ErrNotHeld] when the lock had expired or was taken over, and for
+// a second Unlock of the same handle, touching nothing. Bad input (empty
+// key, negative wait, TTL <= 0, nil resource) returns an error wrapping
+// [ErrInvalid] and does no I/O. Use errors.Is for all of them.
+//
+// # Safety
+//
+// A lock with a TTL can expire while its holder is paused (GC, swap,
+// network), and then two holders overlap. No lock library can prevent that
+// alone; the protected resource can, by refusing writes that carry a token
+// lower than one it has already accepted. Pass [Lock.Token] along and check
+// it there. Watch [Lock.Done] (or use Do, which cancels the function's
+// context) to stop work when the lock is known lost.
+package distlock

@@ -1,0 +1,92 @@
+// Package spin holds the one spin loop every pull backend is driven by.
+package spin
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// Policy is how long to sleep between attempts: uniformly in
+// [Min, Min+Random). It is a value, safe to share.
+type Policy struct {
+	Min, Random time.Duration
+}
+
+// next returns the sleep before the next attempt: the policy's random draw,
+// cut to the holder's remaining TTL when known and to the time left.
+func (p Policy) next(holderTTL, left time.Duration) time.Duration {
+	d := p.Min
+	if p.Random > 0 {
+		d += rand.N(p.Random)
+	}
+	if holderTTL > 0 && holderTTL < d {
+		d = holderTTL
+	}
+	if d > left {
+		d = left
+	}
+	return d
+}
+
+// Acquire calls s.TryAcquire until it acquires l, the deadline passes, or
+// ctx ends. A zero deadline means exactly one attempt. It never sleeps past
+// the deadline: the last attempt is made at the deadline. Between attempts
+// it sleeps as p says, and wakes at once on a release notice when n is not
+// nil (subscribing after the first failed attempt, so an uncontended
+// acquire costs one call).
+//
+// It returns the start of the successful attempt. On contention it returns
+// backend.ErrNotAcquired; when ctx ends, ctx.Err(); a store error as is.
+// *attempts is incremented for every call of TryAcquire.
+func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Policy,
+	l *backend.Lease, deadline time.Time, attempts *int) (time.Time, error) {
+	var (
+		timer  *time.Timer
+		wake   <-chan struct{}
+		cancel func()
+	)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		if cancel != nil {
+			cancel()
+		}
+	}()
+	for {
+		if err := ctx.Err(); err != nil {
+			return time.Time{}, err
+		}
+		start := time.Now()
+		*attempts++
+		ok, holderTTL, err := s.TryAcquire(ctx, l)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if ok {
+			return start, nil
+		}
+		now := time.Now()
+		if deadline.IsZero() || !now.Before(deadline) {
+			return time.Time{}, backend.ErrNotAcquired
+		}
+		if n != nil && cancel == nil {
+			wake, cancel = n.Subscribe(l.Key)
+		}
+		d := p.next(holderTTL, deadline.Sub(now))
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-wake:
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
+}

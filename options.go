@@ -1,0 +1,100 @@
+package distlock
+
+import (
+	"fmt"
+	"time"
+)
+
+type config struct {
+	ttl           time.Duration
+	spinMin       time.Duration
+	spinRandom    time.Duration
+	handlers      []Handler
+	autoRenew     bool
+	valueFunc     func() string
+	maxReentrancy int
+	err           error // a bad value an option could not store
+}
+
+func defaultConfig() config {
+	return config{ttl: 10 * time.Second, spinMin: 10 * time.Millisecond, spinRandom: 10 * time.Millisecond}
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.ttl <= 0:
+		return fmt.Errorf("%w: default TTL %v must be > 0", ErrInvalid, c.ttl)
+	case c.spinMin < 0 || c.spinRandom < 0:
+		return fmt.Errorf("%w: spin (%v, %v) must not be negative", ErrInvalid, c.spinMin, c.spinRandom)
+	case c.spinMin+c.spinRandom <= 0:
+		return fmt.Errorf("%w: spin min+random must be > 0, or waiters hammer the store", ErrInvalid)
+	case c.maxReentrancy < 0:
+		return fmt.Errorf("%w: max reentrancy %d must be >= 0", ErrInvalid, c.maxReentrancy)
+	}
+	for i, h := range c.handlers {
+		if h == nil {
+			return fmt.Errorf("%w: handler %d is nil", ErrInvalid, i)
+		}
+	}
+	return nil
+}
+
+// Option configures a [DistributeLock]. Options are applied in order by
+// [New], which returns an [ErrInvalid] error for a bad value.
+type Option func(*config)
+
+// WithDefaultTTL sets the lease time of locks whose context carries no TTL
+// ([ContextWithTTL]). Default 10s. ttl <= 0 makes New fail.
+func WithDefaultTTL(ttl time.Duration) Option {
+	return func(c *config) { c.ttl = ttl }
+}
+
+// WithSpin sets how pull backends wait between attempts: a sleep drawn
+// uniformly from [min, min+random), cut short by the deadline, by the
+// holder's remaining TTL when the store reports it, and by a release notice
+// when the store sends them. Random sleeps keep many waiters from waking
+// together. Default 10ms, 10ms. Negative values, or min+random == 0, make
+// New fail. Push backends (etcd, ZooKeeper) do not spin.
+func WithSpin(min, random time.Duration) Option {
+	return func(c *config) { c.spinMin, c.spinRandom = min, random }
+}
+
+// WithHandlers installs handlers around every acquisition and release, the
+// first outermost (see [Handler]). A nil handler makes New fail. Given
+// twice, the lists are appended.
+func WithHandlers(h ...Handler) Option {
+	return func(c *config) { c.handlers = append(c.handlers, h...) }
+}
+
+// WithAutoRenew makes every lock extend itself at a third of its TTL while
+// held (a compare-and-expire: it never extends another owner's lock). When
+// an extension finds the lock gone, or the store fails until the lease has
+// run out, the lock's Done channel closes and Unlock returns [ErrNotHeld].
+// New fails with ErrInvalid when the backend cannot extend locks.
+func WithAutoRenew() Option {
+	return func(c *config) { c.autoRenew = true }
+}
+
+// WithValueFunc replaces the owner value, by default 128 random bits in hex
+// made fresh per acquisition. f must return a value that is unique across
+// processes and acquisitions, or one owner could release another's lock.
+// A nil f makes New fail; an empty value makes TryLock fail.
+func WithValueFunc(f func() string) Option {
+	return func(c *config) {
+		if f == nil {
+			c.err = fmt.Errorf("%w: nil value func", ErrInvalid)
+			return
+		}
+		c.valueFunc = f
+	}
+}
+
+// WithMaxReentrancy limits how many times one context may hold a key at
+// once through nested TryLock or Do calls ([ContextWithLock]). n == 1 makes
+// locks non-reentrant: a nested attempt returns [ErrReentrancy] at once
+// instead of waiting on itself. Default 0: unlimited. n < 0 makes New fail.
+func WithMaxReentrancy(n int) Option {
+	return func(c *config) { c.maxReentrancy = n }
+}
