@@ -71,7 +71,7 @@
 //
 // Lease.Token strictly increases across successive holders of every key in
 // one table. PostgreSQL draws it from the token column's identity sequence;
-// MySQL from the counter row (key ''), which every acquire attempt updates
+// MySQL from the counter row (the empty key), which every acquire updates
 // under its row lock, so acquires on one MySQL table are serialized for the
 // duration of a statement. Failed attempts consume numbers too: tokens have
 // gaps. Deleting the counter row restarts MySQL tokens at 1; do not.
