@@ -22,7 +22,7 @@ func TestPostgres(t *testing.T) {
 	runCommon(t, f)
 	t.Run("NoClientTimeSent", func(t *testing.T) { testNoClientTime(t, pg) })
 	t.Run("SerializationFailureIsContention", func(t *testing.T) { testSerializationFailure(t, pg) })
-	t.Run("RepeatableReadWorkload", func(t *testing.T) { testRepeatableReadWorkload(t, pg) })
+	t.Run("SerializableWorkload", func(t *testing.T) { testSerializableWorkload(t, pg) })
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })

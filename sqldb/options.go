@@ -32,19 +32,24 @@ func defaultConfig() config {
 	return config{table: []string{DefaultTable}}
 }
 
+// maxTableLen leaves room for "_token_seq" within PostgreSQL's 63-byte
+// identifiers.
+const maxTableLen = 53
+
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // WithTable sets the table the locks live in, "table" or "schema.table"
 // (on MySQL "database.table"); default [DefaultTable]. Each part must be
 // an identifier made of ASCII letters, digits and underscores, not
-// starting with a digit; the whole name at most 63 bytes (it doubles as
-// the PostgreSQL notification channel). The name is quoted as given, so it
+// starting with a digit; the whole name at most 53 bytes (it doubles as
+// the PostgreSQL notification channel, and the sequence beside it is named
+// table_token_seq). The name is quoted as given, so it
 // is case-sensitive on PostgreSQL. Any other name makes the constructor
 // return an error before any I/O.
 func WithTable(name string) Option {
 	return func(c *config) error {
-		if len(name) > 63 {
-			return fmt.Errorf("sqldb: table name %q is longer than 63 bytes", name)
+		if len(name) > maxTableLen {
+			return fmt.Errorf("sqldb: table name %q is longer than %d bytes", name, maxTableLen)
 		}
 		parts := strings.Split(name, ".")
 		if len(parts) > 2 {

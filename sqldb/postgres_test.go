@@ -184,10 +184,10 @@ func testSerializationFailure(t *testing.T, pg *pgFixture) {
 	}
 }
 
-// testRepeatableReadWorkload runs the concurrency workload over sessions in
+// testSerializableWorkload runs the concurrency workload over sessions in
 // SERIALIZABLE isolation, where the database raises serialization failures
 // under contention: callers must see none of them.
-func testRepeatableReadWorkload(t *testing.T, pg *pgFixture) {
+func testSerializableWorkload(t *testing.T, pg *pgFixture) {
 	tr := &tracer{}
 	testConcurrency(t, func(t testing.TB) resource {
 		return pg.resource(t, pg.pool(t, tracedPool(tr, map[string]string{"default_transaction_isolation": "serializable"})))

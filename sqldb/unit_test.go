@@ -56,7 +56,8 @@ func TestWithTable(t *testing.T) {
 		{"locks; DROP TABLE x", false},
 		{`lo"cks`, false},
 		{"lo`cks", false},
-		{strings.Repeat("t", 64), false},
+		{strings.Repeat("t", 53), true},
+		{strings.Repeat("t", 54), false},
 	}
 	for _, tt := range tests {
 		_, err := buildConfig([]Option{WithTable(tt.name)})
