@@ -113,8 +113,8 @@ func testContended(t *testing.T, f fixture) {
 	if holderTTL < 0 || holderTTL > 10*time.Second {
 		t.Errorf("holderTTL = %v; want within [0, 10s]", holderTTL)
 	}
-	if f.name == "mariadb" && holderTTL <= 0 {
-		t.Errorf("holderTTL = %v; MySQL reports the holder's remaining time", holderTTL)
+	if holderTTL <= 0 {
+		t.Errorf("holderTTL = %v; the first contender learns the holder's remaining time", holderTTL)
 	}
 	if lb.Token != 0 {
 		t.Errorf("failed attempt set Token %d", lb.Token)

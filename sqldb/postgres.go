@@ -58,8 +58,12 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 		pool:  pool,
 		table: c.tableName(),
 		// One statement: insert our row, or take over a row whose lease
-		// ran out by the server's clock. No row comes back when a live
-		// owner holds the key.
+		// ran out by the server's clock. When a live owner holds the key,
+		// the first contender marks the row waited (so the release will
+		// notify) and learns the holder's remaining time; later contenders
+		// change nothing and get no row. SET expressions read the old row;
+		// RETURNING reads the new one, and owner values are unique per
+		// acquisition, so owner = $2 means we hold it.
 		//
 		// The token is drawn under a transaction-scoped advisory lock on
 		// the key, held until the statement commits, so acquires of one
@@ -69,21 +73,25 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 		// holder. The lock sits in its own key space (the two-int4 form,
 		// first int4 fixed per table) and is never held across statements.
 		sqlAcq: `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
-VALUES ($1::text, $2,
+VALUES ($1::text, $2::text,
   (SELECT nextval('` + strings.ReplaceAll(seq, "'", "''") + `') FROM pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass(c.tableName()))) + `, hashtext($1::text))),
   now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key) DO UPDATE
-SET owner = EXCLUDED.owner, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-WHERE l.expires_at <= now()
-RETURNING l.token`,
+SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
+    token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
+    waited     = l.expires_at > now(),
+    expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
+WHERE l.expires_at <= now() OR NOT l.waited
+RETURNING l.owner = $2::text, l.token, (extract(epoch FROM l.expires_at - now()) * 1000000)::bigint`,
 		// One statement: delete our row, live or expired (no stale rows
-		// left behind), tell whether it was still live, and wake waiters
-		// when the transaction commits.
+		// left behind), tell whether it was still live, and, if a
+		// contender marked it waited, wake waiters when the transaction
+		// commits. An uncontended release pays no notification.
 		sqlRel: `WITH d AS (
   DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
-  RETURNING lock_key, expires_at > now() AS live
+  RETURNING lock_key, expires_at > now() AS live, waited
 )
-SELECT d.live, pg_notify($3, d.lock_key) FROM d`,
+SELECT d.live, (SELECT pg_notify($3, d.lock_key) WHERE d.waited) FROM d`,
 		sqlRef: `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`,
@@ -121,7 +129,8 @@ CREATE TABLE IF NOT EXISTS `+q+` (
   lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
   owner      text NOT NULL,
   token      bigint NOT NULL,
-  expires_at timestamptz NOT NULL
+  expires_at timestamptz NOT NULL,
+  waited     boolean NOT NULL DEFAULT false
 );
 ALTER SEQUENCE `+seq+` OWNED BY `+q+`.token`)
 	if err != nil {
@@ -149,7 +158,9 @@ func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitC
 // live owner holds the key, and also when the database reports a
 // serialization failure, a deadlock or a lock timeout (SQLSTATE 40001,
 // 40P01, 55P03): those are contention, so the facade's spin loop retries.
-// holderTTL is always 0 (the statement does not read the holder's row).
+// The first contender for a holder's lease gets the holder's remaining
+// time as holderTTL (and marks the row so that its release notifies);
+// later ones get 0.
 //
 // When the outcome is unknown (the connection failed or ctx ended after the
 // statement was sent) it deletes l.Value's row, if any, before returning
@@ -158,12 +169,17 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if err := p.ValidateKey(l.Key); err != nil {
 		return false, 0, err
 	}
-	var token int64
-	err := p.pool.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&token)
+	var (
+		ours        bool
+		token, left int64
+	)
+	err := p.pool.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&ours, &token, &left)
 	switch {
-	case err == nil:
+	case err == nil && ours:
 		l.Token = uint64(token)
 		return true, 0, nil
+	case err == nil:
+		return false, max(0, time.Duration(left)*time.Microsecond), nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, 0, nil
 	case pgContention(err):
@@ -181,9 +197,10 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 
 // Release deletes l's row if l.Value still owns l.Key, in one statement
 // that also notifies waiters (pg_notify on the table's channel, payload the
-// key). It returns [backend.ErrNotHeld] when another owner holds the key,
-// no row exists, or our row had expired (the stale row is deleted all the
-// same).
+// key) if any contender tried to acquire it meanwhile. It returns
+// [backend.ErrNotHeld] when another owner holds the key, no row exists, or
+// our row had expired (the stale row is deleted all the same). A
+// serialization failure or deadlock reruns the statement, up to 5 times.
 func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
@@ -199,21 +216,49 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
-	err = p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
+	err = retryConflicts(func() error {
+		err := p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
+		if errors.Is(err, pgx.ErrNoRows) {
+			live, err = false, nil
+		}
+		return err
+	})
 	return live, err
+}
+
+// conflictRetries bounds how often Release and Refresh rerun a statement
+// that the database rolled back for a serialization failure or deadlock.
+const conflictRetries = 5
+
+// retryConflicts runs fn until it succeeds, fails otherwise, or has hit
+// conflictRetries serialization failures in a row. Under REPEATABLE READ
+// or SERIALIZABLE sessions, a release can collide with a contender that
+// marked the row waited a moment earlier; the remedy the database
+// documents is to run the transaction again, and these are single
+// statements, so a rerun is immediate and safe.
+func retryConflicts(fn func() error) error {
+	var err error
+	for range conflictRetries {
+		if err = fn(); !pgContention(err) {
+			return err
+		}
+	}
+	return err
 }
 
 // Refresh extends l by l.TTL from the database's current time if l.Value
 // still owns l.Key and has not expired. It returns [backend.ErrNotHeld]
-// otherwise.
+// otherwise. A serialization failure or deadlock reruns the statement, up
+// to 5 times.
 func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
 	}
-	tag, err := p.pool.Exec(ctx, p.sqlRef, l.Key, l.Value, micros(l.TTL))
+	var tag pgconn.CommandTag
+	err := retryConflicts(func() (err error) {
+		tag, err = p.pool.Exec(ctx, p.sqlRef, l.Key, l.Value, micros(l.TTL))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: refresh %q: %w", l.Key, err)
 	}

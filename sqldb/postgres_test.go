@@ -192,54 +192,71 @@ func testSerializableWorkload(t *testing.T, pg *pgFixture) {
 	testConcurrency(t, func(t testing.TB) resource {
 		return pg.resource(t, pg.pool(t, tracedPool(tr, map[string]string{"default_transaction_isolation": "serializable"})))
 	})
-	t.Logf("errors the database raised and TryAcquire absorbed: %v", tr.codes())
+	t.Logf("serialization failures the database raised and the backend absorbed: %v", tr.codes())
 }
 
-// testNotify checks that a release wakes the subscribers of its key, and
-// that a waiter whose spin would sleep longer than its whole context is
+// testNotify checks that a release wakes the subscribers of its key when a
+// contender tried it meanwhile, that an uncontended release sends nothing,
+// and that a waiter whose spin would sleep longer than its whole context is
 // woken by the release notice and gets the lock.
 func testNotify(t *testing.T, pg *pgFixture) {
 	a := pg.resource(t, pg.pool(t, nil))
 	b := pg.resource(t, pg.pool(t, nil))
-	k1, k2 := testsuite.Key(t), testsuite.Key(t)
-	l1, l2 := newLease(t, k1, time.Minute), newLease(t, k2, time.Minute)
-	mustAcquire(t, a, l1)
-	mustAcquire(t, a, l2)
-
-	ch1, cancel1 := b.Subscribe(k1)
-	defer cancel1()
-	ch2, cancel2 := b.Subscribe(k2)
-	defer cancel2()
-	if ch1 == nil || ch2 == nil {
-		t.Fatalf("Subscribe returned a nil channel")
+	k1, k2, k3 := testsuite.Key(t), testsuite.Key(t), testsuite.Key(t)
+	l1, l2, l3 := newLease(t, k1, time.Minute), newLease(t, k2, time.Minute), newLease(t, k3, time.Minute)
+	for _, l := range []*backend.Lease{l1, l2, l3} {
+		mustAcquire(t, a, l)
+	}
+	// b contends for k1 and k2, as the spin loop does before it subscribes.
+	for _, k := range []string{k1, k2} {
+		ok, holderTTL, err := b.TryAcquire(t.Context(), newLease(t, k, time.Minute))
+		if ok || err != nil || holderTTL <= 0 || holderTTL > time.Minute {
+			t.Fatalf("contended TryAcquire(%q) = %v, %v, %v; want false, the holder's time left, nil", k, ok, holderTTL, err)
+		}
+	}
+	var chs [3]<-chan struct{}
+	for i, k := range []string{k1, k2, k3} {
+		ch, cancel := b.Subscribe(k)
+		defer cancel()
+		if ch == nil {
+			t.Fatalf("Subscribe returned a nil channel")
+		}
+		chs[i] = ch
 	}
 	// The listener wakes everyone once it LISTENs (a release before that
 	// was not heard); take that wake first.
-	for _, ch := range []<-chan struct{}{ch1, ch2} {
+	for _, ch := range chs {
 		select {
 		case <-ch:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no wake after the LISTEN connection came up")
 		}
 	}
-	if err := a.Release(t.Context(), l1); err != nil {
-		t.Fatal(err)
+	// k3 had no contender: its release notifies nobody. Notices arrive in
+	// order on the one connection, so had it sent one, chs[2] would hold
+	// it by the time k1's arrives.
+	for _, l := range []*backend.Lease{l3, l1} {
+		if err := a.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
 	}
 	select {
-	case <-ch1:
+	case <-chs[0]:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no notice for %q's release", k1)
 	}
-	select {
-	case <-ch2:
-		t.Fatalf("%q's subscriber woken by %q's release", k2, k1)
-	default:
+	for i, k := range []string{k2, k3} {
+		select {
+		case <-chs[i+1]:
+			t.Fatalf("%q's subscriber woken (by %q's or %q's release)", k, k1, k3)
+		default:
+		}
 	}
 	if err := a.Release(t.Context(), l2); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-ch2:
+	case <-chs[1]:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no notice for %q's release", k2)
 	}
@@ -265,7 +282,7 @@ func testNotify(t *testing.T, pg *pgFixture) {
 	eventually(t, 10*time.Second, "waiter subscribed", func() (bool, error) {
 		b.ln.mu.Lock()
 		defer b.ln.mu.Unlock()
-		return b.ln.n == 3 && b.ln.conns >= 1, nil
+		return b.ln.n == 4 && b.ln.conns >= 1, nil
 	})
 	if err := a.Release(t.Context(), l1); err != nil {
 		t.Fatal(err)
