@@ -23,7 +23,8 @@
 //	  lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
 //	  owner      text NOT NULL,
 //	  token      bigint NOT NULL,
-//	  expires_at timestamptz NOT NULL
+//	  expires_at timestamptz NOT NULL,
+//	  waited     boolean NOT NULL DEFAULT false -- a contender tried: notify on release
 //	);
 //	ALTER SEQUENCE distlock_locks_token_seq OWNED BY distlock_locks.token;
 //
@@ -51,17 +52,22 @@
 //   - Acquire inserts the row, or takes over a row whose expires_at is
 //     past, and returns the new token. PostgreSQL:
 //     INSERT .. ON CONFLICT (lock_key) DO UPDATE .. WHERE expires_at <= now()
-//     RETURNING token. MySQL: a two-row INSERT .. ON DUPLICATE KEY UPDATE
-//     whose first row bumps the counter into LAST_INSERT_ID() and whose
-//     second row takes the lock guarded by expiry; the outcome travels back
-//     in the OK packet's insert id, with the holder's remaining time when
-//     the lock is held.
-//   - Release deletes the row where key and owner match (PostgreSQL: and
-//     calls pg_notify in the same statement). An expired row of ours is
-//     deleted too, and Release then returns backend.ErrNotHeld (on MySQL
-//     that case takes a second statement).
+//     .. RETURNING token; when the key is held, the first contender sets
+//     waited on the holder's row and gets the holder's remaining time back
+//     (later contenders change nothing). MySQL: a two-row
+//     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the counter
+//     into LAST_INSERT_ID() and whose second row takes the lock guarded by
+//     expiry; the outcome travels back in the OK packet's insert id, with
+//     the holder's remaining time when the lock is held.
+//   - Release deletes the row where key and owner match (PostgreSQL: and,
+//     if waited is set, calls pg_notify in the same statement). An expired
+//     row of ours is deleted too, and Release then returns
+//     backend.ErrNotHeld (on MySQL that case takes a second statement).
 //   - Refresh sets expires_at anew where key and owner match and the lease
 //     has not run out.
+//
+// An uncontended TryLock+Unlock is two statements, two round trips, the
+// same as a bare upsert and delete (see BenchmarkPostgresCycle).
 //
 // Expiry is judged by the database's clock only: now() on PostgreSQL,
 // UTC_TIMESTAMP(6) on MySQL (independent of the session's time_zone). The
@@ -97,7 +103,10 @@
 // 40001, 40P01, 55P03; MySQL errors 1213, 1205) during an acquire is
 // contention: TryAcquire reports acquired == false with a nil error and the
 // facade's spin loop tries again within the caller's wait, so the caller
-// sees distlock.ErrNotAcquired only when the wait runs out. Any other
+// sees distlock.ErrNotAcquired only when the wait runs out. Release and
+// Refresh rerun their statement after a serialization failure or deadlock
+// (up to 5 times): sessions in REPEATABLE READ or SERIALIZABLE isolation
+// work. Any other
 // database error is returned wrapped with the operation and key. When an
 // acquire fails after its statement may have reached the server (a broken
 // connection, a cancelled context) the backend deletes the row it may have
@@ -108,7 +117,8 @@
 // [Postgres] implements backend.Notifier: while this process has waiters
 // it keeps one dedicated connection, opened from the pool's connection
 // config outside the pool, that LISTENs on a channel named like the table;
-// Release notifies with the key as payload. The connection closes about a
+// Release notifies with the key as payload when a contender tried the key
+// while it was held. The connection closes about a
 // second after the last waiter leaves, and on [Postgres.Close]. Notices are
 // hints; the spin loop stays the fallback. [MySQL] has no notifications
 // and spins.

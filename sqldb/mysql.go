@@ -192,23 +192,20 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 // Release deletes l's row if l.Value still owns l.Key. It returns
 // [backend.ErrNotHeld] when another owner holds the key, no row exists, or
 // our row had expired; a stale row of ours is then deleted by a second
-// statement (the common path is one statement).
+// statement (the common path is one statement). A deadlock or lock wait
+// timeout reruns the statement, up to 5 times.
 func (m *MySQL) Release(ctx context.Context, l *backend.Lease) error {
 	if err := m.validate(l); err != nil {
 		return err
 	}
-	res, err := m.rel.ExecContext(ctx, l.Key, l.Value)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
+	n, err := m.exec(ctx, m.rel, l.Key, l.Value)
 	if err != nil {
 		return fmt.Errorf("sqldb: mysql: release %q: %w", l.Key, err)
 	}
 	if n > 0 {
 		return nil
 	}
-	if _, err := m.relAny.ExecContext(ctx, l.Key, l.Value); err != nil {
+	if _, err := m.exec(ctx, m.relAny, l.Key, l.Value); err != nil {
 		return fmt.Errorf("sqldb: mysql: release %q: delete expired row: %w", l.Key, err)
 	}
 	return backend.ErrNotHeld
@@ -216,16 +213,13 @@ func (m *MySQL) Release(ctx context.Context, l *backend.Lease) error {
 
 // Refresh extends l by l.TTL from the database's current time if l.Value
 // still owns l.Key and has not expired. It returns [backend.ErrNotHeld]
-// otherwise.
+// otherwise. A deadlock or lock wait timeout reruns the statement, up to 5
+// times.
 func (m *MySQL) Refresh(ctx context.Context, l *backend.Lease) error {
 	if err := m.validate(l); err != nil {
 		return err
 	}
-	res, err := m.ref.ExecContext(ctx, micros(l.TTL), l.Key, l.Value)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
+	n, err := m.exec(ctx, m.ref, micros(l.TTL), l.Key, l.Value)
 	if err != nil {
 		return fmt.Errorf("sqldb: mysql: refresh %q: %w", l.Key, err)
 	}
@@ -233,6 +227,20 @@ func (m *MySQL) Refresh(ctx context.Context, l *backend.Lease) error {
 		return backend.ErrNotHeld
 	}
 	return nil
+}
+
+// exec runs st and returns the rows it affected, rerunning it after a
+// deadlock or lock wait timeout (up to 5 times).
+func (m *MySQL) exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
+	var n int64
+	err := retryConflicts(myContention, func() error {
+		res, err := st.ExecContext(ctx, args...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	return n, err
 }
 
 // Close closes the prepared statements. It does not close db.

@@ -140,3 +140,23 @@ func micros(d time.Duration) int64 {
 	}
 	return us
 }
+
+// conflictRetries bounds how often Release and Refresh rerun a statement
+// that the database rolled back for a serialization failure or deadlock.
+const conflictRetries = 5
+
+// retryConflicts runs fn until it succeeds, fails with an error that
+// conflict does not match, or has failed conflictRetries times. Under
+// REPEATABLE READ or SERIALIZABLE sessions a release can collide with a
+// contender that marked the row a moment earlier; the remedy the
+// databases document is to run the transaction again, and these are
+// single statements, so a rerun is immediate and safe.
+func retryConflicts(conflict func(error) bool, fn func() error) error {
+	var err error
+	for range conflictRetries {
+		if err = fn(); err == nil || !conflict(err) {
+			return err
+		}
+	}
+	return err
+}

@@ -71,10 +71,13 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 		// acquire could draw a number, stall, and insert it after a later
 		// number's holder came and went: a smaller token for a later
 		// holder. The lock sits in its own key space (the two-int4 form,
-		// first int4 fixed per table) and is never held across statements.
+		// first int4 fixed per table) and is never held across
+		// statements. CASE evaluates WHEN before THEN, so the lock comes
+		// first (pg_advisory_xact_lock returns void, which is not null).
 		sqlAcq: `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
 VALUES ($1::text, $2::text,
-  (SELECT nextval('` + strings.ReplaceAll(seq, "'", "''") + `') FROM pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass(c.tableName()))) + `, hashtext($1::text))),
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass(c.tableName()))) + `, hashtext($1::text)) IS NOT NULL
+    THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
   now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key) DO UPDATE
 SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
@@ -86,12 +89,10 @@ RETURNING l.owner = $2::text, l.token, (extract(epoch FROM l.expires_at - now())
 		// One statement: delete our row, live or expired (no stale rows
 		// left behind), tell whether it was still live, and, if a
 		// contender marked it waited, wake waiters when the transaction
-		// commits. An uncontended release pays no notification.
-		sqlRel: `WITH d AS (
-  DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
-  RETURNING lock_key, expires_at > now() AS live, waited
-)
-SELECT d.live, (SELECT pg_notify($3, d.lock_key) WHERE d.waited) FROM d`,
+		// commits. An uncontended release pays no notification. RETURNING
+		// reads the deleted row.
+		sqlRel: `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
+RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::text END`,
 		sqlRef: `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`,
@@ -216,7 +217,7 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
-	err = retryConflicts(func() error {
+	err = retryConflicts(pgContention, func() error {
 		err := p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
@@ -224,26 +225,6 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 		return err
 	})
 	return live, err
-}
-
-// conflictRetries bounds how often Release and Refresh rerun a statement
-// that the database rolled back for a serialization failure or deadlock.
-const conflictRetries = 5
-
-// retryConflicts runs fn until it succeeds, fails otherwise, or has hit
-// conflictRetries serialization failures in a row. Under REPEATABLE READ
-// or SERIALIZABLE sessions, a release can collide with a contender that
-// marked the row waited a moment earlier; the remedy the database
-// documents is to run the transaction again, and these are single
-// statements, so a rerun is immediate and safe.
-func retryConflicts(fn func() error) error {
-	var err error
-	for range conflictRetries {
-		if err = fn(); !pgContention(err) {
-			return err
-		}
-	}
-	return err
 }
 
 // Refresh extends l by l.TTL from the database's current time if l.Value
@@ -255,7 +236,7 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 		return err
 	}
 	var tag pgconn.CommandTag
-	err := retryConflicts(func() (err error) {
+	err := retryConflicts(pgContention, func() (err error) {
 		tag, err = p.pool.Exec(ctx, p.sqlRef, l.Key, l.Value, micros(l.TTL))
 		return err
 	})

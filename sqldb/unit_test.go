@@ -140,3 +140,32 @@ func TestErrorClasses(t *testing.T) {
 		}
 	}
 }
+
+func TestRetryConflicts(t *testing.T) {
+	conflict := &pgconn.PgError{Code: "40001"}
+	other := errors.New("boom")
+	tests := []struct {
+		name      string
+		errs      []error // returned by successive calls; nil after the end
+		wantCalls int
+		wantErr   error
+	}{
+		{"success", nil, 1, nil},
+		{"conflict then success", []error{conflict, conflict}, 3, nil},
+		{"other error is not retried", []error{other}, 1, other},
+		{"gives up after 5 conflicts", []error{conflict, conflict, conflict, conflict, conflict, conflict}, 5, conflict},
+	}
+	for _, tt := range tests {
+		calls := 0
+		err := retryConflicts(pgContention, func() error {
+			calls++
+			if calls <= len(tt.errs) {
+				return tt.errs[calls-1]
+			}
+			return nil
+		})
+		if calls != tt.wantCalls || !errors.Is(err, tt.wantErr) {
+			t.Errorf("%s: %d calls, err %v; want %d calls, err %v", tt.name, calls, err, tt.wantCalls, tt.wantErr)
+		}
+	}
+}
