@@ -118,10 +118,12 @@
 // it keeps one dedicated connection, opened from the pool's connection
 // config outside the pool, that LISTENs on a channel named like the table;
 // Release notifies with the key as payload when a contender tried the key
-// while it was held. The connection closes about a
-// second after the last waiter leaves, and on [Postgres.Close]. Notices are
-// hints; the spin loop stays the fallback. [MySQL] has no notifications
-// and spins.
+// while it was held. The connection closes about a second after the last
+// waiter leaves, and on [Postgres.Close]. It is made with
+// pgx.ConnectConfig, so pgxpool hooks (BeforeConnect, AfterConnect) do not
+// run for it; behind a transaction-pooling proxy such as PgBouncer it
+// hears nothing. Notices are hints; the spin loop stays the fallback.
+// [MySQL] has no notifications and spins.
 //
 // # Running against an existing database
 //
