@@ -35,6 +35,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("Conformance", func(t *testing.T) { testsuite.Run(t, harness(f)) })
 	runCommon(t, f)
 	t.Run("OwnerTooLong", func(t *testing.T) { testOwnerTooLong(t, f) })
+	t.Run("NoClientTimeSent", func(t *testing.T) { testMySQLNoClientTime(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {
