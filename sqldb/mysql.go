@@ -98,7 +98,14 @@ WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
 }
 
 func (m *MySQL) createTable(ctx context.Context, q string) error {
-	_, err := m.db.ExecContext(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
+	// A query, not Exec: go-sql-driver v1.10 hangs when a SELECT goes
+	// through Exec on a server-side prepared statement, which is what
+	// database/sql does for connectors without ExecerContext (wrappers
+	// for tracing, say).
+	rows, err := m.db.QueryContext(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
+	if err == nil {
+		err = rows.Close()
+	}
 	var me *mysql.MySQLError
 	switch {
 	case err == nil:
