@@ -85,7 +85,7 @@ SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owne
     waited     = l.expires_at > now(),
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
 WHERE l.expires_at <= now() OR NOT l.waited
-RETURNING l.owner = $2::text, l.token, (extract(epoch FROM l.expires_at - now()) * 1000000)::bigint`,
+RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`,
 		// One statement: delete our row, live or expired (no stale rows
 		// left behind), tell whether it was still live, and, if a
 		// contender marked it waited, wake waiters when the transaction
