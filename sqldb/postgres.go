@@ -284,11 +284,21 @@ func pgContention(err error) bool {
 // committed: the server did not answer with an error and the request may
 // have been sent.
 func pgAmbiguous(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
+	var (
+		pe *pgconn.PgError
+		ce *pgconn.ConnectError
+	)
+	switch {
+	case errors.As(err, &pe):
 		return false // the server rejected it; autocommit rolled it back
+	case errors.As(err, &ce), pgconn.SafeToRetry(err):
+		return false // never connected, or pgx knows nothing was sent
+	case !pgconn.Timeout(err) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		// A bare context error comes from waiting for a pool connection;
+		// pgx wraps one that interrupts a sent request (pgconn.Timeout).
+		return false
 	}
-	return !pgconn.SafeToRetry(err)
+	return true
 }
 
 // cleanupContext is a context for the compare-and-delete after an
