@@ -44,7 +44,7 @@ func Redis(t testing.TB) *RedisServer {
 	case sourceDocker:
 		return &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), node: node{t: t, envVar: redisKind.envVar}}
 	}
-	return startRedis(t, bin, "redis", nil)
+	return startRedisWith(t, bin, "redis", nil)
 }
 
 // RedisNodes starts n independent Redis servers (for Redlock).
@@ -76,13 +76,14 @@ func RedisNodes(t testing.TB, n int) []*RedisServer {
 			nodes[i] = &RedisServer{Addr: dockerRun(t, redisKind, 6379, nil), node: node{t: t, envVar: redisKind.envVar}}
 			continue
 		}
-		nodes[i] = startRedis(t, bin, fmt.Sprintf("redis-node%d", i), nil)
+		nodes[i] = startRedisWith(t, bin, fmt.Sprintf("redis-node%d", i), nil)
 	}
 	return nodes
 }
 
-// startRedis starts redis-server in a fresh temp dir with extra arguments.
-func startRedis(t testing.TB, bin, name string, extra []string) *RedisServer {
+// startRedisWith starts redis-server in a fresh temp dir; extra, if not
+// nil, gives more arguments for the port the server is about to use.
+func startRedisWith(t testing.TB, bin, name string, extra func(port int) ([]string, error)) *RedisServer {
 	t.Helper()
 	dir := t.TempDir()
 	build := func(port int) *process {
@@ -92,12 +93,19 @@ func startRedis(t testing.TB, bin, name string, extra []string) *RedisServer {
 			"--dir", dir,
 			"--save", "",
 			"--appendonly", "no",
+			"--repl-diskless-sync-delay", "0",
 			"--daemonize", "no",
 			"--protected-mode", "no",
 			"--logfile", "",
 			"--loglevel", "notice",
 		}
-		args = append(args, extra...)
+		if extra != nil {
+			more, err := extra(port)
+			if err != nil {
+				t.Fatalf("testserver: %v", err)
+			}
+			args = append(args, more...)
+		}
 		p := newProcess(t, name+" "+hostPort(port), filepath.Join(dir, "redis.log"), args...)
 		p.dir = dir
 		return p

@@ -110,11 +110,18 @@ func ZooKeeperEnsemble(t testing.TB, n int) *ZooKeeperEnsembleServer {
 	}
 	release()
 	for i := range n {
-		dir := filepath.Join(t.TempDir())
+		dir := t.TempDir()
 		s := newZooKeeper(t, java, dir, fmt.Sprintf("zookeeper%d", i+1), ports[3*i], i+1, servers)
 		e.Members = append(e.Members, s)
 		e.Addrs = append(e.Addrs, s.Addr)
 	}
+	t.Cleanup(func() {
+		var ps []*process
+		for _, s := range e.Members {
+			ps = append(ps, s.proc)
+		}
+		killAll(ps)
+	})
 	for _, s := range e.Members {
 		if err := s.proc.start(); err != nil {
 			t.Fatalf("testserver: %v", err)
