@@ -26,6 +26,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
+	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
+	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.
@@ -36,6 +38,8 @@ func TestMariaDB(t *testing.T) {
 	runCommon(t, f)
 	t.Run("OwnerTooLong", func(t *testing.T) { testOwnerTooLong(t, f) })
 	t.Run("NoClientTimeSent", func(t *testing.T) { testMySQLNoClientTime(t, my) })
+	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, myNewRes(my)) })
+	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {
