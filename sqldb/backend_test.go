@@ -40,6 +40,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("NoClientTimeSent", func(t *testing.T) { testMySQLNoClientTime(t, my) })
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, myNewRes(my)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
+	t.Run("CounterRowDeleted", func(t *testing.T) { testCounterRowDeleted(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {

@@ -93,9 +93,10 @@
 //     acquire holds until it commits, so acquires on one MySQL table are
 //     serialized for the length of one statement.
 //
-// Failed attempts consume numbers too: tokens have gaps. Deleting the
-// counter row restarts MySQL tokens at 1, and dropping the sequence
-// PostgreSQL's: do not.
+// Failed attempts consume numbers too: tokens have gaps. Should the MySQL
+// counter row be deleted, the next acquire recreates it at the server's
+// time in microseconds since 1970, which is above any realistic count, so
+// tokens keep increasing (unless the server's clock went back too).
 //
 // # Contention and errors
 //

@@ -65,8 +65,10 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 		return st
 	}
 	// One statement, two rows, in this order. Row 1 is the fencing counter
-	// (key ''): it always exists, so it always takes the UPDATE branch,
-	// bumps the counter and leaves it in LAST_INSERT_ID(). Row 2 is the
+	// (key ''): it exists, so it takes the UPDATE branch, bumps the counter
+	// and leaves it in LAST_INSERT_ID(). Should someone delete it, it comes
+	// back at the server's time in microseconds since 1970, above any count
+	// of acquisitions so far, so tokens still increase. Row 2 is the
 	// lock: a new row takes the counter value; an existing row whose lease
 	// ran out by the server's clock is taken over with it; a live row is
 	// left alone and LAST_INSERT_ID() is set to contendedBit | the holder's
@@ -76,7 +78,7 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 	// independent of the session's time zone. The client reads the outcome
 	// from the OK packet's insert id: no second round trip.
 	m.acq = prep(`INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
-  ('', '', LAST_INSERT_ID(1), '9999-12-31 23:59:59'),
+  ('', '', LAST_INSERT_ID(UNIX_TIMESTAMP() * 1000000), '9999-12-31 23:59:59'),
   (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
   owner = IF(lock_key = '' OR expires_at > UTC_TIMESTAMP(6), owner, ?),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -117,6 +118,36 @@ func testMySQLNoClientTime(t *testing.T, my *myFixture) {
 					t.Errorf("%s: argument %d is %T (%v); want only strings and integers", op.name, a.Ordinal, a.Value, a.Value)
 				}
 			}
+		}
+	}
+}
+
+// testCounterRowDeleted deletes the fencing counter row behind the
+// backend's back: the next acquire recreates it, and tokens still increase.
+func testCounterRowDeleted(t *testing.T, my *myFixture) {
+	r := my.resource(t, my.db(t, nil))
+	key := testsuite.Key(t)
+	l1 := newLease(t, key, time.Minute)
+	mustAcquire(t, r, l1)
+	if err := r.Release(t.Context(), l1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := my.admin.Exec("DELETE FROM distlock_locks WHERE lock_key = ''"); err != nil {
+		t.Fatal(err)
+	}
+	l2 := newLease(t, key, time.Minute)
+	mustAcquire(t, r, l2)
+	if l2.Token <= l1.Token {
+		t.Fatalf("token after the counter row was deleted %d <= previous %d", l2.Token, l1.Token)
+	}
+	l3 := newLease(t, testsuite.Key(t), time.Minute)
+	mustAcquire(t, r, l3)
+	if l3.Token != l2.Token+1 {
+		t.Errorf("next token %d; want %d (the counter counts on from its new start)", l3.Token, l2.Token+1)
+	}
+	for _, l := range []*backend.Lease{l2, l3} {
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
