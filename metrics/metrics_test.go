@@ -174,12 +174,12 @@ func TestStatsCountOutcomes(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]uint64{
-		"distlock.wait.duration/acquired":       2,
-		"distlock.wait.duration/not_acquired":   2,
-		"distlock.wait.duration/failed":         1,
-		"distlock.acquire.attempts/acquired":    2,
-		"distlock.hold.duration/released":       1,
-		"distlock.hold.duration/not_held":       1,
+		"distlock.wait.duration/acquired":        2,
+		"distlock.wait.duration/not_acquired":    2,
+		"distlock.wait.duration/failed":          1,
+		"distlock.acquire.attempts/acquired":     2,
+		"distlock.hold.duration/released":        1,
+		"distlock.hold.duration/not_held":        1,
 		"distlock.acquire.attempts/not_acquired": 2,
 	} {
 		if got := counts[name]; got != want {
