@@ -380,3 +380,59 @@ func TestNewWithOptionsRejectsBadValues(t *testing.T) {
 		}
 	}
 }
+
+// failRelease fails the next Release with errStore when armed.
+type failRelease struct {
+	*memory.Store
+	armed atomic.Bool
+}
+
+func (f *failRelease) Release(ctx context.Context, l *backend.Lease) error {
+	if f.armed.CompareAndSwap(true, false) {
+		return fmt.Errorf("failRelease: release %q: %w", l.Key, errStore)
+	}
+	return f.Store.Release(ctx, l)
+}
+
+// TestHotspotReleaseErrorFreesLocalLock: a release the store failed still
+// frees the local lock (the remote lock ends with its TTL at the latest),
+// and a second Unlock releases the store without touching the local lock
+// another goroutine took meanwhile.
+func TestHotspotReleaseErrorFreesLocalLock(t *testing.T) {
+	f := &failRelease{Store: memory.New()}
+	key := t.Name()
+	met := metrics.New()
+	d := newLock(t, f, met, hotspot.New(key))
+	lk, err := d.TryLock(t.Context(), key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.armed.Store(true)
+	if err := lk.Unlock(t.Context()); !errors.Is(err, errStore) {
+		t.Fatalf("Unlock = %v; want the store's error", err)
+	}
+	// The local lock is free: this attempt reaches the store, where the
+	// key is still held.
+	before := met.Stats().RemoteAttempts
+	if _, err := d.TryLock(t.Context(), key, 0); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLock while the store still holds it = %v; want ErrNotAcquired", err)
+	}
+	if got := met.Stats().RemoteAttempts; got != before+1 {
+		t.Errorf("remote attempts %d -> %d; want one more (the local lock was free)", before, got)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Fatalf("second Unlock = %v", err)
+	}
+	lk2, err := d.TryLock(t.Context(), key, 0)
+	if err != nil {
+		t.Fatalf("TryLock after the second Unlock = %v", err)
+	}
+	// A stale release must not free lk2's local lock.
+	if err := lk.Unlock(t.Context()); !errors.Is(err, distlock.ErrNotHeld) {
+		t.Fatalf("third Unlock = %v; want ErrNotHeld", err)
+	}
+	if _, err := d.TryLock(t.Context(), key, 0); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLock while lk2 holds it = %v; want ErrNotAcquired", err)
+	}
+	lk2.Unlock(t.Context())
+}
