@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 var _ distlock.Handler = (*Handler)(nil)
@@ -32,6 +33,10 @@ type Handler struct {
 	now       func() time.Time
 	waiting   map[string]int // goroutines inside Acquire per key; only in adaptive mode
 	lru       *list.List     // promoted entries, most recently used at the front
+
+	// yield mode; notifier == nil: off
+	notifier backend.Notifier
+	yieldMax time.Duration
 }
 
 // entry is the local lock of one key.
@@ -45,6 +50,7 @@ type entry struct {
 	elem       *list.Element // in lru while promoted
 	lastUsed   time.Time     // when the last goroutine left; for demotion
 	owner      *distlock.Request
+	contended  bool // another process held the key during the last acquisition
 }
 
 func (e *entry) active() bool { return e.registered || e.promoted }
@@ -86,6 +92,29 @@ func WithIdleAfter(d time.Duration) Option {
 			return fmt.Errorf("hotspot: idle time %v must be > 0", d)
 		}
 		h.idleAfter = d
+		return nil
+	}
+}
+
+// WithYield makes the next local waiter of a key give way to other
+// processes: when the acquisition that just released the key had to wait
+// for another process (a failed remote attempt, or a release notice ended
+// its own yield), the next goroutine of this process does not try the
+// store at once, where it would race the waiters of the other processes
+// that the release notice woke; it waits for the next release notice from
+// n, at most max (and never past its deadline), then tries. Each release
+// then costs one attempt per other waiting process instead of one per
+// waiting process, and the processes take turns.
+//
+// n must be the Notifier of the store the locks are on (a resource that
+// implements [backend.Notifier], such as the Redis backend's). A nil n or
+// max <= 0 make NewWithOptions fail. Default: off.
+func WithYield(n backend.Notifier, max time.Duration) Option {
+	return func(h *Handler) error {
+		if n == nil || max <= 0 {
+			return fmt.Errorf("hotspot: yield needs a notifier and a maximum > 0, got %T and %v", n, max)
+		}
+		h.notifier, h.yieldMax = n, max
 		return nil
 	}
 }
@@ -187,7 +216,10 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 		h.leave(e)
 		return err
 	}
-	err := next(ctx, r)
+	notified, err := h.yield(ctx, e, r.Deadline)
+	if err == nil {
+		err = next(ctx, r)
+	}
 	if err != nil {
 		h.leave(e)
 		<-e.sem
@@ -195,6 +227,7 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 	}
 	h.mu.Lock()
 	e.owner = r
+	e.contended = notified || r.RemoteAttempts > 1
 	if h.threshold > 0 {
 		h.leaveWaitingLocked(r.Key)
 	}
@@ -219,6 +252,43 @@ func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distloc
 	h.mu.Unlock()
 	<-e.sem
 	return err
+}
+
+// yield waits for a release notice of e's key when yielding is on and the
+// last holder met another process. It reports whether a notice came, and
+// returns an error only when ctx ended.
+func (h *Handler) yield(ctx context.Context, e *entry, deadline time.Time) (bool, error) {
+	if h.notifier == nil {
+		return false, nil
+	}
+	h.mu.Lock()
+	contended := e.contended
+	h.mu.Unlock()
+	if !contended {
+		return false, nil
+	}
+	d := h.yieldMax
+	if !deadline.IsZero() {
+		d = min(d, time.Until(deadline))
+	}
+	if deadline.IsZero() || d <= 0 {
+		return false, nil
+	}
+	ch, cancel := h.notifier.Subscribe(e.key)
+	defer cancel()
+	if ch == nil {
+		return false, nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, errors.Join(distlock.ErrNotAcquired, ctx.Err())
+	}
 }
 
 // enter counts a goroutine in for key and returns the key's local lock,

@@ -51,6 +51,7 @@ type config struct {
 	auto      bool
 	compare   bool
 	notify    bool
+	yield     time.Duration
 	key       string
 	quiet     bool
 	addrs     addrs
@@ -95,6 +96,7 @@ func main() {
 	flag.BoolVar(&c.auto, "auto", false, "with -hotspot: let the hotspot handler detect the key (threshold 2) instead of registering it")
 	flag.BoolVar(&c.compare, "compare", false, "run without and with -hotspot and print both rows")
 	flag.BoolVar(&c.notify, "notify", true, "let waiters wake on the store's release notices (Redis pub/sub, memory channels)")
+	flag.DurationVar(&c.yield, "yield", 0, "with -hotspot and -notify: after a contended release, the next local waiter waits up to this long for the next release notice before trying (hotspot.WithYield); 0: off")
 	flag.StringVar(&c.key, "key", "contention", "key to contend for (a run suffix is added)")
 	flag.BoolVar(&c.quiet, "q", false, "no progress line")
 	flag.StringVar(&c.addrs.redis, "redis", "127.0.0.1:6379", "Redis address (-backend redis)")
@@ -203,14 +205,19 @@ func runOnce(ctx context.Context, c config, s store, progress io.Writer) (result
 		}
 		hs := []distlock.Handler{met}
 		if c.hotspot {
-			var h *hotspot.Handler
+			var opts []hotspot.Option
 			if c.auto {
-				if h, err = hotspot.NewWithOptions(hotspot.WithAutoDetect(2, 16)); err != nil {
-					closeRes()
-					return result{}, err
-				}
+				opts = append(opts, hotspot.WithAutoDetect(2, 16))
 			} else {
-				h = hotspot.New(key)
+				opts = append(opts, hotspot.WithKeys(key))
+			}
+			if n, ok := res.(backend.Notifier); ok && c.yield > 0 {
+				opts = append(opts, hotspot.WithYield(n, c.yield))
+			}
+			h, err := hotspot.NewWithOptions(opts...)
+			if err != nil {
+				closeRes()
+				return result{}, err
 			}
 			hs = append(hs, h)
 		}
@@ -321,8 +328,8 @@ func runOnce(ctx context.Context, c config, s store, progress io.Writer) (result
 }
 
 func printTable(out io.Writer, c config, rs []result) {
-	fmt.Fprintf(out, "%s: %d instances x %d workers x %d attempts, wait %v, hold %v, spin %v+%v, notify %v\n",
-		c.backend, c.instances, c.workers, c.attempts, c.wait, c.hold, c.spinMin, c.spinRand, c.notify)
+	fmt.Fprintf(out, "%s: %d instances x %d workers x %d attempts, wait %v, hold %v, spin %v+%v, notify %v, yield %v\n",
+		c.backend, c.instances, c.workers, c.attempts, c.wait, c.hold, c.spinMin, c.spinRand, c.notify, c.yield)
 	var cmds []string
 	seen := map[string]bool{}
 	for _, r := range rs {
