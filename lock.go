@@ -155,6 +155,9 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 
 // remoteAcquire is the innermost acquire step: the spin loop or the watch.
 func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
+	if err := ctx.Err(); err != nil { // ended before any I/O
+		return err
+	}
 	s := r.s
 	s.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL}
 	var start time.Time
