@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # install-test-deps.sh installs what the tests need and is not a Go module:
 # the servers internal/testserver starts (Redis, ZooKeeper, PostgreSQL,
-# MariaDB) and the network tools fault-injection tests use. It then
-# downloads the Go modules, so the test run itself needs no network.
+# MariaDB), the network tools fault-injection tests use, and what the race
+# detector and make need. It then downloads the Go modules, so the test run
+# itself needs no network.
 #
 # Idempotent: it installs only what is missing, runs apt-get update only
 # then, and says what it did. It uses sudo only when not root. On a system
@@ -13,6 +14,12 @@ cd "$(dirname "$0")/.."
 
 # Debian package -> a file it installs that the tests use.
 packages=(
+	# go test -race needs cgo, so a C compiler and libc's headers; make
+	# runs the test command; Go fetches modules over TLS.
+	"make:/usr/bin/make"
+	"gcc:/usr/bin/gcc"
+	"libc6-dev:/usr/include/stdio.h"
+	"ca-certificates:/etc/ssl/certs/ca-certificates.crt"
 	"redis-server:/usr/bin/redis-server"
 	"redis-tools:/usr/bin/redis-cli"
 	"zookeeper:/usr/share/java/zookeeper.jar"

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -35,6 +36,9 @@ type process struct {
 	cred *syscall.Credential
 	// stopSig asks the server to shut down; SIGTERM when zero.
 	stopSig syscall.Signal
+	// afterCleanup, if set, runs when the test ends, after the process
+	// was stopped: to remove what a killed server could not.
+	afterCleanup func()
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -49,6 +53,9 @@ func newProcess(t testing.TB, name, log string, argv ...string) *process {
 	p := &process{t: t, name: name, argv: argv, log: log}
 	t.Cleanup(func() {
 		p.stop()
+		if p.afterCleanup != nil {
+			p.afterCleanup()
+		}
 		if t.Failed() {
 			p.dumpLog()
 		}
@@ -75,8 +82,8 @@ func (p *process) start() error {
 	cmd.Stdout = f
 	cmd.Stderr = f
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Own process group: signals go to the server and its children
-		// (PostgreSQL's backends) and never to the test binary.
+		// Own process group: signals go to the server (and helpers in
+		// its group) and never to the test binary.
 		Setpgid: true,
 		// The kernel kills the server if the test binary dies first.
 		Pdeathsig:  syscall.SIGKILL,
@@ -99,7 +106,7 @@ func (p *process) start() error {
 	return nil
 }
 
-// running returns the exit channel of the current process, or nil.
+// current returns the current process and its exit channel, or nils.
 func (p *process) current() (*exec.Cmd, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -120,16 +127,24 @@ func (p *process) hasExited() bool {
 	}
 }
 
-// signal sends sig to the server's process group.
+// signal sends sig to the server and every process under it.
+// PostgreSQL's backends make themselves group leaders (setsid), so the
+// server's process group alone does not reach them.
 func (p *process) signal(sig syscall.Signal) error {
 	cmd, _ := p.current()
-	if cmd == nil {
+	if cmd == nil || p.hasExited() {
+		// Once reaped, its pid may belong to another process.
 		return fmt.Errorf("%s: not running", p.name)
 	}
+	root := cmd.Process.Pid
+	under := descendants(root)
 	// The group id is the server's pid (Setpgid), so this reaches only
 	// processes this test started.
-	if err := syscall.Kill(-cmd.Process.Pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+	if err := syscall.Kill(-root, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("%s: signal %v: %w", p.name, sig, err)
+	}
+	for _, pid := range under {
+		_ = syscall.Kill(pid, sig)
 	}
 	return nil
 }
@@ -174,26 +189,103 @@ func (p *process) end(sig syscall.Signal, timeout time.Duration) {
 	if cmd == nil {
 		return
 	}
+	root := cmd.Process.Pid
 	p.mu.Lock()
 	paused := p.paused
 	p.mu.Unlock()
-	_ = p.signal(sig)
-	if paused && sig != syscall.SIGKILL {
-		// A stopped process keeps SIGTERM pending until it continues.
-		_ = p.signal(syscall.SIGCONT)
+	if p.hasExited() {
+		// It died on its own; its pid may belong to another process now.
+		sig = 0
 	}
-	select {
-	case <-exited:
-	case <-time.After(timeout):
+	if sig != 0 && sig != syscall.SIGKILL {
+		// The server shuts its children down itself.
+		_ = syscall.Kill(-root, sig)
+		if paused {
+			// A stopped process keeps the signal pending until it
+			// continues.
+			_ = p.signal(syscall.SIGCONT)
+		}
+		select {
+		case <-exited:
+		case <-time.After(timeout):
+			sig = syscall.SIGKILL
+		}
+	}
+	if sig == syscall.SIGKILL {
+		// Its children are not killed with it: they are found first,
+		// killed too and waited for, so that a server started again does
+		// not find them holding its shared memory or files.
+		under := descendants(root)
 		_ = p.signal(syscall.SIGKILL)
 		<-exited
+		deadline := time.Now().Add(stopTimeout)
+		for _, pid := range under {
+			for alive(pid) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond) // polling with a deadline
+			}
+		}
 	}
-	// Children left in the group (PostgreSQL backends after a SIGKILL of
-	// the postmaster) go too; ESRCH when there are none.
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	p.mu.Lock()
 	p.cmd, p.exited, p.paused = nil, nil, false
 	p.mu.Unlock()
+}
+
+// descendants returns the pids of the processes under root, read from
+// /proc.
+func descendants(root int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(pid); ok {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	state, _, ok := procStat(pid)
+	return ok && state != 'Z'
+}
+
+// procStat reads a process's state and parent pid from /proc/pid/stat.
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, false
+	}
+	return f[0][0], ppid, true
 }
 
 // killAll kills the processes concurrently. It ends clusters at cleanup:

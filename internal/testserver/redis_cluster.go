@@ -66,11 +66,14 @@ func RedisCluster(t testing.TB) *RedisClusterServer {
 			t.Fatalf("testserver: redis cluster: %v", err)
 		}
 	}
-	for i, s := range c.Nodes[1:] {
-		host, port, _ := net.SplitHostPort(s.Addr)
-		bus := strconv.Itoa(busPorts[i+1])
-		if _, err := redisDo(c.Nodes[0].Addr, "CLUSTER", "MEET", host, port, bus); err != nil {
-			t.Fatalf("testserver: redis cluster: %v", err)
+	// Every node meets every other: no waiting for gossip to spread.
+	for i, a := range c.Nodes {
+		for j, b := range c.Nodes[i+1:] {
+			host, port, _ := net.SplitHostPort(b.Addr)
+			bus := strconv.Itoa(busPorts[i+1+j])
+			if _, err := redisDo(a.Addr, "CLUSTER", "MEET", host, port, bus); err != nil {
+				t.Fatalf("testserver: redis cluster: %v", err)
+			}
 		}
 	}
 	for _, s := range c.Nodes {

@@ -1,6 +1,7 @@
 package testserver
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +129,51 @@ func TestRedisReplicaFailover(t *testing.T) {
 	replica.Promote()
 	if _, err := redisDo(replica.Addr, "SET", "k", "w"); err != nil {
 		t.Fatalf("SET on the promoted replica: %v", err)
+	}
+}
+
+func TestRedisSentinelFailover(t *testing.T) {
+	master := Redis(t)
+	replica := RedisReplica(t, master)
+	sentinel := RedisSentinel(t, master)
+	if got, err := sentinel.MasterAddr(); err != nil || got != master.Addr {
+		t.Fatalf("MasterAddr() = %q, %v; want %s", got, err, master.Addr)
+	}
+	// The sentinel learns about the replica from the master's INFO.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := redisDo(sentinel.Addr, "SENTINEL", "REPLICAS", sentinel.MasterName)
+		_, port, _ := net.SplitHostPort(replica.Addr)
+		if err == nil && strings.Contains(got, "\nport\n"+port+"\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sentinel does not know the replica %s: %q, %v", replica.Addr, got, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+
+	master.Kill()
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		got, err := sentinel.MasterAddr()
+		if err == nil && got == replica.Addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("MasterAddr() after the master died = %q, %v; want the replica %s", got, err, replica.Addr)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, err := redisDo(replica.Addr, "SET", "k", "v")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SET on the promoted replica: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
 	}
 }

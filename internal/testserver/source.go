@@ -105,11 +105,11 @@ func unavailable(t testing.TB, fail bool, format string, args ...any) {
 	t.Skip(msg)
 }
 
-// notControllable ends a test that wants to stop, kill or pause a server it
-// did not start (one given by an environment variable).
+// notControllable ends a test that wants to stop, kill or pause a server
+// it did not start: one named by an environment variable, or a container.
 func notControllable(t testing.TB, what, envVar string) {
 	t.Helper()
-	unavailable(t, inCI(), "cannot %s a server given by %s; unset it to let the test start its own", what, envVar)
+	unavailable(t, inCI(), "cannot %s a server the test did not start (given by %s, or a Docker container); unset %s and install the server to let the test start its own", what, envVar, envVar)
 }
 
 var (

@@ -38,12 +38,14 @@ var mariadbKind = kind{
 	image:   "mariadb:11",
 }
 
-// PostgresServer is a PostgreSQL database for one test.
+// PostgresServer is a PostgreSQL database for one test. Stop (fast
+// shutdown), Kill, Pause, Resume and Restart control a server the test
+// started; the data survives a restart.
 type PostgresServer struct {
 	// DSN is a postgres:// URL of a fresh database that belongs to the test.
 	DSN string
 
-	proc *process // nil for an external server
+	node
 }
 
 // Postgres starts a PostgreSQL server for t (initdb and postgres in a temp
@@ -57,7 +59,7 @@ func Postgres(t testing.TB) *PostgresServer {
 	binDir := postgresBinDir()
 	src, env := postgresKind.choose(t, binDir != "")
 	var admin string
-	s := &PostgresServer{}
+	s := &PostgresServer{node: node{t: t, envVar: postgresKind.envVar}}
 	switch src {
 	case sourceEnv:
 		admin = env
@@ -69,6 +71,7 @@ func Postgres(t testing.TB) *PostgresServer {
 		}
 	default:
 		s.proc, admin = startPostgres(t, binDir)
+		s.ready = func() error { return postgresPing(admin) }
 	}
 	name := databaseName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -160,16 +163,22 @@ func startPostgres(t testing.TB, binDir string) (*process, string) {
 			"-p", strconv.Itoa(port),
 			"-c", "listen_addresses=127.0.0.1",
 			"-c", "unix_socket_directories=",
+			// No fsync: fast, and a killed server still recovers what
+			// was committed (the kernel has it); only a machine crash
+			// would lose it.
 			"-c", "fsync=off",
-			"-c", "synchronous_commit=off",
 			"-c", "full_page_writes=off",
 			"-c", "max_connections=200",
+			// Segments in the data dir, not /dev/shm: a killed server
+			// leaves nothing outside its temp dir.
+			"-c", "dynamic_shared_memory_type=mmap",
 			"-c", "shared_buffers=32MB",
 		)
 		p.dir, p.cred = dir, cred
 		// SIGINT is PostgreSQL's fast shutdown: it does not wait for
 		// clients to disconnect as SIGTERM (smart shutdown) does.
 		p.stopSig = syscall.SIGINT
+		p.afterCleanup = func() { removeSysVSegment(data) }
 		return p
 	}
 	var admin string
@@ -215,6 +224,31 @@ func allowTraverse(t testing.TB, dir string) {
 	}
 }
 
+// removeSysVSegment removes the small System V shared memory segment of a
+// server that was killed and never started again: postmaster.pid, left
+// behind by a server that did not shut down, names it on its 7th line
+// ("key id"). A cleanly stopped server has removed both.
+func removeSysVSegment(data string) {
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 7 {
+		return
+	}
+	f := strings.Fields(lines[6])
+	if len(f) != 2 {
+		return
+	}
+	id, err := strconv.Atoi(f[1])
+	if err != nil {
+		return
+	}
+	const ipcRMID = 0
+	_, _, _ = syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), ipcRMID, 0)
+}
+
 func postgresPing(dsn string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -227,13 +261,15 @@ func postgresPing(dsn string) error {
 	return conn.QueryRow(ctx, "SELECT 1").Scan(&one)
 }
 
-// MariaDBServer is a MariaDB database for one test.
+// MariaDBServer is a MariaDB database for one test. Stop, Kill, Pause,
+// Resume and Restart control a server the test started; the data survives
+// a restart.
 type MariaDBServer struct {
 	// DSN is a go-sql-driver/mysql DSN, user:pass@tcp(127.0.0.1:port)/db,
 	// of a fresh database that belongs to the test.
 	DSN string
 
-	proc *process // nil for an external server
+	node
 }
 
 // MariaDB starts a MariaDB server for t (mariadb-install-db and mariadbd
@@ -248,7 +284,7 @@ func MariaDB(t testing.TB) *MariaDBServer {
 	installDB, err2 := lookPathOr("mariadb-install-db", "/usr/bin/mariadb-install-db")
 	src, env := mariadbKind.choose(t, err1 == nil && err2 == nil)
 	var admin string
-	s := &MariaDBServer{}
+	s := &MariaDBServer{node: node{t: t, envVar: mariadbKind.envVar}}
 	switch src {
 	case sourceEnv:
 		admin = env
@@ -260,6 +296,7 @@ func MariaDB(t testing.TB) *MariaDBServer {
 		}
 	default:
 		s.proc, admin = startMariaDB(t, mariadbd, installDB)
+		s.ready = func() error { return mariadbPing(admin) }
 	}
 	cfg, err := mysql.ParseDSN(admin)
 	if err != nil {
@@ -315,7 +352,8 @@ func startMariaDB(t testing.TB, mariadbd, installDB string) (*process, string) {
 	tuning := []string{
 		"--innodb-buffer-pool-size=32M",
 		"--innodb-log-file-size=16M",
-		"--innodb-flush-log-at-trx-commit=0",
+		"--innodb-flush-log-at-trx-commit=2", // written at commit: survives Kill
+
 		"--innodb-doublewrite=0",
 		"--skip-name-resolve",
 		"--performance-schema=OFF",

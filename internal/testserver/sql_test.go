@@ -3,8 +3,13 @@ package testserver
 import (
 	"context"
 	"database/sql"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -52,4 +57,88 @@ func TestMariaDBSelect1(t *testing.T) {
 	if _, err := db.ExecContext(t.Context(), "CREATE TABLE x (k VARCHAR(64) PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestPostgresRestartKeepsData(t *testing.T) {
+	s := Postgres(t)
+	ctx := t.Context()
+	exec := func(q string) error {
+		conn, err := pgx.Connect(ctx, s.DSN)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(ctx, q)
+		return err
+	}
+	if err := exec("CREATE TABLE x (k text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	if err := exec("SELECT 1"); err == nil {
+		t.Fatal("SELECT 1 answered after Kill")
+	}
+	s.Restart() // crash recovery
+	if err := exec("INSERT INTO x VALUES ('a')"); err != nil {
+		t.Fatalf("insert after restart: %v", err)
+	}
+}
+
+func TestMariaDBRestartKeepsData(t *testing.T) {
+	s := MariaDB(t)
+	db, err := sql.Open("mysql", s.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := t.Context()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE x (k VARCHAR(64) PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO x VALUES ('a')"); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	s.Restart()
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM x").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("SELECT COUNT(*) after Kill and Restart = %d, %v; want 1", n, err)
+	}
+}
+
+func TestPostgresKilledLeavesNoSharedMemory(t *testing.T) {
+	id := -1
+	t.Run("kill", func(t *testing.T) {
+		s := Postgres(t)
+		data := filepath.Join(filepath.Dir(s.proc.log), "data")
+		s.Kill()
+		b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+		if err != nil {
+			t.Fatalf("a killed postgres left no postmaster.pid: %v", err)
+		}
+		lines := strings.Split(string(b), "\n")
+		if len(lines) < 7 {
+			t.Fatalf("postmaster.pid has %d lines; want 7 or more", len(lines))
+		}
+		f := strings.Fields(lines[6])
+		if len(f) != 2 {
+			t.Fatalf("postmaster.pid line 7 = %q; want \"key id\"", lines[6])
+		}
+		if id, err = strconv.Atoi(f[1]); err != nil {
+			t.Fatal(err)
+		}
+		if !sysVSegmentExists(id) {
+			t.Fatalf("segment %d named by postmaster.pid does not exist", id)
+		}
+	})
+	if id >= 0 && sysVSegmentExists(id) {
+		t.Fatalf("shared memory segment %d of the killed postgres is left behind", id)
+	}
+}
+
+func sysVSegmentExists(id int) bool {
+	var buf [512]byte // larger than struct shmid_ds
+	const ipcStat = 2
+	_, _, errno := syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), ipcStat, uintptr(unsafe.Pointer(&buf[0])))
+	return errno == 0
 }

@@ -110,7 +110,7 @@ func ZooKeeperEnsemble(t testing.TB, n int) *ZooKeeperEnsembleServer {
 	}
 	release()
 	for i := range n {
-		dir := filepath.Join(t.TempDir())
+		dir := t.TempDir()
 		s := newZooKeeper(t, java, dir, fmt.Sprintf("zookeeper%d", i+1), ports[3*i], i+1, servers)
 		e.Members = append(e.Members, s)
 		e.Addrs = append(e.Addrs, s.Addr)

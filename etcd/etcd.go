@@ -1,0 +1,571 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// DefaultPrefix is where a [Resource] keeps its keys unless [WithPrefix]
+// says otherwise.
+const DefaultPrefix = "/distlock/"
+
+// MaxKeyLen is the longest lock key, in bytes, that a [Resource] accepts.
+// Escaping can triple a key and one transaction carries it four times,
+// which stays far below etcd's default request limit (1.5 MiB).
+const MaxKeyLen = 32 << 10
+
+// cleanupTimeout bounds the requests that undo a failed or cancelled
+// acquire (revoke our lease, delete our key). They run on a context
+// detached from the caller's, which may already have ended.
+const cleanupTimeout = 5 * time.Second
+
+// clockGuard is taken off Lease.Validity: the facade counts it from when
+// Acquire has returned, a moment after we read the clock.
+const clockGuard = time.Millisecond
+
+// Resource is a lock store over an etcd cluster. It implements
+// [backend.Waiter], [backend.Refresher], [backend.KeyValidator] and
+// [io.Closer]; it is safe for concurrent use.
+type Resource struct {
+	c      *clientv3.Client
+	leases pb.LeaseClient // for grants with an ID we chose
+	prefix string
+	shared bool
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[int64]*session // shared leases by lock TTL in seconds
+
+	id      string // names this Resource's queue keys, with a slot
+	names   names
+	wakeups atomic.Int64 // predecessor deletions seen by waiters
+
+	// watchAtRead starts predecessor watches at the revision read, as
+	// concurrency.Mutex does, instead of the one after; only benchmarks
+	// set it, to show what that costs.
+	watchAtRead bool
+}
+
+var (
+	_ backend.Waiter       = (*Resource)(nil)
+	_ backend.Refresher    = (*Resource)(nil)
+	_ backend.KeyValidator = (*Resource)(nil)
+	_ io.Closer            = (*Resource)(nil)
+)
+
+// Option configures a [Resource].
+type Option func(*Resource)
+
+// WithPrefix puts the Resource's keys under prefix instead of
+// [DefaultPrefix]. A prefix that does not end in '/' gets one; an empty
+// prefix means the default.
+func WithPrefix(prefix string) Option {
+	return func(r *Resource) {
+		if prefix == "" {
+			prefix = DefaultPrefix
+		}
+		if !strings.HasSuffix(prefix, "/") {
+			prefix += "/"
+		}
+		r.prefix = prefix
+	}
+}
+
+// WithSharedLease makes locks share one lease per TTL (in whole seconds)
+// that the Resource keeps alive, as [concurrency.Session] does, instead of
+// granting and revoking a lease per lock: an uncontended acquire and release
+// cost one round trip each instead of three in all. A lock's TTL is then
+// kept by a timer in the process, and a lock whose process died stays in
+// etcd up to a third of its TTL (at least a second) longer. See the package
+// documentation. Off by default.
+//
+// [concurrency.Session]: https://pkg.go.dev/go.etcd.io/etcd/client/v3/concurrency#Session
+func WithSharedLease() Option {
+	return func(r *Resource) { r.shared = true }
+}
+
+// New returns a Resource that keeps locks in etcd through c. The caller
+// owns c: [Resource.Close] does not close it. A nil c gives a Resource
+// whose every call returns an error.
+func New(c *clientv3.Client, opts ...Option) *Resource {
+	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
+		id: fmt.Sprintf("%016x", rand.Uint64())}
+	if c != nil {
+		r.leases = clientv3.RetryLeaseClient(c)
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(r)
+		}
+	}
+	return r
+}
+
+var errNilClient = errors.New("etcd: nil client")
+
+// ValidateKey reports whether key can be a lock name: at most [MaxKeyLen]
+// bytes. Any bytes are allowed. It does no I/O.
+func (r *Resource) ValidateKey(key string) error {
+	if r == nil || r.c == nil {
+		return errNilClient
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("etcd: key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// queuePrefix is the directory of key's queue: every waiter's key sits
+// directly under it.
+func (r *Resource) queuePrefix(key string) string {
+	return r.prefix + encodeKey(key) + "/"
+}
+
+// Leftovers lists the etcd keys the Resource holds for the lock key in
+// queue order: the holder's, then the waiters'. It is meant for tests and
+// debugging.
+func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) {
+	if r == nil || r.c == nil {
+		return nil, errNilClient
+	}
+	resp, err := r.c.Get(ctx, r.queuePrefix(key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, fmt.Errorf("etcd: list %q: %w", key, err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, string(kv.Key))
+	}
+	return keys, nil
+}
+
+// handle is the backend state of one held lock (backend.Lease.Handle).
+type handle struct {
+	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
+	rev     int64  // its create revision: the token
+	lease   clientv3.LeaseID
+	lockKey string
+	slot    int
+	freed   atomic.Bool // the name was given back
+
+	// Only for a lock on a shared lease, which the Resource expires itself.
+	sess     *session
+	ttl      time.Duration
+	mu       sync.Mutex
+	state    int // held, released, expired
+	deadline time.Time
+	timer    *time.Timer
+}
+
+const (
+	held = iota
+	released
+	expired
+)
+
+// ttlSeconds rounds ttl up to whole seconds, at least one.
+func ttlSeconds(ttl time.Duration) int64 {
+	s := int64((ttl + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// Acquire queues for l.Key and blocks until it holds the lock, the deadline
+// passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
+// attempt. On success it sets l.Token to the create revision of our queue
+// key, l.TTL to the effective TTL and l.Validity, l.Handle (and l.Lost with
+// [WithSharedLease]). On any failure our key and lease are gone.
+func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
+	if r == nil || r.c == nil {
+		return errNilClient
+	}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return fmt.Errorf("etcd: acquire %q: resource closed", l.Key)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if r.shared {
+		return r.acquireShared(ctx, l, deadline, false)
+	}
+	return r.acquireOwn(ctx, l, deadline)
+}
+
+// acquireOwn takes the lock on a lease of its own: grant, create our key,
+// wait; Release revokes the lease.
+func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
+	start := time.Now()
+	id, ttl, err := r.grant(ctx, l.TTL)
+	if err != nil {
+		if id != 0 { // the grant may have happened
+			r.revoke(ctx, id)
+		}
+		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
+	}
+	pfx := r.queuePrefix(l.Key)
+	h := r.newHandle(l.Key, pfx)
+	h.lease = id
+	defer func() {
+		if err != nil && r.revoke(ctx, id) {
+			r.free(h)
+		}
+	}()
+	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	if err != nil {
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	lastSent := start // the grant was sent after this
+	if !isHolder {
+		if deadline.IsZero() || !time.Now().Before(deadline) {
+			return backend.ErrNotAcquired
+		}
+		renew := func(ctx context.Context) error {
+			// KeepAliveOnce retries while no member answers: bound it.
+			ctx, cancel := context.WithTimeout(ctx, max(ttl/3, 100*time.Millisecond))
+			defer cancel()
+			sent := time.Now()
+			if _, err := r.c.KeepAliveOnce(ctx, id); err != nil {
+				return err
+			}
+			lastSent = sent // read by this goroutine after await's wait for renew
+			return nil
+		}
+		if err := r.await(ctx, pfx, h, deadline, ttl, renew, nil); err != nil {
+			if err == backend.ErrNotAcquired || err == ctx.Err() {
+				return err
+			}
+			return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		}
+	}
+	validity := time.Until(lastSent.Add(ttl)) - clockGuard
+	if validity <= 0 {
+		return fmt.Errorf("etcd: acquire %q: lease %x may have expired while queued", l.Key, int64(id))
+	}
+	l.TTL = ttl
+	l.Validity = validity
+	l.Token = uint64(h.rev)
+	l.Handle = h
+	return nil
+}
+
+// grant creates a lease of at least ttl, rounded up to whole seconds, with
+// an ID we choose, so that a grant whose reply was lost can be revoked.
+// It returns the ID whenever the grant may have happened.
+func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
+	id := rand.Int64N(math.MaxInt64-1) + 1
+	resp, err := r.leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: id, TTL: ttlSeconds(ttl)})
+	if err != nil {
+		err = clientv3.ContextError(ctx, err)
+		if errors.Is(err, rpctypes.ErrLeaseExist) {
+			// The client retried a grant that had succeeded: the lease is
+			// ours (a clash of random 63-bit IDs is not a concern).
+			ttlResp, terr := r.c.TimeToLive(ctx, clientv3.LeaseID(id))
+			if terr == nil && ttlResp.GrantedTTL > 0 {
+				return clientv3.LeaseID(id), time.Duration(ttlResp.GrantedTTL) * time.Second, nil
+			}
+		}
+		return clientv3.LeaseID(id), 0, err
+	}
+	if resp.Error != "" {
+		return 0, 0, errors.New(resp.Error)
+	}
+	return clientv3.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
+}
+
+// revoke ends a lease and its keys, best effort: a lease we fail to revoke
+// still expires with its TTL. It reports whether the lease is known gone.
+func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, err := r.c.Revoke(ctx, id)
+	return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
+}
+
+// enqueue creates h.key under h.lease unless it exists, sets h.rev to its
+// create revision and reports whether it is the oldest key under pfx, all in
+// one transaction.
+func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value string) (bool, error) {
+	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
+	resp, err := r.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)).
+		Then(clientv3.OpPut(h.key, value, clientv3.WithLease(h.lease)), owner).
+		Else(clientv3.OpGet(h.key), owner).
+		Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp.Succeeded {
+		h.rev = resp.Header.Revision
+	} else {
+		// Only our own retried request can have made our key.
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
+			return false, fmt.Errorf("queue key %s exists with another lease", h.key)
+		}
+		h.rev = kvs[0].CreateRevision
+	}
+	first := resp.Responses[1].GetResponseRange().Kvs
+	return len(first) == 1 && first[0].CreateRevision == h.rev, nil
+}
+
+// await blocks until h.key is the oldest key under pfx. It watches only
+// the key just before ours, so one release wakes one waiter. After every
+// wake it re-reads, in one transaction, our predecessor and our own key: a
+// waiter whose key vanished (its lease expired or was revoked) gets an
+// error, never the lock. renew, when set, keeps our lease alive every ttl/3
+// and once more with every re-check; lost, when closed, means our lease is
+// gone.
+func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline time.Time,
+	ttl time.Duration, renew func(context.Context) error, lost <-chan struct{}) error {
+	// Requests here must not outlive the deadline.
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := func(err error) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if dctx.Err() != nil {
+			return backend.ErrNotAcquired
+		}
+		return err
+	}
+	var tick <-chan time.Time
+	if renew != nil {
+		t := time.NewTicker(max(ttl/3, 100*time.Millisecond))
+		defer t.Stop()
+		tick = t.C
+	}
+	woke := false
+	for {
+		var renewed chan error
+		if woke && renew != nil {
+			renewed = make(chan error, 1)
+			go func() { renewed <- renew(dctx) }()
+		}
+		pred, rev, err := r.predecessor(dctx, pfx, h)
+		if renewed != nil {
+			if rerr := <-renewed; errors.Is(rerr, rpctypes.ErrLeaseNotFound) && err == nil {
+				err = fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rerr)
+			}
+		}
+		if err != nil {
+			if !transient(err) || dctx.Err() != nil {
+				return stop(err)
+			}
+			if err := pause(dctx, lost); err != nil {
+				return stop(err)
+			}
+			woke = false
+			continue
+		}
+		if pred == "" {
+			return nil
+		}
+		// Start just after the revision we read: the server then serves
+		// the watch as synced (at once) instead of from its 100 ms
+		// catch-up loop, and still sends any deletion after that read.
+		from := rev + 1
+		if r.watchAtRead {
+			from = rev
+		}
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(dctx))
+		wch := r.c.Watch(wctx, pred, clientv3.WithRev(from), clientv3.WithFilterPut())
+		woke = false
+	watch:
+		for {
+			select {
+			case wr, ok := <-wch:
+				if !ok || wr.Canceled || wr.Err() != nil {
+					break watch // re-check; the watch is made again
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == mvccpb.DELETE {
+						r.wakeups.Add(1)
+						woke = true
+						break watch
+					}
+				}
+			case <-tick:
+				if err := renew(dctx); err != nil {
+					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+						wcancel()
+						return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), err))
+					}
+				}
+			case <-lost:
+				wcancel()
+				return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
+			case <-dctx.Done():
+				wcancel()
+				return stop(nil)
+			}
+		}
+		wcancel()
+		if !woke {
+			// The watch ended without news (no leader, compaction):
+			// do not spin.
+			if err := pause(dctx, lost); err != nil {
+				return stop(err)
+			}
+		}
+	}
+}
+
+// predecessor reads, at one revision, the newest key under pfx created
+// before ours, and our own key. It returns the predecessor ("" when we are
+// the oldest) and the revision read.
+func (r *Resource) predecessor(ctx context.Context, pfx string, h *handle) (string, int64, error) {
+	opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(h.rev-1), clientv3.WithKeysOnly())
+	resp, err := r.c.Txn(ctx).Then(
+		clientv3.OpGet(pfx, opts...),
+		clientv3.OpGet(h.key, clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		return "", 0, err
+	}
+	if own := resp.Responses[1].GetResponseRange().Kvs; len(own) == 0 || own[0].CreateRevision != h.rev {
+		return "", 0, fmt.Errorf("queue key %s is gone (lease %x expired or revoked): %w",
+			h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return "", resp.Header.Revision, nil
+	}
+	return string(kvs[0].Key), resp.Header.Revision, nil
+}
+
+// pause waits a little before a retry, or returns why it cannot.
+func pause(ctx context.Context, lost <-chan struct{}) error {
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-lost:
+		return rpctypes.ErrLeaseNotFound
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// transient reports whether err may pass by itself (no leader, leader
+// changed, connection lost): a waiter then retries instead of failing.
+func transient(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	return status.Code(err) == codes.Unavailable
+}
+
+// Release deletes our key if it is still there: with a lease of its own it
+// revokes the lease. ErrNotHeld when the key or lease was already gone (or
+// l was not acquired here).
+func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
+	if r == nil || r.c == nil {
+		return errNilClient
+	}
+	h, ok := l.Handle.(*handle)
+	if !ok || h == nil {
+		return backend.ErrNotHeld
+	}
+	if h.sess != nil {
+		return r.releaseShared(ctx, l, h)
+	}
+	if _, err := r.c.Revoke(ctx, h.lease); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			r.free(h)
+			return backend.ErrNotHeld
+		}
+		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
+	}
+	r.free(h)
+	return nil
+}
+
+// Refresh extends l for another TTL: KeepAliveOnce on its lease (with
+// [WithSharedLease]: only when the shared lease is not already known to
+// live that long), then a read of our key. ErrNotHeld when the lease or the
+// key is gone.
+func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
+	if r == nil || r.c == nil {
+		return errNilClient
+	}
+	h, ok := l.Handle.(*handle)
+	if !ok || h == nil {
+		return backend.ErrNotHeld
+	}
+	if h.sess != nil {
+		return r.refreshShared(ctx, l, h)
+	}
+	if _, err := r.c.KeepAliveOnce(ctx, h.lease); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return backend.ErrNotHeld
+		}
+		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+	}
+	exists, err := r.keyExists(ctx, h)
+	if err != nil {
+		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+	}
+	if !exists { // deleted behind our back: the lease alone holds nothing
+		r.free(h)
+		r.revoke(ctx, h.lease)
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// keyExists reports whether h's key is still the one we made.
+func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
+	resp, err := r.c.Get(ctx, h.key, clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == h.rev, nil
+}
+
+// Close stops the Resource: it ends the goroutines it runs and revokes its
+// shared leases, which releases the locks held on them. It leaves the
+// client open, and locks on leases of their own as they are. Acquire fails
+// after Close.
+func (r *Resource) Close() error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	r.closed = true
+	sessions := r.sessions
+	r.sessions = make(map[int64]*session)
+	r.mu.Unlock()
+	var errs []error
+	for _, s := range sessions {
+		if err := s.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

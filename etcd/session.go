@@ -1,0 +1,352 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// session is one lease shared by the locks of one TTL (WithSharedLease).
+// Its lease lives ttl+margin and is renewed every margin/2, so that at any
+// moment while renewals succeed it is known to live at least ttl more: a
+// lock taken on it is valid for its full TTL without a round trip of its
+// own. Each lock's TTL is kept by a local timer that deletes the lock's key
+// unless Refresh pushed the deadline on.
+type session struct {
+	r      *Resource
+	ttl    time.Duration // the locks' TTL, whole seconds
+	ready  chan struct{} // closed once the grant is done; err then says how
+	err    error
+	id     clientv3.LeaseID
+	life   time.Duration // granted lease TTL, > ttl
+	period time.Duration // between renewals
+	done   chan struct{} // closed when the lease is gone or given up
+	cancel context.CancelFunc
+	given  atomic.Bool // abandon was called: done closes soon
+
+	mu       sync.Mutex
+	lastSent time.Time // send time of the last successful grant or renewal
+}
+
+// session returns the live shared lease for ttl, granting it if needed.
+func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, error) {
+	secs := ttlSeconds(ttl)
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, errors.New("resource closed")
+	}
+	s := r.sessions[secs]
+	if s != nil {
+		select {
+		case <-s.ready:
+			if s.err == nil && !s.isDone() && !s.given.Load() {
+				r.mu.Unlock()
+				return s, nil
+			}
+			s = nil // dead or failed: replace it
+		default:
+		}
+	}
+	if s == nil {
+		s = &session{r: r, ttl: time.Duration(secs) * time.Second, ready: make(chan struct{}), done: make(chan struct{})}
+		r.sessions[secs] = s
+		r.mu.Unlock()
+		// Grant on a context of our own: other callers wait for it too.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		s.start(gctx)
+		cancel()
+		if s.err != nil {
+			r.mu.Lock()
+			if r.sessions[secs] == s {
+				delete(r.sessions, secs)
+			}
+			r.mu.Unlock()
+		}
+	} else {
+		r.mu.Unlock()
+	}
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if s.err != nil {
+		return nil, s.err
+	}
+	return s, nil
+}
+
+// start grants the lease and starts keeping it alive; it closes s.ready.
+func (s *session) start(ctx context.Context) {
+	defer close(s.ready)
+	margin := max(s.ttl/3, time.Second).Round(time.Second)
+	sent := time.Now()
+	id, life, err := s.r.grant(ctx, s.ttl+margin)
+	if err != nil {
+		if id != 0 {
+			s.r.revoke(ctx, id)
+		}
+		s.err = fmt.Errorf("grant shared lease: %w", err)
+		close(s.done)
+		return
+	}
+	s.id, s.life, s.lastSent = id, life, sent
+	s.period = (life - s.ttl) / 2
+	kctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.keepAlive(kctx)
+}
+
+// keepAlive renews the lease every period until ctx ends, the lease is
+// gone, or renewals failed for so long that it must have expired.
+func (s *session) keepAlive(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTimer(s.period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		kctx, cancel := context.WithTimeout(ctx, s.period)
+		_, err := s.r.c.KeepAliveOnce(kctx, s.id)
+		cancel()
+		switch {
+		case err == nil:
+			s.mu.Lock()
+			s.lastSent = sent
+			s.mu.Unlock()
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return
+		case time.Since(s.sentAt()) >= s.life:
+			return // expired on the server by now
+		}
+		t.Reset(s.period)
+	}
+}
+
+func (s *session) sentAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSent
+}
+
+// until is how long the lease is known to live from now.
+func (s *session) until() time.Time { return s.sentAt().Add(s.life) }
+
+func (s *session) isDone() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// abandon stops renewing: the lease and its keys expire on the server.
+func (s *session) abandon() {
+	s.given.Store(true)
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+// close stops renewing and revokes the lease, deleting its keys.
+func (s *session) close() error {
+	<-s.ready
+	if s.err != nil {
+		return nil
+	}
+	s.cancel()
+	<-s.done
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if _, err := s.r.c.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("etcd: close: revoke shared lease %x: %w", int64(s.id), err)
+	}
+	return nil
+}
+
+// acquireShared takes the lock with a key on the shared lease for l.TTL:
+// one transaction when uncontended.
+func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
+	s, err := r.session(ctx, l.TTL)
+	if err != nil {
+		if err == ctx.Err() {
+			return err
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	start := time.Now()
+	pfx := r.queuePrefix(l.Key)
+	h := r.newHandle(l.Key, pfx)
+	h.lease, h.sess, h.ttl = s.id, s, s.ttl
+	defer func() {
+		if err != nil && !h.freed.Load() && r.deleteKey(ctx, h) {
+			r.free(h)
+		}
+	}()
+	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The shared lease ended behind our back (the transaction
+			// created nothing): start a new one, once.
+			s.abandon()
+			if !retried {
+				r.free(h)
+				return r.acquireShared(ctx, l, deadline, true)
+			}
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	grant := start
+	if !isHolder {
+		if deadline.IsZero() || !time.Now().Before(deadline) {
+			return backend.ErrNotAcquired
+		}
+		if err := r.await(ctx, pfx, h, deadline, s.ttl, nil, s.done); err != nil {
+			if err == backend.ErrNotAcquired || err == ctx.Err() {
+				return err
+			}
+			return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		}
+		grant = time.Now() // no later than the read that found us first
+	}
+	// Valid for ttl from the grant, as far as the lease is known to live.
+	end := grant.Add(s.ttl)
+	if u := s.until(); u.Before(end) {
+		end = u
+	}
+	validity := time.Until(end) - clockGuard
+	if validity <= 0 || s.isDone() {
+		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
+	}
+	h.mu.Lock()
+	h.deadline = end
+	h.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
+	h.mu.Unlock()
+	l.TTL = s.ttl
+	l.Validity = validity
+	l.Token = uint64(h.rev)
+	l.Lost = s.done
+	l.Handle = h
+	return nil
+}
+
+// expire deletes h's key when its deadline passed without a Refresh.
+func (r *Resource) expire(h *handle) {
+	h.mu.Lock()
+	if h.state != held {
+		h.mu.Unlock()
+		return
+	}
+	if d := time.Until(h.deadline); d > 0 {
+		h.timer.Reset(d)
+		h.mu.Unlock()
+		return
+	}
+	h.state = expired
+	h.mu.Unlock()
+	if r.deleteKey(context.Background(), h) {
+		r.free(h)
+	} else {
+		// Our key would outlive its TTL: let the lease, and every key on it,
+		// expire instead.
+		h.sess.abandon()
+	}
+}
+
+// deleteKey deletes h's key if it is still the one we made (best effort,
+// detached from ctx). It reports whether the key is gone.
+func (r *Resource) deleteKey(ctx context.Context, h *handle) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, err := r.c.Delete(ctx, h.key)
+	return err == nil
+}
+
+// releaseShared deletes our key if it is still ours.
+func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handle) error {
+	h.mu.Lock()
+	state := h.state
+	h.mu.Unlock()
+	if state != held {
+		return backend.ErrNotHeld
+	}
+	// A plain delete is a compare-and-delete here: only this Resource makes
+	// keys with its ID, and it makes none under h's name until h gives the
+	// name back, after the key is known deleted.
+	resp, err := r.c.Delete(ctx, h.key)
+	if err != nil {
+		// Still held as far as we know: the timer deletes the key at its
+		// deadline unless a retry does first.
+		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
+	}
+	h.mu.Lock()
+	wasHeld := h.state == held
+	h.state = released
+	h.timer.Stop()
+	h.mu.Unlock()
+	if wasHeld { // else expire deletes and frees
+		r.free(h)
+	}
+	if resp.Deleted == 0 || !wasHeld {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// refreshShared pushes h's deadline on by its TTL when the shared lease is
+// known to live that long; otherwise it renews the lease first.
+func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handle) error {
+	s := h.sess
+	h.mu.Lock()
+	state := h.state
+	h.mu.Unlock()
+	if state != held || s.isDone() {
+		return backend.ErrNotHeld
+	}
+	now := time.Now()
+	if s.until().Before(now.Add(h.ttl)) {
+		if _, err := r.c.KeepAliveOnce(ctx, s.id); err != nil {
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				s.abandon()
+				return backend.ErrNotHeld
+			}
+			return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+		}
+		s.mu.Lock()
+		if now.After(s.lastSent) {
+			s.lastSent = now
+		}
+		s.mu.Unlock()
+	}
+	ok, err := r.keyExists(ctx, h)
+	if err != nil {
+		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != held {
+		return backend.ErrNotHeld
+	}
+	if !ok { // deleted behind our back
+		h.state = expired
+		h.timer.Stop()
+		r.free(h)
+		return backend.ErrNotHeld
+	}
+	h.deadline = now.Add(h.ttl)
+	return nil
+}
