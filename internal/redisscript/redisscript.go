@@ -1,0 +1,167 @@
+package redisscript
+
+import (
+	_ "embed"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed extend.lua
+	extendSrc string
+)
+
+// Acquire sets the lock if absent and, when a fence key is given, returns
+// the next fencing token; when the lock is held it returns minus the
+// holder's remaining milliseconds. KEYS: lock [, fence]. ARGV: value, ttl ms.
+var Acquire = goredis.NewScript(acquireSrc)
+
+// Release deletes the lock if it holds the value and optionally publishes a
+// release notice on the channel named like the lock key. KEYS: lock. ARGV:
+// value [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+var Release = goredis.NewScript(releaseSrc)
+
+// Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
+// value, ttl ms. Reply: 1 extended, 0 not held.
+var Extend = goredis.NewScript(extendSrc)
+
+// Publish commands for [Release]'s second argument.
+const (
+	NoPublish      = ""         // no release notice
+	Publish        = "PUBLISH"  // standalone and Sentinel
+	ShardedPublish = "SPUBLISH" // Redis Cluster (Redis 7.0+)
+)
+
+// FenceSuffix is appended to the lock key to name the fence counter.
+const FenceSuffix = ":fence"
+
+const (
+	escapeChar      = '%'
+	escapedSpecials = "%{}"
+)
+
+// EscapeTag returns k with '%', '{' and '}' replaced by "%25", "%7B" and
+// "%7D". The result contains no brace, and distinct keys give distinct
+// results (the mapping is a subset of percent-encoding, so [UnescapeTag]
+// inverts it). A key without those three bytes is returned as is.
+func EscapeTag(k string) string {
+	if !strings.ContainsAny(k, escapedSpecials) {
+		return k
+	}
+	var b strings.Builder
+	b.Grow(len(k) + 8)
+	writeEscaped(&b, k)
+	return b.String()
+}
+
+func escapedLen(k string) int {
+	n := len(k)
+	for i := 0; i < len(k); i++ {
+		switch k[i] {
+		case '%', '{', '}':
+			n += 2
+		}
+	}
+	return n
+}
+
+func writeEscaped(b *strings.Builder, k string) {
+	for i := 0; i < len(k); i++ {
+		switch c := k[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+}
+
+// UnescapeTag inverts [EscapeTag]. ok is false when s is not a value
+// EscapeTag can return.
+func UnescapeTag(s string) (k string, ok bool) {
+	if strings.IndexByte(s, escapeChar) < 0 {
+		return s, !strings.ContainsAny(s, "{}")
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch c {
+		case '{', '}':
+			return "", false
+		case '%':
+			if i+2 >= len(s) {
+				return "", false
+			}
+			switch s[i+1 : i+3] {
+			case "25":
+				b.WriteByte('%')
+			case "7B":
+				b.WriteByte('{')
+			case "7D":
+				b.WriteByte('}')
+			default:
+				return "", false
+			}
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
+
+// Layout returns the lock key and the fence key of k under prefix, built
+// in one allocation: lock is EscapeTag(prefix) + "{" + EscapeTag(k) + "}"
+// and fence is lock + [FenceSuffix] (lock shares fence's memory). Both
+// hash to the Cluster slot of the tag EscapeTag(k): the prefix is escaped
+// too, so its braces can never make the tag (a prefix without '%', '{' and
+// '}' is used as is).
+//
+// k must not be empty: "{}" is not a hash tag, and the two names would
+// then hash apart.
+func Layout(prefix, k string) (lock, fence string) {
+	n := escapedLen(prefix) + 2 + escapedLen(k)
+	var b strings.Builder
+	b.Grow(n + len(FenceSuffix))
+	writeEscaped(&b, prefix)
+	b.WriteByte('{')
+	writeEscaped(&b, k)
+	b.WriteByte('}')
+	b.WriteString(FenceSuffix)
+	fence = b.String()
+	return fence[:n], fence
+}
+
+// Millis converts a TTL to the milliseconds PX and PEXPIRE take, rounding
+// up so the store never holds the lock for less than asked; a positive TTL
+// under 1ms gives 1.
+func Millis(ttl time.Duration) int64 {
+	ms := int64(ttl / time.Millisecond)
+	if ttl%time.Millisecond != 0 {
+		ms++
+	}
+	if ms < 1 {
+		ms = 1
+	}
+	return ms
+}
+
+// DecodeAcquire reads [Acquire]'s reply: acquired with the token (> 0), or
+// not acquired with the holder's remaining time (0 when unknown).
+func DecodeAcquire(v int64) (acquired bool, token uint64, holderTTL time.Duration) {
+	if v > 0 {
+		return true, uint64(v), 0
+	}
+	return false, 0, time.Duration(-v) * time.Millisecond
+}

@@ -1,0 +1,168 @@
+package redisscript
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEscapeTag(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"a{b}c", "a%7Bb%7Dc"},
+		{"%", "%25"},
+		{"%7B", "%257B"},
+		{"{", "%7B"},
+		{"}}", "%7D%7D"},
+		{"", ""},
+	} {
+		got := EscapeTag(tc.in)
+		if got != tc.want {
+			t.Errorf("EscapeTag(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+		back, ok := UnescapeTag(got)
+		if !ok || back != tc.in {
+			t.Errorf("UnescapeTag(%q) = %q, %v; want %q, true", got, back, ok, tc.in)
+		}
+	}
+}
+
+func TestUnescapeTagRejects(t *testing.T) {
+	for _, s := range []string{"{", "a}", "%", "%7", "%7b", "%41", "%2"} {
+		if k, ok := UnescapeTag(s); ok {
+			t.Errorf("UnescapeTag(%q) = %q, true; want false", s, k)
+		}
+	}
+}
+
+func TestLayout(t *testing.T) {
+	for _, tc := range []struct{ prefix, key, lock string }{
+		{"distlock:", "k", "distlock:{k}"},
+		{"distlock:", "a{b}", "distlock:{a%7Bb%7D}"},
+		{"distlock:", "k:fence", "distlock:{k:fence}"},
+		{"", "}", "{%7D}"},
+		{"p{x}", "k", "p%7Bx%7D{k}"},
+		{"{}", "0", "%7B%7D{0}"},
+	} {
+		lock, fence := Layout(tc.prefix, tc.key)
+		if lock != tc.lock || fence != tc.lock+FenceSuffix {
+			t.Errorf("Layout(%q, %q) = %q, %q; want %q, %q", tc.prefix, tc.key, lock, fence, tc.lock, tc.lock+FenceSuffix)
+		}
+		if hashSlot(lock) != hashSlot(fence) {
+			t.Errorf("Layout(%q, %q): slots %d and %d differ", tc.prefix, tc.key, hashSlot(lock), hashSlot(fence))
+		}
+	}
+	// A key and the same key with ":fence" appended never collide.
+	_, f1 := Layout("p:", "k")
+	l2, _ := Layout("p:", "k:fence")
+	if f1 == l2 {
+		t.Errorf("fence of k and lock of k:fence are both %q", f1)
+	}
+}
+
+func TestLayoutAllocs(t *testing.T) {
+	n := testing.AllocsPerRun(100, func() { Layout("distlock:", "some-key") })
+	if n != 1 {
+		t.Errorf("Layout allocs = %v; want 1", n)
+	}
+}
+
+func TestMillis(t *testing.T) {
+	for _, tc := range []struct {
+		in   time.Duration
+		want int64
+	}{
+		{time.Nanosecond, 1},
+		{time.Millisecond, 1},
+		{1200 * time.Microsecond, 2},
+		{time.Second, 1000},
+		{time.Second + 1, 1001},
+	} {
+		if got := Millis(tc.in); got != tc.want {
+			t.Errorf("Millis(%v) = %d; want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestDecodeAcquire(t *testing.T) {
+	for _, tc := range []struct {
+		v     int64
+		ok    bool
+		token uint64
+		ttl   time.Duration
+	}{
+		{7, true, 7, 0},
+		{0, false, 0, 0},
+		{-250, false, 0, 250 * time.Millisecond},
+	} {
+		ok, token, ttl := DecodeAcquire(tc.v)
+		if ok != tc.ok || token != tc.token || ttl != tc.ttl {
+			t.Errorf("DecodeAcquire(%d) = %v, %d, %v; want %v, %d, %v", tc.v, ok, token, ttl, tc.ok, tc.token, tc.ttl)
+		}
+	}
+}
+
+// FuzzLayout checks that the escaping is injective and brace-free and that
+// a lock and its fence counter always share a Cluster hash slot.
+func FuzzLayout(f *testing.F) {
+	for _, s := range []string{"k", "{", "}", "%", "a{b}c", "%7B", "{}", "x:fence"} {
+		f.Add("distlock:", s)
+	}
+	f.Add("p{", "k")
+	f.Add("}{", "}")
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		if key == "" {
+			return
+		}
+		e := EscapeTag(key)
+		if strings.ContainsAny(e, "{}") {
+			t.Fatalf("EscapeTag(%q) = %q has a brace", key, e)
+		}
+		if back, ok := UnescapeTag(e); !ok || back != key {
+			t.Fatalf("UnescapeTag(EscapeTag(%q)) = %q, %v", key, back, ok)
+		}
+		lock, fence := Layout(prefix, key)
+		if lock != EscapeTag(prefix)+"{"+e+"}" || fence != lock+FenceSuffix {
+			t.Fatalf("Layout(%q, %q) = %q, %q", prefix, key, lock, fence)
+		}
+		if hashSlot(lock) != hashSlot(fence) || hashSlot(lock) != crc16(e)%16384 {
+			t.Fatalf("Layout(%q, %q): slots %d, %d; want both %d (tag %q)",
+				prefix, key, hashSlot(lock), hashSlot(fence), crc16(e)%16384, e)
+		}
+	})
+}
+
+// hashSlot is Redis Cluster's key slot: CRC16 of the hash tag (the bytes
+// between the first '{' and the first '}' after it, when not empty), else
+// of the whole key.
+func hashSlot(key string) uint16 {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	return crc16(key) % 16384
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+func TestCRC16(t *testing.T) {
+	// From the Redis Cluster specification.
+	if got := crc16("123456789"); got != 0x31C3 {
+		t.Errorf("crc16(123456789) = %#x; want 0x31c3", got)
+	}
+}

@@ -1,0 +1,93 @@
+// Package redis is the distlock backend for one Redis deployment: a
+// standalone server, a Sentinel-managed master, or a Redis Cluster. It is a
+// pull store: [Resource] implements backend.Spinner, and the distlock facade
+// spins on it.
+//
+//	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
+//	d, err := distlock.New(redis.New(rdb))
+//
+// [New] takes any goredis.UniversalClient (*goredis.Client from NewClient
+// or NewFailoverClient, *goredis.ClusterClient). A *goredis.ClusterClient
+// is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
+// Redis 7.0 or later; on older servers locks work and wake-up falls back to
+// spinning). A *goredis.Ring works too (its shards follow the hash tag, so
+// a lock and its fence counter stay together) but without wake-up. The
+// caller owns the client;
+// [Resource.Close] closes only the subscription connections the Resource
+// opened itself.
+//
+// # Round trips
+//
+// Every operation is one Lua script run by EVALSHA (falling back to EVAL
+// once per server that has not cached the script):
+//   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
+//     and return it as the token; on failure return the holder's PTTL, so the
+//     spin loop never sleeps past the holder's expiry;
+//   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
+//     release notice on the key's channel;
+//   - refresh: compare-and-PEXPIRE.
+//
+// An acquire whose reply is lost (timeout, broken connection, any error) may
+// still have set the key, so TryAcquire then runs the compare-and-delete
+// before returning the error: a failed attempt leaves no orphan.
+//
+// # Keys
+//
+// A lock on key k uses prefix{k'} for the lock and prefix{k'}:fence for the
+// counter, where k' is k with '%', '{' and '}' percent-escaped. The braces
+// are the Cluster hash tag, so both keys live in one slot whatever k
+// contains, and distinct keys never share names. The release channel is
+// named like the lock key. The prefix is "distlock:" unless [WithPrefix]
+// sets another; it is escaped the same way, so its braces never make the
+// tag. The fence counter never expires: it is what makes tokens
+// increase across holders, and it costs a few bytes per distinct lock name.
+// The layout and scripts live in internal/redisscript, shared with the
+// Redlock backend.
+//
+// # TTL
+//
+// The lease TTL becomes PX in whole milliseconds, rounded up (1.2ms is 2ms):
+// Redis never holds a lock for less than asked, and TryAcquire writes the
+// rounded TTL back into the lease. Expiry runs on the Redis server's clock.
+//
+// # Fencing tokens
+//
+// The token is the fence counter's value after the INCR that went with the
+// acquisition: it strictly increases across successive holders of a key on
+// one deployment. A lock with a TTL can expire while its holder is paused
+// (GC, swap, a slow network) and another process then acquires it; both
+// believe they hold it. The protected resource must therefore check the
+// token: remember the highest it has seen and refuse writes carrying a lower
+// one. Without that check the lock is an efficiency hint, not a guarantee.
+//
+// # Failover
+//
+// Redis replicates asynchronously. If a master fails after granting a lock
+// and before its replica received the SET and the INCR, Sentinel or Cluster
+// promotes a replica that never saw them: a second owner gets the same lock,
+// and may even get a token already handed out. [WithWaitReplicas] narrows
+// the window (WAIT after the acquire, an error when too few replicas
+// acknowledged) but does not close it: WAIT does not make Redis a consensus
+// system. Where that matters, check tokens and prefer a store with
+// consensus (etcd, ZooKeeper).
+//
+// # Wake-up
+//
+// [Resource.Subscribe] implements backend.Notifier: waiters in this process
+// retry as soon as the holder releases, instead of sleeping out the spin.
+// The Resource keeps one subscription connection (on Cluster, one per master
+// that serves a waited-for key, using sharded pub/sub), subscribed to a
+// key's channel only while a waiter in this process waits for it. When
+// Redis confirms a subscription (the first time, or again after a
+// reconnect) the waiters retry once too, so a release that came before the
+// subscription is not slept through. Notices are hints: a lost or failed
+// subscription costs only latency, as the spin loop keeps retrying on its
+// own.
+//
+// # Errors
+//
+// Store errors are wrapped with the operation and key ("redis: acquire
+// \"k\": ..."). Release and Refresh return backend.ErrNotHeld when the key
+// expired or holds another owner's value. [Resource.ValidateKey] rejects
+// empty keys and keys over [MaxKeyLen] before any I/O.
+package redis

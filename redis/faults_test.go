@@ -1,0 +1,172 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/redis"
+)
+
+// loseReply is a go-redis hook that lets the next script call (EVALSHA or EVAL) run on the server
+// and then reports a timeout, as if its reply were lost on the way back: a
+// fault a real server cannot be asked to give.
+type loseReply struct{ armed atomic.Bool }
+
+func (h *loseReply) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *loseReply) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+func (h *loseReply) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.armed.CompareAndSwap(true, false) {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// TestLostAcquireReplyCleansUp: the acquire ran on the server but its reply
+// was lost; TryAcquire must return the error and leave no lock behind.
+func TestLostAcquireReplyCleansUp(t *testing.T) {
+	c := standalone(t)
+	hook := &loseReply{}
+	c.AddHook(hook)
+	r := newResource(t, c)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	lock, fence := redisscript.Layout(redis.DefaultPrefix, key)
+
+	hook.armed.Store(true)
+	l := newLease(key, time.Minute)
+	ok, _, err := r.TryAcquire(ctx, l)
+	if ok || err == nil {
+		t.Fatalf("TryAcquire with a lost reply = %v, %v; want an error", ok, err)
+	}
+	if !strings.Contains(err.Error(), `redis: acquire "`+key+`"`) {
+		t.Errorf("error %q does not name the op and key", err)
+	}
+	if n, _ := c.Get(ctx, fence).Int64(); n != 1 {
+		t.Fatalf("fence counter = %d; want 1 (the script must have run)", n)
+	}
+	if exists(t, c, lock) {
+		t.Errorf("lock %q left behind after a lost reply", lock)
+	}
+	// The next owner is not blocked for the TTL.
+	mustAcquire(t, r, newLease(key, time.Minute))
+}
+
+// TestWaitReplicas runs the acquire with WAIT against a master with one
+// real replica.
+func TestWaitReplicas(t *testing.T) {
+	masterSrv := testserver.Redis(t)
+	replicaSrv := testserver.RedisReplica(t, masterSrv)
+	master := goredis.NewClient(&goredis.Options{Addr: masterSrv.Addr})
+	replica := goredis.NewClient(&goredis.Options{Addr: replicaSrv.Addr})
+	t.Cleanup(func() { _ = master.Close(); _ = replica.Close() })
+	ctx := t.Context()
+
+	t.Run("enough", func(t *testing.T) {
+		r := newResource(t, master, redis.WithWaitReplicas(1, 2*time.Second))
+		l := newLease(uniqueKey(t), time.Minute)
+		mustAcquire(t, r, l)
+		lock, _ := redisscript.Layout(redis.DefaultPrefix, l.Key)
+		if got, err := replica.Get(ctx, lock).Result(); err != nil || got != l.Value {
+			t.Errorf("replica has %q, %v right after the acquire; want %q", got, err, l.Value)
+		}
+		// Contention still reports the holder, with no error.
+		ok, ttl, err := r.TryAcquire(ctx, newLease(l.Key, time.Minute))
+		if ok || err != nil || ttl <= 0 {
+			t.Errorf("contended TryAcquire = %v, %v, %v; want false, > 0, nil", ok, ttl, err)
+		}
+		if err := r.Release(ctx, l); err != nil {
+			t.Errorf("Release = %v", err)
+		}
+	})
+
+	t.Run("too-few", func(t *testing.T) {
+		r := newResource(t, master, redis.WithWaitReplicas(2, 50*time.Millisecond))
+		l := newLease(uniqueKey(t), time.Minute)
+		ok, _, err := r.TryAcquire(ctx, l)
+		if ok || !errors.Is(err, redis.ErrNotReplicated) {
+			t.Fatalf("TryAcquire = %v, %v; want ErrNotReplicated", ok, err)
+		}
+		if !strings.Contains(err.Error(), "1 of 2") {
+			t.Errorf("error %q does not say how many acknowledged", err)
+		}
+		lock, _ := redisscript.Layout(redis.DefaultPrefix, l.Key)
+		if exists(t, master, lock) {
+			t.Errorf("unreplicated lock %q left behind", lock)
+		}
+	})
+}
+
+// TestReleaseWhenPublishDenied: the release notice is a hint. With PUBLISH
+// denied by an ACL (as SPUBLISH is missing before Redis 7.0) the
+// compare-and-delete still succeeds.
+func TestReleaseWhenPublishDenied(t *testing.T) {
+	admin := standalone(t)
+	ctx := t.Context()
+	user := "nopub-" + uniqueKey(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-publish").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: admin.Options().Addr, Username: user, Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Publish(ctx, "x", "").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("PUBLISH as %s = %v; want NOPERM", user, err)
+	}
+	r := newResource(t, c)
+	l := newLease(uniqueKey(t), time.Minute)
+	mustAcquire(t, r, l)
+	if err := r.Release(ctx, l); err != nil {
+		t.Fatalf("Release with PUBLISH denied = %v; want nil", err)
+	}
+	lock, _ := redisscript.Layout(redis.DefaultPrefix, l.Key)
+	if exists(t, admin, lock) {
+		t.Errorf("lock %q not deleted", lock)
+	}
+}
+
+// TestFailoverAfterWait: a lock taken with WithWaitReplicas(1, ...) is on
+// the replica when the master dies, so after promotion the lock still
+// excludes others and the next token is still larger.
+func TestFailoverAfterWait(t *testing.T) {
+	masterSrv := testserver.Redis(t)
+	replicaSrv := testserver.RedisReplica(t, masterSrv)
+	master := goredis.NewClient(&goredis.Options{Addr: masterSrv.Addr})
+	promoted := goredis.NewClient(&goredis.Options{Addr: replicaSrv.Addr})
+	t.Cleanup(func() { _ = master.Close(); _ = promoted.Close() })
+	ctx := t.Context()
+
+	r := newResource(t, master, redis.WithWaitReplicas(1, 2*time.Second))
+	held := newLease(uniqueKey(t), time.Minute)
+	mustAcquire(t, r, held)
+
+	masterSrv.Kill()
+	replicaSrv.Promote()
+
+	after := newResource(t, promoted)
+	ok, _, err := after.TryAcquire(ctx, newLease(held.Key, time.Minute))
+	if ok || err != nil {
+		t.Fatalf("TryAcquire on the promoted replica = %v, %v; want false, nil (the lock was replicated)", ok, err)
+	}
+	if err := after.Release(ctx, held); err != nil {
+		t.Fatalf("Release on the promoted replica = %v", err)
+	}
+	next := newLease(held.Key, time.Minute)
+	mustAcquire(t, after, next)
+	if next.Token <= held.Token {
+		t.Errorf("token after failover %d; want > %d", next.Token, held.Token)
+	}
+}

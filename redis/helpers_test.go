@@ -1,0 +1,126 @@
+package redis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+)
+
+// standalone starts a Redis server for t and returns a client of it.
+func standalone(t testing.TB) *goredis.Client {
+	t.Helper()
+	srv := testserver.Redis(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// cluster starts a three-master Redis Cluster for t and returns a client.
+func cluster(t testing.TB) *goredis.ClusterClient {
+	t.Helper()
+	srv := testserver.RedisCluster(t)
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// uniqueKey is t's name plus random hex, so tests never share a key.
+func uniqueKey(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return t.Name() + "-" + hex.EncodeToString(b[:])
+}
+
+func newLease(key string, ttl time.Duration) *backend.Lease {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return &backend.Lease{Key: key, Value: hex.EncodeToString(b[:]), TTL: ttl}
+}
+
+// cleanupCtx is for t.Cleanup: t.Context() is already cancelled there.
+func cleanupCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Second)
+}
+
+// commandStats returns calls per command from INFO commandstats.
+func commandStats(t testing.TB, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	stats := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("INFO commandstats line %q: %v", line, err)
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return stats
+}
+
+// statsDelta is after - before, without INFO itself and zero entries.
+func statsDelta(before, after map[string]int64) map[string]int64 {
+	d := make(map[string]int64)
+	for k, v := range after {
+		if k == "info" {
+			continue
+		}
+		if n := v - before[k]; n != 0 {
+			d[k] = n
+		}
+	}
+	return d
+}
+
+// waitFor polls cond every few ms until it holds or 10s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// commandRejections returns rejected_calls per command from INFO
+// commandstats, keyed "name.rejected".
+func commandRejections(t testing.TB, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	m := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				m[strings.TrimPrefix(name, "cmdstat_")+".rejected"] = n
+			}
+		}
+	}
+	return m
+}

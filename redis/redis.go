@@ -1,0 +1,327 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
+)
+
+// DefaultPrefix is the key prefix used unless [WithPrefix] says otherwise.
+const DefaultPrefix = "distlock:"
+
+// MaxKeyLen is the longest lock key, in bytes, that [Resource.ValidateKey]
+// accepts. Redis itself takes keys up to 512 MB; a lock name is short, and a
+// longer one is almost surely a mistake (a payload passed as a key).
+const MaxKeyLen = 64 << 10
+
+// ErrNotReplicated is returned (wrapped) by [Resource.TryAcquire] under
+// [WithWaitReplicas] when fewer replicas than asked acknowledged the lock in
+// time. The lock has then been released again.
+var ErrNotReplicated = errors.New("redis: lock not replicated")
+
+var errNilClient = errors.New("redis: nil client")
+
+// cleanupTimeout bounds the compare-and-delete that follows a failed
+// acquire; the key expires by itself after its TTL anyway.
+const cleanupTimeout = time.Second
+
+var (
+	_ backend.Spinner      = (*Resource)(nil)
+	_ backend.Refresher    = (*Resource)(nil)
+	_ backend.Notifier     = (*Resource)(nil)
+	_ backend.KeyValidator = (*Resource)(nil)
+	_ io.Closer            = (*Resource)(nil)
+)
+
+// Resource is a lock store on one Redis deployment: a standalone server, a
+// Sentinel-managed master or a Redis Cluster. It is safe for concurrent use.
+// Create it with [New]; pass it to distlock.New.
+type Resource struct {
+	c       goredis.UniversalClient
+	cluster *goredis.ClusterClient // c, when it is a Cluster client
+	prefix  string
+	publish any // redisscript.Publish or ShardedPublish, boxed once
+
+	waitReplicas int
+	waitTimeout  time.Duration
+
+	hub *hub
+}
+
+// Option configures a [Resource].
+type Option func(*Resource)
+
+// WithPrefix sets the prefix of every key and channel the Resource uses.
+// The default is [DefaultPrefix] ("distlock:"). An empty prefix is allowed.
+// Its '%', '{' and '}' are percent-escaped like the key's, so the hash tag
+// Redis Cluster sees is always the key's.
+func WithPrefix(prefix string) Option {
+	return func(r *Resource) { r.prefix = prefix }
+}
+
+// WithWaitReplicas makes each acquire wait until n replicas acknowledged
+// the lock (Redis WAIT n timeout, sent in the same round trip as the acquire
+// script, on the same connection). When fewer acknowledge within timeout,
+// TryAcquire releases the lock again and returns an error wrapping
+// [ErrNotReplicated]. This narrows, without closing, the window in which a
+// Sentinel failover to a replica that never saw the lock lets a second owner
+// in. The default is n = 0: no waiting. n <= 0 disables the option; a
+// timeout under 1ms is raised to 1ms (WAIT 0 would block forever). The
+// timeout must be shorter than the client's ReadTimeout (3s by default),
+// which bounds the pipeline's reply. Over a *goredis.Ring the WAIT may go
+// to another shard: do not combine the two.
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(r *Resource) {
+		if n <= 0 {
+			r.waitReplicas = 0
+			return
+		}
+		r.waitReplicas = n
+		r.waitTimeout = max(timeout, time.Millisecond)
+	}
+}
+
+// New returns a Resource that keeps locks in the Redis behind c: a
+// *goredis.Client (standalone), a Sentinel *goredis.Client from
+// NewFailoverClient, or a *goredis.ClusterClient. The caller owns c: the
+// Resource never closes it. A nil c gives a Resource whose every call
+// returns an error.
+func New(c goredis.UniversalClient, opts ...Option) *Resource {
+	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish}
+	if cc, ok := c.(*goredis.ClusterClient); ok {
+		r.cluster = cc
+		r.publish = redisscript.ShardedPublish
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(r)
+		}
+	}
+	if _, ring := c.(*goredis.Ring); !ring && c != nil {
+		// A Ring has no one server to subscribe on: no wake-up.
+		r.hub = newHub(c, r.cluster)
+	}
+	return r
+}
+
+// handle is the per-lease state kept in backend.Lease.Handle: the key names
+// and the script commands, built and boxed once per acquisition and reused
+// by every attempt, refresh and release (go-redis only reads them).
+type handle struct {
+	key   string    // the user's key, to detect a foreign Handle
+	value string    // the owner value the commands were built from
+	ms    int64     // the TTL in acq
+	keys  [2]string // lock, fence
+	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
+	rel   [6]any    // EVALSHA release 1 lock value publish
+}
+
+// Script digests, boxed once.
+var (
+	acquireSHA any = redisscript.Acquire.Hash()
+	releaseSHA any = redisscript.Release.Hash()
+	extendSHA  any = redisscript.Extend.Hash()
+)
+
+func (r *Resource) newHandle(l *backend.Lease) *handle {
+	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
+	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
+	lock, value := any(h.keys[0]), any(l.Value)
+	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, h.ms}
+	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
+	return h
+}
+
+// handleOf returns the lease's handle, or a fresh one (not stored: the
+// lease may be in use by another goroutine) when it has none of ours.
+func (r *Resource) handleOf(l *backend.Lease) *handle {
+	if h, ok := l.Handle.(*handle); ok && h.key == l.Key && h.value == l.Value {
+		return h
+	}
+	return r.newHandle(l)
+}
+
+// run sends cmd, a prebuilt EVALSHA of s with keys, and falls back to EVAL
+// once when the server does not have the script cached (as Script.Run).
+func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	c := goredis.NewCmd(ctx, cmd...)
+	_ = r.c.Process(ctx, c)
+	v, err := c.Int64()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Int64()
+	}
+	return v, err
+}
+
+// ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
+// one longer than [MaxKeyLen] bytes. Any bytes are allowed, braces included.
+func (r *Resource) ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("redis: empty key")
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("redis: key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
+// SET lock value NX PX ttl and, on success, INCR of the fence counter,
+// whose result becomes l.Token. When the key is held it returns false and
+// the holder's remaining time. On any error it deletes the key again if it
+// holds l.Value (the request may have run before its reply was lost), then
+// returns the error wrapped with op and key.
+func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	if r.c == nil {
+		return false, 0, errNilClient
+	}
+	// PX takes whole milliseconds: round up and say so in l.TTL.
+	ms := redisscript.Millis(l.TTL)
+	l.TTL = time.Duration(ms) * time.Millisecond
+	h, ok := l.Handle.(*handle)
+	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
+		h = r.newHandle(l)
+		l.Handle = h
+	}
+	var (
+		v   int64
+		err error
+	)
+	if r.waitReplicas > 0 {
+		var acked int64
+		v, acked, err = r.acquireWait(ctx, h)
+		if err == nil && v > 0 && acked < int64(r.waitReplicas) {
+			err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
+		}
+	} else {
+		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
+	}
+	if err != nil {
+		if cerr := r.cleanup(ctx, h); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
+		}
+		return false, 0, fmt.Errorf("redis: acquire %q: %w", l.Key, err)
+	}
+	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
+	if acquired {
+		l.Token = token
+	}
+	return acquired, holderTTL, nil
+}
+
+// acquireWait runs the acquire script and WAIT in one pipeline, so both go
+// over one connection: WAIT counts acknowledgements of that connection's
+// writes. On Cluster the pipeline goes to the key's master.
+func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, err error) {
+	var c goredis.Cmdable = r.c
+	if r.cluster != nil {
+		m, err := r.cluster.MasterForKey(ctx, h.keys[0])
+		if err != nil {
+			return 0, 0, err
+		}
+		c = m
+	}
+	v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.EvalSha)
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.Eval)
+	}
+	return v, acked, err
+}
+
+// pipeWait sends the acquire script (by run: EvalSha or Eval) and WAIT in
+// one pipeline on c.
+func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
+	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
+	pipe := c.Pipeline()
+	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
+	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx)
+	if v, err = acq.Int64(); err != nil || v <= 0 {
+		return v, 0, err
+	}
+	acked, err = wait.Int64()
+	return v, acked, err
+}
+
+// cleanup deletes h's key if it still holds h's value, with a fresh
+// context: ctx may be the reason the acquire failed.
+func (r *Resource) cleanup(ctx context.Context, h *handle) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	return err
+}
+
+// Release implements [backend.RemoteResource] with one script call: delete
+// the key if it holds l.Value and publish a release notice on the key's
+// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
+// key is gone or holds another value.
+func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
+	if r.c == nil {
+		return errNilClient
+	}
+	h := r.handleOf(l)
+	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	if err != nil {
+		return fmt.Errorf("redis: release %q: %w", l.Key, err)
+	}
+	if n == 0 {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// Refresh implements [backend.Refresher] with one script call: reset the
+// key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
+// when the key is gone or holds another value.
+func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
+	if r.c == nil {
+		return errNilClient
+	}
+	h := r.handleOf(l)
+	ms := h.acq[6]
+	if m := redisscript.Millis(l.TTL); m != h.ms {
+		ms = m
+	}
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
+	if err != nil {
+		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
+	}
+	if n == 0 {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// Subscribe implements [backend.Notifier]: ch receives a value when the
+// lock on key is released through any Resource with the same prefix on the
+// same deployment. The Resource keeps one subscription connection (on
+// Cluster: one per master serving a subscribed key), subscribed to a key's
+// channel only while someone in this process waits for it. Notices are
+// hints; a lost subscription costs only latency. ch is nil after
+// [Resource.Close], and always over a *goredis.Ring (its shards are
+// independent servers, with no one place to subscribe).
+func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
+	if r.hub == nil {
+		return nil, func() {}
+	}
+	lock, _ := redisscript.Layout(r.prefix, key)
+	return r.hub.subscribe(lock)
+}
+
+// Close stops the subscription goroutines and closes the subscription
+// connections the Resource opened. It never closes the client given to
+// [New]. Calls after the first do nothing and return nil.
+func (r *Resource) Close() error {
+	if r.hub == nil {
+		return nil
+	}
+	return r.hub.close()
+}

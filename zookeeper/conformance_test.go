@@ -1,0 +1,43 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/testsuite"
+)
+
+func TestConformance(t *testing.T) {
+	addrs := []string{testserver.ZooKeeper(t).Addr}
+	admin := connect(t, addrs) // the operator's view
+	probe := New(admin)
+	testsuite.Run(t, testsuite.Harness{
+		NewResource: func(t *testing.T) backend.RemoteResource {
+			r, _ := newResource(t, addrs)
+			return r
+		},
+		// What is left is a lock child; the empty parent is a container
+		// the server removes by itself.
+		Leftovers: func(ctx context.Context, key string) ([]string, error) {
+			return children(admin, probe, key)
+		},
+		Evict: func(ctx context.Context, key string) error {
+			cs, err := children(admin, probe, key)
+			if err != nil {
+				return err
+			}
+			for _, c := range cs {
+				if err := admin.Delete(probe.parentPath(key)+"/"+c, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+					return err
+				}
+			}
+			return nil
+		},
+		MaxKeyLen: MaxKeyLen,
+	})
+}

@@ -1,0 +1,83 @@
+// Package zookeeper keeps distlock locks in ZooKeeper, over the
+// github.com/go-zookeeper/zk client. [New] returns a [*Resource], a push
+// store (backend.Waiter) for distlock.New:
+//
+//	conn, _, err := zk.Connect([]string{"127.0.0.1:2181"}, 10*time.Second)
+//	...
+//	d, err := distlock.New(zookeeper.New(conn, zookeeper.WithSessionTimeout(10*time.Second)))
+//
+// The caller owns conn: [Resource.Close] deletes the locks still held
+// through the resource and stops its goroutines, and never closes conn.
+//
+// # The recipe
+//
+// This is ZooKeeper's own lock recipe, as Curator's InterProcessMutex
+// implements it. A key maps to one parent znode under the root
+// ([DefaultRoot], or [WithRoot]): the key escaped into a legal znode name,
+// injectively (letters, digits and "-_.:@=+,~" stand for themselves,
+// every other byte is %XX). Root and parents are container znodes, which
+// the server deletes once they are empty again.
+//
+// To acquire, a client creates an EPHEMERAL_SEQUENTIAL child named
+// "_c_<guid>-lock-<sequence>" and lists the children. The lowest sequence
+// holds the lock. Any other client sets a watch on its immediate
+// predecessor only and waits for its deletion, the deadline or the
+// context, then lists again. Because each waiter watches a different
+// znode, one release wakes exactly one waiter: no thundering herd, and
+// the queue is FIFO. A waiter that gives up (deadline, context, error)
+// deletes its own child, so nothing is left behind.
+//
+// The guid in the name makes creation safe when the connection drops
+// after the request was sent: the client lists the parent and finds its
+// node again instead of orphaning it (Curator's "protected" mode). A
+// deletion that fails on a broken connection is retried in the background
+// until it succeeds or the session, and with it the ephemeral node, ends.
+//
+// # Session and TTL
+//
+// An ephemeral znode lives as long as the client's session. The TTL of an
+// acquisition (distlock.ContextWithTTL, distlock.WithDefaultTTL) is
+// enforced by the client: when it runs out, the resource deletes its
+// znode, unless distlock.WithAutoRenew is on, in which case the facade's
+// renewals ([Resource.Refresh]) push the deletion back. After a crash of
+// the client process nobody deletes the znode: then the session timeout,
+// not the TTL, frees the lock, when the server expires the session.
+//
+// The resource reports a lock lost (closes backend.Lease.Lost, and so the
+// lock's Done channel) when its TTL deleted it, when the session changed
+// (the old one expired, with its ephemeral nodes), and when the
+// connection has been down longer than the tolerated time. go-zookeeper
+// does not expose the negotiated session timeout, so the tolerated time
+// is 0 (any disconnection is loss) unless [WithSessionTimeout] says how
+// long the server keeps the session. The connection is sampled every
+// 25 ms while locks are held; the resource does not need the event
+// channel of zk.Connect, which stays the caller's.
+//
+// # Fencing token
+//
+// The token is a zxid, the id ZooKeeper gives every transaction: global to
+// the ensemble and strictly increasing, across leader changes and when the
+// parent znode was deleted and recreated in between. It is the czxid of
+// the holder's znode (the zxid of its create) except when the listing that
+// granted the lock held that znode alone: then it is the parent's pzxid
+// in that listing (the zxid of its last child change, at least our czxid),
+// which saves the round trip that reading our czxid costs on the
+// uncontended path. Either way successive holders get increasing tokens:
+// a later holder's create was not in that listing, so its czxid is higher
+// than any zxid the listing shows, and a later holder's own listing comes
+// after the deletion of our znode, so its pzxid is higher than our czxid.
+//
+// Between the moment the server expires a session and the moment its
+// client notices (up to the tolerated time after the disconnection),
+// another client can hold the lock while the first still believes it
+// does: protect the resource with the token.
+//
+// # Errors
+//
+// Acquire returns backend.ErrNotAcquired at its deadline, ctx.Err() when
+// the context ends, [ErrClosed] after Close, and go-zookeeper's errors
+// wrapped with the operation and key. Release and Refresh return
+// backend.ErrNotHeld when the znode is gone or the lock was reported
+// lost. Keys longer than [MaxKeyLen] bytes are rejected before any I/O
+// ([Resource.ValidateKey]).
+package zookeeper

@@ -1,0 +1,260 @@
+package zookeeper
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+)
+
+// TestFaults injects the faults of the network between a client and one
+// standalone server.
+func TestFaults(t *testing.T) {
+	zs := testserver.ZooKeeper(t)
+	run(t, []string{zs.Addr}, []namedTest{
+		{"CreateReplyLost", testCreateReplyLost},
+		{"SessionExpiry", testSessionExpiry},
+		{"SessionChangeIsLoss", testSessionChangeIsLoss},
+		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
+		{"ShortDisconnectionRidden", testShortDisconnectionRidden},
+	})
+}
+
+// negotiated returns the session timeout the server granted conn, which
+// go-zookeeper keeps to itself (the server clamps the request to its
+// tickTime bounds).
+func negotiated(t testing.TB, conn *zk.Conn) time.Duration {
+	t.Helper()
+	f := reflect.ValueOf(conn).Elem().FieldByName("sessionTimeoutMs")
+	if !f.IsValid() {
+		t.Fatal("go-zookeeper changed: no Conn.sessionTimeoutMs")
+	}
+	return time.Duration(f.Int()) * time.Millisecond
+}
+
+// faultyResource returns a resource over a connection whose network the
+// test controls.
+func faultyResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *zk.Conn, *faultDialer) {
+	t.Helper()
+	fd := &faultDialer{}
+	conn := connectWith(t, addrs, connOpts{dialer: fd.dial})
+	r := New(conn, opts...)
+	t.Cleanup(func() { _ = r.Close() })
+	return r, conn, fd
+}
+
+// TestCreateReplyLost drops the connection after the server applied our
+// create but before its reply arrived: the resource must find its znode by
+// the guid in its name, and use it or delete it, never orphan it.
+func testCreateReplyLost(t *testing.T, addrs []string) {
+	r, _, fd := faultyResource(t, addrs)
+	other, admin := newResource(t, addrs)
+
+	t.Run("Free", func(t *testing.T) {
+		key := uniqueKey(t)
+		l := lease(key, ttl)
+		fd.dropCreateReply.Store(true)
+		before := fd.dropped.Load()
+		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+			t.Fatalf("Acquire with the create reply lost: %v", err)
+		}
+		if fd.dropped.Load() != before+1 {
+			t.Fatal("the create reply was not dropped: the test proves nothing")
+		}
+		got := mustChildren(t, admin, r, key)
+		if len(got) != 1 || r.parentPath(key)+"/"+got[0] != l.Handle {
+			t.Fatalf("children = %v; want exactly our %v", got, l.Handle)
+		}
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustChildren(t, admin, r, key); len(got) != 0 {
+			t.Errorf("children after release = %v; want none", got)
+		}
+	})
+
+	t.Run("Held", func(t *testing.T) {
+		key := uniqueKey(t)
+		holder := lease(key, ttl)
+		if err := other.Acquire(t.Context(), holder, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		fd.dropCreateReply.Store(true)
+		before := fd.dropped.Load()
+		if err := r.Acquire(t.Context(), lease(key, ttl), time.Time{}); !errors.Is(err, backend.ErrNotAcquired) {
+			t.Fatalf("Acquire of a held key with the create reply lost = %v; want ErrNotAcquired", err)
+		}
+		if fd.dropped.Load() != before+1 {
+			t.Fatal("the create reply was not dropped: the test proves nothing")
+		}
+		if got := mustChildren(t, admin, r, key); len(got) != 1 || r.parentPath(key)+"/"+got[0] != holder.Handle {
+			t.Errorf("children = %v; want only the holder's %v", got, holder.Handle)
+		}
+		if err := other.Release(t.Context(), holder); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestSessionExpiry cuts a holder off the network until the server expires
+// its session: Done (Lease.Lost) of every lock of the session closes
+// within the session timeout plus a margin, and another client gets the
+// lock.
+func testSessionExpiry(t *testing.T, addrs []string) {
+	probe := connect(t, addrs)
+	timeout := negotiated(t, probe)
+	const margin = 2 * time.Second
+	r, conn, fd := faultyResource(t, addrs, WithSessionTimeout(timeout))
+	other, _ := newResource(t, addrs)
+
+	k1, k2 := uniqueKey(t), uniqueKey(t)
+	l1, l2 := lease(k1, time.Hour), lease(k2, time.Hour)
+	for _, l := range []*backend.Lease{l1, l2} {
+		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// And one through the facade, whose Done follows Lost.
+	d, err := distlock.New(r, distlock.WithDefaultTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	lk, err := d.TryLock(t.Context(), uniqueKey(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := conn.SessionID()
+	start := time.Now()
+	fd.block()
+	for _, ch := range []<-chan struct{}{l1.Lost, l2.Lost, lk.Done()} {
+		select {
+		case <-ch:
+		case <-time.After(time.Until(start.Add(timeout + margin))):
+			t.Fatalf("a lock still held %v after the disconnection (session timeout %v)", time.Since(start), timeout)
+		}
+	}
+	next := lease(k1, ttl)
+	if err := other.Acquire(t.Context(), next, start.Add(timeout+margin+2*time.Second)); err != nil {
+		t.Fatalf("another client's Acquire after the session expired: %v", err)
+	}
+	if err := other.Release(t.Context(), next); err != nil {
+		t.Fatal(err)
+	}
+
+	fd.unblock()
+	waitFor(t, 10*time.Second, "a new session", func() bool {
+		return conn.State() == zk.StateHasSession && conn.SessionID() != sid
+	})
+	for _, l := range []*backend.Lease{l1, l2} {
+		if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release of %q after the session expired = %v; want ErrNotHeld", l.Key, err)
+		}
+	}
+	if err := lk.Unlock(t.Context()); !errors.Is(err, distlock.ErrNotHeld) {
+		t.Errorf("Unlock after the session expired = %v; want ErrNotHeld", err)
+	}
+	// The new session works.
+	l3 := lease(k2, ttl)
+	if err := r.Acquire(t.Context(), l3, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatalf("Acquire on the new session: %v", err)
+	}
+	if err := r.Release(t.Context(), l3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSessionChangeIsLoss trusts the connection through any disconnection
+// (a huge WithSessionTimeout) so that only the changed session id after
+// the reconnection can tell the loss.
+func testSessionChangeIsLoss(t *testing.T, addrs []string) {
+	r, conn, fd := faultyResource(t, addrs, WithSessionTimeout(time.Hour))
+	other, _ := newResource(t, addrs)
+	timeout := negotiated(t, conn)
+	key := uniqueKey(t)
+	l := lease(key, time.Hour)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	fd.block()
+	next := lease(key, ttl)
+	if err := other.Acquire(t.Context(), next, start.Add(timeout+5*time.Second)); err != nil {
+		t.Fatalf("Acquire after the holder's session expired: %v", err)
+	}
+	fd.unblock()
+	select {
+	case <-l.Lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost open after the client came back to an expired session")
+	}
+	if err := other.Release(t.Context(), next); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDisconnectionIsLossByDefault: without WithSessionTimeout the
+// resource cannot know how long the session outlives a disconnection, so
+// it reports the loss at once, and deletes the znode when the connection
+// comes back within the session, so the lock is not held by nobody.
+func testDisconnectionIsLossByDefault(t *testing.T, addrs []string) {
+	r, conn, fd := faultyResource(t, addrs)
+	key := uniqueKey(t)
+	l := lease(key, time.Hour)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	sid := conn.SessionID()
+	fd.block()
+	select {
+	case <-l.Lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost open after the connection dropped")
+	}
+	fd.unblock()
+	waitFor(t, 10*time.Second, "the reconnection", func() bool { return conn.State() == zk.StateHasSession })
+	if conn.SessionID() != sid {
+		t.Log("the session expired meanwhile: the znode went with it")
+	}
+	waitFor(t, 10*time.Second, "the lost lock's znode to go", func() bool { return len(mustChildren(t, conn, r, key)) == 0 })
+	if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release after the loss = %v; want ErrNotHeld", err)
+	}
+}
+
+// TestShortDisconnectionRidden: with WithSessionTimeout, a disconnection
+// shorter than the session keeps the lock.
+func testShortDisconnectionRidden(t *testing.T, addrs []string) {
+	probe := connect(t, addrs)
+	timeout := negotiated(t, probe)
+	r, conn, fd := faultyResource(t, addrs, WithSessionTimeout(timeout))
+	key := uniqueKey(t)
+	l := lease(key, time.Hour)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	sid := conn.SessionID()
+	fd.block()
+	waitFor(t, 5*time.Second, "the disconnection", func() bool { return conn.State() != zk.StateHasSession })
+	time.Sleep(timeout / 4) // the fault lasts this long; not synchronisation
+	fd.unblock()
+	waitFor(t, 10*time.Second, "the reconnection", func() bool { return conn.State() == zk.StateHasSession })
+	if conn.SessionID() != sid {
+		t.Fatalf("session changed over a %v disconnection (timeout %v)", timeout/4, timeout)
+	}
+	if closed(l.Lost) {
+		t.Error("Lost closed by a disconnection shorter than the session timeout")
+	}
+	if err := r.Refresh(t.Context(), l); err != nil {
+		t.Errorf("Refresh after the short disconnection: %v", err)
+	}
+	if err := r.Release(t.Context(), l); err != nil {
+		t.Errorf("Release after the short disconnection: %v", err)
+	}
+}

@@ -1,0 +1,233 @@
+package zookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// run runs each test as a subtest of t, all against one server.
+func run(t *testing.T, addrs []string, tests []namedTest) {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, addrs) })
+	}
+}
+
+type namedTest struct {
+	name string
+	fn   func(t *testing.T, addrs []string)
+}
+
+// sessionTimeout is what the tests ask for; the server must allow it
+// (tickTime <= 1s).
+const sessionTimeout = 2 * time.Second
+
+type silentLogger struct{}
+
+func (silentLogger) Printf(string, ...any) {}
+
+// connOpts are the connection's test hooks.
+type connOpts struct {
+	dialer  zk.Dialer        // default net.DialTimeout
+	events  zk.EventCallback // default none
+	timeout time.Duration    // default sessionTimeout
+}
+
+// connect opens a connection closed at cleanup, waiting for its session.
+func connect(t testing.TB, addrs []string) *zk.Conn {
+	t.Helper()
+	return connectWith(t, addrs, connOpts{})
+}
+
+func connectWith(t testing.TB, addrs []string, o connOpts) *zk.Conn {
+	t.Helper()
+	if o.dialer == nil {
+		o.dialer = net.DialTimeout
+	}
+	if o.events == nil {
+		o.events = func(zk.Event) {}
+	}
+	if o.timeout == 0 {
+		o.timeout = sessionTimeout
+	}
+	conn, _, err := zk.Connect(addrs, o.timeout, zk.WithLogger(silentLogger{}),
+		zk.WithDialer(o.dialer), zk.WithEventCallback(o.events))
+	if err != nil {
+		t.Fatalf("zk.Connect: %v", err)
+	}
+	t.Cleanup(conn.Close)
+	waitFor(t, 10*time.Second, "a session", func() bool { return conn.State() == zk.StateHasSession })
+	return conn
+}
+
+// newResource returns a resource over a fresh connection, closed at cleanup.
+func newResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *zk.Conn) {
+	t.Helper()
+	conn := connect(t, addrs)
+	r := New(conn, opts...)
+	t.Cleanup(func() { _ = r.Close() })
+	return r, conn
+}
+
+// waitFor polls cond until it holds or fails the test after d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// uniqueKey is a key no other test uses.
+func uniqueKey(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return t.Name() + "/" + hex.EncodeToString(b[:])
+}
+
+func lease(key string, ttl time.Duration) *backend.Lease {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return &backend.Lease{Key: key, Value: hex.EncodeToString(b[:]), TTL: ttl}
+}
+
+// children lists what the store holds for key (nil when the parent is gone).
+func children(conn *zk.Conn, r *Resource, key string) ([]string, error) {
+	cs, _, err := conn.Children(r.parentPath(key))
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	sort.Slice(cs, func(i, j int) bool {
+		a, _ := sequence(cs[i])
+		b, _ := sequence(cs[j])
+		return a < b
+	})
+	return cs, err
+}
+
+func mustChildren(t testing.TB, conn *zk.Conn, r *Resource, key string) []string {
+	t.Helper()
+	cs, err := children(conn, r, key)
+	if err != nil {
+		t.Fatalf("children of %q: %v", key, err)
+	}
+	return cs
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// faultDialer dials real connections to the server and injects the faults
+// a real server cannot give on demand: a reply lost on a dropped
+// connection, and a network that refuses every connection.
+type faultDialer struct {
+	dropCreateReply atomic.Bool // drop the reply of the next create, closing the connection
+	dropped         atomic.Int32
+
+	mu      sync.Mutex
+	blocked bool
+	conns   []*faultConn
+}
+
+func (d *faultDialer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.blocked {
+		return nil, errors.New("faultDialer: network blocked")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	fc := &faultConn{Conn: c, d: d}
+	d.conns = append(d.conns, fc)
+	return fc, nil
+}
+
+// block cuts every connection and refuses new ones until unblock.
+func (d *faultDialer) block() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.blocked = true
+	for _, c := range d.conns {
+		_ = c.Conn.Close()
+	}
+	d.conns = nil
+}
+
+func (d *faultDialer) unblock() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.blocked = false
+}
+
+// faultConn passes frames through, except the reply it was told to drop.
+type faultConn struct {
+	net.Conn
+	d       *faultDialer
+	dropXid atomic.Int32
+	pending []byte
+}
+
+const opCreate = 1 // ZooKeeper's create opcode
+
+func (c *faultConn) Write(p []byte) (int, error) {
+	// go-zookeeper writes one whole frame per call: length, xid, opcode.
+	if len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate && c.d.dropCreateReply.CompareAndSwap(true, false) {
+		c.dropXid.Store(int32(binary.BigEndian.Uint32(p[4:8])))
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *faultConn) Read(p []byte) (int, error) {
+	if len(c.pending) == 0 {
+		var hdr [4]byte
+		if _, err := io.ReadFull(c.Conn, hdr[:]); err != nil {
+			return 0, err
+		}
+		frame := make([]byte, 4+binary.BigEndian.Uint32(hdr[:]))
+		copy(frame, hdr[:])
+		if _, err := io.ReadFull(c.Conn, frame[4:]); err != nil {
+			return 0, err
+		}
+		if x := c.dropXid.Load(); x != 0 && len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) == x {
+			c.dropXid.Store(0)
+			c.d.dropped.Add(1)
+			_ = c.Conn.Close()
+			return 0, errors.New("faultConn: reply dropped")
+		}
+		c.pending = frame
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+// acquireAsync runs Acquire in a goroutine and reports its result.
+func acquireAsync(ctx context.Context, r *Resource, l *backend.Lease, deadline time.Time) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- r.Acquire(ctx, l, deadline) }()
+	return ch
+}

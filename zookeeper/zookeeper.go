@@ -1,0 +1,807 @@
+package zookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock/backend"
+)
+
+var (
+	_ backend.Waiter       = (*Resource)(nil)
+	_ backend.Refresher    = (*Resource)(nil)
+	_ backend.KeyValidator = (*Resource)(nil)
+)
+
+// ErrClosed is returned by [Resource.Acquire] after [Resource.Close], and
+// by a wait that Close interrupts.
+var ErrClosed = errors.New("zookeeper: resource closed")
+
+// DefaultRoot is the znode under which locks live unless [WithRoot] says
+// otherwise.
+const DefaultRoot = "/distlock"
+
+// pollInterval is how often the session watcher samples the connection
+// while locks are held.
+const pollInterval = 25 * time.Millisecond
+
+// Option configures a [Resource].
+type Option func(*config)
+
+type config struct {
+	root      string
+	acl       []zk.ACL
+	tolerance time.Duration
+	err       error
+}
+
+// WithRoot puts the locks under root instead of [DefaultRoot]. root must be
+// an absolute znode path other than "/" and outside /zookeeper; a bad root
+// makes every call of the resource fail with a clear error, before any I/O.
+// Missing ancestors of root are created as persistent znodes; root and the
+// per-key parents below it as container znodes.
+func WithRoot(root string) Option {
+	return func(c *config) {
+		if err := validRoot(root); err != nil {
+			c.err = err
+			return
+		}
+		c.root = root
+	}
+}
+
+// WithACL sets the ACL of the znodes the resource creates. Default:
+// zk.WorldACL(zk.PermAll). An empty ACL is an error, reported by every call.
+func WithACL(acl ...zk.ACL) Option {
+	return func(c *config) {
+		if len(acl) == 0 {
+			c.err = errors.New("zookeeper: WithACL: empty ACL")
+			return
+		}
+		c.acl = acl
+	}
+}
+
+// WithSessionTimeout tells the resource the session timeout the connection
+// negotiated (the one given to zk.Connect, unless the server clamped it to
+// its [2, 20] tickTime bounds). A lock then survives a disconnection shorter
+// than d and is reported lost (Lease.Lost closed) once the connection has
+// been down for d, when the server may have expired the session.
+//
+// Default 0: go-zookeeper does not expose the negotiated timeout, so without
+// this option every observed disconnection counts as loss, which is safe
+// but drops locks on short network blips. Do not pass more than the real
+// session timeout: the lock could then be granted to another client while
+// this one still believes it holds it. d < 0 is an error, reported by every
+// call.
+func WithSessionTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.err = fmt.Errorf("zookeeper: WithSessionTimeout(%v): negative", d)
+			return
+		}
+		c.tolerance = d
+	}
+}
+
+// Resource is a ZooKeeper lock store: a [backend.Waiter] for
+// distlock.New. It is safe for concurrent use. Build it with [New].
+type Resource struct {
+	conn *zk.Conn
+	cfg  config
+
+	noContainers atomic.Bool // the server rejected CreateContainer
+
+	mu      sync.Mutex
+	held    map[string]*held // znode path -> lock held through this resource
+	polling bool
+	closed  bool
+	stop    chan struct{} // closed by Close: background work ends
+	wg      sync.WaitGroup
+}
+
+// held is one granted lock.
+type held struct {
+	path string
+	sid  int64 // session that owns the znode
+	lost chan struct{}
+
+	mu    sync.Mutex
+	done  bool        // released, expired or lost: nothing more to do
+	timer *time.Timer // TTL: deletes the znode when it fires
+}
+
+// New returns a Resource that keeps its locks on conn. The caller owns conn
+// and closes it after the resource; the resource never closes it. A nil
+// conn or a bad option makes every call return a clear error, with no I/O.
+func New(conn *zk.Conn, opts ...Option) *Resource {
+	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
+	for _, o := range opts {
+		if o == nil {
+			cfg.err = errors.New("zookeeper: nil option")
+			continue
+		}
+		o(&cfg)
+	}
+	if conn == nil && cfg.err == nil {
+		cfg.err = errors.New("zookeeper: nil *zk.Conn")
+	}
+	return &Resource{
+		conn: conn,
+		cfg:  cfg,
+		held: make(map[string]*held),
+		stop: make(chan struct{}),
+	}
+}
+
+// ValidateKey returns an error, with no I/O, for a key the resource cannot
+// hold: an empty key, a key longer than [MaxKeyLen] bytes, or any key when
+// the resource was built with a nil connection or a bad option. Every other
+// key is fine: it is escaped into one znode name, different keys into
+// different names.
+func (r *Resource) ValidateKey(key string) error {
+	switch {
+	case r.cfg.err != nil:
+		return r.cfg.err
+	case key == "":
+		return errors.New("zookeeper: empty key")
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("zookeeper: key of %d bytes is longer than %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// parentPath is the znode whose children queue for key.
+func (r *Resource) parentPath(key string) string {
+	return r.cfg.root + "/" + encodeKey(key)
+}
+
+// Children are named like Curator's protected lock nodes:
+// "_c_" + guid + "-lock-" + the server's ten-digit sequence number.
+const (
+	guidPrefix = "_c_"
+	lockInfix  = "-lock-"
+	seqDigits  = 10
+)
+
+func newGUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// sequence returns the sequence number of a lock child, false for a name
+// that does not end in one (not a contender).
+func sequence(name string) (int64, bool) {
+	if len(name) < seqDigits {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(name[len(name)-seqDigits:], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// Acquire queues for l.Key with an ephemeral sequential znode and waits
+// until it is the lowest, watching only its immediate predecessor. On
+// success l.Token is a zxid (see "Fencing token" in the package doc),
+// l.Handle the znode's path and l.Lost a channel closed when the session
+// is lost or the TTL deletes the znode.
+//
+// A zero deadline makes one attempt. It returns [backend.ErrNotAcquired] at
+// the deadline, ctx.Err() when ctx ends, [ErrClosed] after Close, and the
+// store's error wrapped with the key otherwise; in every failure its znode
+// is deleted (retried in the background while the connection is down).
+func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
+	if err := r.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	if r.isClosed() {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	parent := r.parentPath(l.Key)
+	guid := newGUID()
+	sid := r.conn.SessionID()
+	path, err := r.create(ctx, parent, guid, []byte(l.Value))
+	if err != nil {
+		return r.wrap("acquire", l.Key, err)
+	}
+	token, sid, err := r.wait(ctx, parent, path, guid, sid, deadline)
+	if err == nil {
+		err = r.track(l, path, token, sid)
+	}
+	if err != nil {
+		r.remove(path)
+		return r.wrap("acquire", l.Key, err)
+	}
+	return nil
+}
+
+// wrap adds op and key to store errors; sentinels and context errors pass
+// as they are.
+func (r *Resource) wrap(op, key string, err error) error {
+	if errors.Is(err, backend.ErrNotAcquired) || errors.Is(err, backend.ErrNotHeld) ||
+		errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("zookeeper: %s %q: %w", op, key, err)
+}
+
+// create makes our ephemeral sequential child of parent and returns its
+// path. The guid in its name finds it again when the reply was lost.
+func (r *Resource) create(ctx context.Context, parent, guid string, data []byte) (path string, err error) {
+	prefix := parent + "/" + guidPrefix + guid + lockInfix
+	lostReply := false
+	defer func() {
+		if err != nil && lostReply {
+			// A create whose reply was lost may still land after we
+			// looked: look once more, later.
+			r.later(cleanup{parent: parent, guid: guid})
+		}
+	}()
+	for range 5 {
+		path, err = r.conn.Create(prefix, data, zk.FlagEphemeralSequential, r.cfg.acl)
+		switch {
+		case err == nil:
+			return path, nil
+		case errors.Is(err, zk.ErrNoNode):
+			// The parent is missing, or the server removed the empty
+			// container between our calls: make it and retry.
+			if err = r.ensureParents(parent); err != nil {
+				return "", err
+			}
+		case ambiguous(err):
+			// The request may have been applied: look for our guid.
+			lostReply = true
+			found, ferr := r.find(ctx, parent, guid)
+			if ferr != nil {
+				return "", errors.Join(err, ferr)
+			}
+			if found != "" {
+				return found, nil
+			}
+			// Not applied: create again under the same guid.
+		default:
+			return "", err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return "", cerr
+		}
+	}
+	return "", err
+}
+
+// ambiguous reports whether a failed write may still have been applied.
+func ambiguous(err error) bool {
+	for _, sure := range []error{
+		zk.ErrNoNode, zk.ErrNodeExists, zk.ErrNoServer, zk.ErrSessionExpired,
+		zk.ErrClosing, zk.ErrNoAuth, zk.ErrInvalidACL, zk.ErrInvalidPath,
+		zk.ErrInvalidFlags, zk.ErrBadArguments, zk.ErrNoChildrenForEphemerals,
+		zk.ErrAPIError,
+	} {
+		if errors.Is(err, sure) {
+			return false
+		}
+	}
+	return true
+}
+
+// find lists parent for a child carrying guid, retrying a few times while
+// the connection comes back. "" when there is none.
+func (r *Resource) find(ctx context.Context, parent, guid string) (string, error) {
+	var err error
+	for i := range 5 {
+		var children []string
+		children, _, err = r.conn.Children(parent)
+		switch {
+		case err == nil:
+			for _, c := range children {
+				if strings.Contains(c, guid) {
+					return parent + "/" + c, nil
+				}
+			}
+			return "", nil
+		case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrSessionExpired):
+			return "", nil // no parent, or our session's nodes died with it
+		}
+		if serr := sleep(ctx, r.stop, time.Duration(i+1)*100*time.Millisecond); serr != nil {
+			return "", errors.Join(err, serr)
+		}
+	}
+	return "", err
+}
+
+// ensureParents creates parent and the missing znodes above it: root and
+// parent as containers, which the server removes once they are empty, and
+// root's ancestors as persistent znodes.
+func (r *Resource) ensureParents(parent string) error {
+	err := r.createParent(parent, true)
+	if !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
+	for i := 1; i < len(parent); i++ {
+		if parent[i] != '/' {
+			continue
+		}
+		p := parent[:i]
+		if err := r.createParent(p, len(p) >= len(r.cfg.root)); err != nil {
+			return err
+		}
+	}
+	return r.createParent(parent, true)
+}
+
+// createParent creates one parent znode; an existing one is fine.
+func (r *Resource) createParent(path string, container bool) error {
+	var err error
+	if container && !r.noContainers.Load() {
+		_, err = r.conn.CreateContainer(path, nil, zk.FlagContainer, r.cfg.acl)
+		if err != nil && err.Error() == "unknown error: -6" { // ZUNIMPLEMENTED: server < 3.5
+			r.noContainers.Store(true)
+		} else if !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		} else {
+			return nil
+		}
+	}
+	_, err = r.conn.Create(path, nil, 0, r.cfg.acl)
+	if errors.Is(err, zk.ErrNodeExists) {
+		return nil
+	}
+	return err
+}
+
+// wait lists parent until our node is the lowest, watching only its
+// immediate predecessor in between. sid is the session current before the
+// create. It returns the fencing token and the session owning our node.
+func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, err error) {
+	name := path[len(parent)+1:]
+	mySeq, ok := sequence(name)
+	if !ok {
+		return 0, 0, fmt.Errorf("server gave %q no sequence number", path)
+	}
+	children, pstat, err := r.conn.Children(parent)
+	owner = sid
+	var czxid int64
+	// stat reads our node's czxid and owner session, once.
+	stat := func() error {
+		if czxid != 0 {
+			return nil
+		}
+		exists, st, err := r.conn.Exists(path)
+		switch {
+		case err != nil:
+			return err
+		case !exists:
+			return errVanished
+		}
+		czxid, owner = st.Czxid, st.EphemeralOwner
+		return nil
+	}
+
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if err != nil {
+			return 0, 0, err
+		}
+		pred, found := "", false
+		var predSeq int64 = -1
+		for _, c := range children {
+			if c == name {
+				found = true
+				continue
+			}
+			if strings.Contains(c, guid) {
+				// A create we retried after a lost reply landed twice.
+				r.remove(parent + "/" + c)
+				continue
+			}
+			if s, ok := sequence(c); ok && s < mySeq && s > predSeq {
+				pred, predSeq = c, s
+			}
+		}
+		if !found {
+			return 0, 0, errVanished
+		}
+		if pred == "" {
+			if czxid == 0 && len(children) == 1 {
+				// We are alone: the parent's pzxid, the zxid of its last
+				// child change, is our token, with no round trip for our
+				// czxid. No later holder's token can be lower (see
+				// "Fencing token" in the package doc).
+				return pstat.Pzxid, owner, nil
+			}
+			if err := stat(); err != nil {
+				return 0, 0, err
+			}
+			return czxid, owner, nil
+		}
+		if deadline.IsZero() || !time.Now().Before(deadline) {
+			return 0, 0, backend.ErrNotAcquired
+		}
+		// Read our czxid now, so that the handoff does not wait for it,
+		// pipelined with setting the watch.
+		var statDone chan error
+		if czxid == 0 {
+			statDone = make(chan error, 1)
+			go func() { statDone <- stat() }()
+		}
+		// Watch the predecessor only: one release wakes one waiter. A data
+		// watch (getData), as Curator sets: unlike exists, it leaves no
+		// watch behind when the predecessor is already gone.
+		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
+		if statDone != nil {
+			if err := <-statDone; err != nil {
+				return 0, 0, err
+			}
+		}
+		switch {
+		case errors.Is(werr, zk.ErrNoNode):
+			// Gone already: list again.
+		case werr != nil:
+			return 0, 0, werr
+		default:
+			if timer == nil {
+				timer = time.NewTimer(time.Until(deadline))
+			}
+			select {
+			case ev := <-ch:
+				if ev.Err != nil {
+					return 0, 0, ev.Err
+				}
+			case <-timer.C:
+				return 0, 0, backend.ErrNotAcquired
+			case <-ctx.Done():
+				return 0, 0, ctx.Err()
+			case <-r.stop:
+				return 0, 0, ErrClosed
+			}
+		}
+		children, pstat, err = r.conn.Children(parent)
+	}
+}
+
+var errVanished = errors.New("our znode vanished while queued (session expired?)")
+
+// track records a granted lock: TTL timer, loss watch, lease fields.
+func (r *Resource) track(l *backend.Lease, path string, token, sid int64) error {
+	if r.conn.SessionID() != sid {
+		return errVanished
+	}
+	h := &held{path: path, sid: sid, lost: make(chan struct{})}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	r.held[path] = h
+	if !r.polling {
+		r.polling = true
+		r.wg.Add(1)
+		go r.poll()
+	}
+	r.mu.Unlock()
+	h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
+	l.Token = uint64(token)
+	l.Handle = path
+	l.Lost = h.lost
+	return nil
+}
+
+// forget drops h from the held locks.
+func (r *Resource) forget(h *held) {
+	r.mu.Lock()
+	if r.held[h.path] == h {
+		delete(r.held, h.path)
+	}
+	r.mu.Unlock()
+}
+
+// finish marks h done; false if it already was.
+func (h *held) finish() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done {
+		return false
+	}
+	h.done = true
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	return true
+}
+
+// expire runs when a lock's TTL ran out without Refresh: it deletes the
+// znode, so the next waiter gets the lock, and reports the loss.
+func (r *Resource) expire(h *held) {
+	if !h.finish() {
+		return
+	}
+	r.forget(h)
+	close(h.lost)
+	r.remove(h.path)
+}
+
+// poll watches the connection while locks are held: a changed session id
+// means the old session expired with our znodes; a connection down for
+// longer than the tolerated time ([WithSessionTimeout]) may have lost them.
+func (r *Resource) poll() {
+	defer r.wg.Done()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	var downSince time.Time
+	for {
+		select {
+		case <-t.C:
+		case <-r.stop:
+			return
+		}
+		sid, state, now := r.conn.SessionID(), r.conn.State(), time.Now()
+		down := false
+		if state != zk.StateHasSession {
+			if downSince.IsZero() {
+				downSince = now
+			}
+			down = now.Sub(downSince) >= r.cfg.tolerance
+		} else {
+			downSince = time.Time{}
+		}
+		var lost []*held
+		r.mu.Lock()
+		for p, h := range r.held {
+			if down || h.sid != sid {
+				lost = append(lost, h)
+				delete(r.held, p)
+			}
+		}
+		last := len(r.held) == 0
+		if last {
+			r.polling = false
+		}
+		r.mu.Unlock()
+		for _, h := range lost {
+			if h.finish() {
+				close(h.lost)
+				if h.sid == sid {
+					// The session may live on: free the lock for others.
+					r.later(cleanup{path: h.path})
+				}
+			}
+		}
+		if last {
+			return
+		}
+	}
+}
+
+// handle returns the znode path in l.Handle, checked to be one of ours.
+func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
+	if r.cfg.err != nil {
+		return "", r.cfg.err
+	}
+	path, ok := l.Handle.(string)
+	if !ok || !strings.HasPrefix(path, r.parentPath(l.Key)+"/") {
+		return "", fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	}
+	return path, nil
+}
+
+// Release deletes the lock's znode. It returns [backend.ErrNotHeld], with
+// no I/O, when the lock was already reported lost or its TTL ran out, and
+// ErrNotHeld when the znode is gone (released before, or its session
+// expired). Another store error is returned wrapped; the znode is then
+// deleted in the background as soon as the connection allows.
+func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
+	path, err := r.handle("release", l)
+	if err != nil {
+		return err
+	}
+	if isClosedChan(l.Lost) {
+		return backend.ErrNotHeld
+	}
+	r.mu.Lock()
+	h := r.held[path]
+	delete(r.held, path)
+	r.mu.Unlock()
+	if h != nil && !h.finish() {
+		return backend.ErrNotHeld
+	}
+	// go-zookeeper takes no context: the delete is sent even when ctx has
+	// ended, because a release left undone would hold the lock for others.
+	err = r.conn.Delete(path, -1)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		return backend.ErrNotHeld
+	}
+	r.later(cleanup{path: path})
+	return r.wrap("release", l.Key, err)
+}
+
+// Refresh checks that the lock's znode still exists under its session and
+// pushes its TTL deletion back by l.TTL. It returns [backend.ErrNotHeld]
+// when the znode is gone, the lock was reported lost or its TTL already
+// ran out; another store error wrapped (the TTL timer runs on then).
+func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
+	path, err := r.handle("refresh", l)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	h := r.held[path]
+	r.mu.Unlock()
+	if h == nil {
+		return backend.ErrNotHeld
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	exists, stat, err := r.conn.Exists(path)
+	if err != nil {
+		return r.wrap("refresh", l.Key, err)
+	}
+	if !exists || stat.EphemeralOwner != h.sid {
+		if h.finish() {
+			r.forget(h)
+			close(h.lost)
+		}
+		return backend.ErrNotHeld
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done || !h.timer.Stop() {
+		return backend.ErrNotHeld // the TTL ran out meanwhile
+	}
+	h.timer.Reset(l.TTL)
+	return nil
+}
+
+// Close deletes the znodes of the locks still held through r (closing
+// their Lost channels), stops the session watcher and the background
+// deletions, and makes Acquire return [ErrClosed]. It does not close
+// the connection. Close is idempotent; it returns the deletion errors,
+// joined.
+func (r *Resource) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	hs := make([]*held, 0, len(r.held))
+	for _, h := range r.held {
+		hs = append(hs, h)
+	}
+	clear(r.held)
+	r.mu.Unlock()
+
+	errs := make([]error, len(hs))
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		if !h.finish() {
+			continue
+		}
+		close(h.lost)
+		wg.Go(func() {
+			if err := r.conn.Delete(h.path, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				errs[i] = fmt.Errorf("zookeeper: close: delete %s: %w", h.path, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(r.stop)
+	r.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (r *Resource) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// cleanup is a znode to delete: by path, or by the guid in its name when
+// a create's reply was lost.
+type cleanup struct {
+	path         string
+	parent, guid string
+}
+
+// attempt makes one try; true when nothing is left to delete.
+func (r *Resource) attempt(c cleanup) bool {
+	if c.path != "" {
+		err := r.conn.Delete(c.path, -1)
+		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
+	}
+	children, _, err := r.conn.Children(c.parent)
+	switch {
+	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrClosing):
+		return true
+	case err != nil:
+		return false
+	}
+	ok := true
+	for _, name := range children {
+		if strings.Contains(name, c.guid) {
+			ok = r.attempt(cleanup{path: c.parent + "/" + name}) && ok
+		}
+	}
+	return ok
+}
+
+// remove deletes path now, or in the background when that fails.
+func (r *Resource) remove(path string) {
+	if !r.attempt(cleanup{path: path}) {
+		r.later(cleanup{path: path})
+	}
+}
+
+// later retries c in the background, backing off, until it is done or the
+// resource closes. An ephemeral znode cannot outlive its session, so this
+// ends at the latest when the session does (Delete then finds no node).
+func (r *Resource) later(c cleanup) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		backoff := 50 * time.Millisecond
+		for !r.attempt(c) {
+			if sleep(context.Background(), r.stop, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}()
+}
+
+// sleep waits d, or returns an error when ctx ends or stop closes first.
+func sleep(ctx context.Context, stop <-chan struct{}, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return ErrClosed
+	}
+}
+
+func isClosedChan(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,420 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+)
+
+const ttl = 10 * time.Second
+
+// TestResource runs the resource's own tests against one standalone server.
+func TestResource(t *testing.T) {
+	zs := testserver.ZooKeeper(t)
+	run(t, []string{zs.Addr}, []namedTest{
+		{"AcquireRelease", testAcquireRelease},
+		{"TokenIncreases", testTokenIncreases},
+		{"ZeroDeadlineUnderContention", testZeroDeadlineUnderContention},
+		{"CancelledWaitsLeaveNoChildren", testCancelledWaitsLeaveNoChildren},
+		{"FIFOOneWakeUp", testFIFOOneWakeUp},
+		{"TTLDeletesNode", testTTLDeletesNode},
+		{"RefreshPushesTTLBack", testRefreshPushesTTLBack},
+		{"CloseDeletesHeld", testCloseDeletesHeld},
+		{"RootOption", testRootOption},
+	})
+}
+
+func testAcquireRelease(t *testing.T, addrs []string) {
+	r, conn := newResource(t, addrs)
+	ctx := t.Context()
+	key := uniqueKey(t)
+
+	l := lease(key, ttl)
+	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	path, _ := l.Handle.(string)
+	if !strings.HasPrefix(path, r.parentPath(key)+"/_c_") {
+		t.Errorf("Handle = %v; want a child of %s", l.Handle, r.parentPath(key))
+	}
+	_, stat, err := conn.Exists(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Alone under the parent, the token is its pzxid: our create, here.
+	if l.Token == 0 || l.Token != uint64(stat.Czxid) {
+		t.Errorf("Token = %d; want the czxid %d", l.Token, stat.Czxid)
+	}
+	if stat.EphemeralOwner != conn.SessionID() {
+		t.Errorf("znode owner = %x; want our session %x", stat.EphemeralOwner, conn.SessionID())
+	}
+	data, _, err := conn.Get(path)
+	if err != nil || string(data) != l.Value {
+		t.Errorf("znode data = %q, %v; want the owner value %q", data, err, l.Value)
+	}
+	if l.Lost == nil || closed(l.Lost) {
+		t.Errorf("Lost = %v; want an open channel", l.Lost)
+	}
+	if got := mustChildren(t, conn, r, key); len(got) != 1 {
+		t.Errorf("children = %v; want one", got)
+	}
+
+	if err := r.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := mustChildren(t, conn, r, key); len(got) != 0 {
+		t.Errorf("children after release = %v; want none", got)
+	}
+	if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("second Release = %v; want ErrNotHeld", err)
+	}
+	if err := r.Refresh(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh after release = %v; want ErrNotHeld", err)
+	}
+}
+
+func testTokenIncreases(t *testing.T, addrs []string) {
+	r1, conn := newResource(t, addrs)
+	r2, _ := newResource(t, addrs)
+	ctx := t.Context()
+	key := uniqueKey(t)
+
+	var last uint64
+	for i := range 6 {
+		r := r1
+		if i%2 == 1 {
+			r = r2
+		}
+		l := lease(key, ttl)
+		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		if l.Token <= last {
+			t.Errorf("token %d = %d; want > %d", i, l.Token, last)
+		}
+		last = l.Token
+		if err := r.Release(ctx, l); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+		if i == 2 {
+			// The parent goes away and comes back: sequence numbers restart,
+			// tokens must not.
+			if err := conn.Delete(r.parentPath(key), -1); err != nil {
+				t.Fatalf("delete parent: %v", err)
+			}
+		}
+	}
+}
+
+func testZeroDeadlineUnderContention(t *testing.T, addrs []string) {
+	r1, conn := newResource(t, addrs)
+	r2, _ := newResource(t, addrs)
+	ctx := t.Context()
+	key := uniqueKey(t)
+
+	holder := lease(key, ttl)
+	if err := r1.Acquire(ctx, holder, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	l := lease(key, ttl)
+	if err := r2.Acquire(ctx, l, time.Time{}); !errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("Acquire while held = %v; want ErrNotAcquired", err)
+	}
+	if err := r2.Acquire(ctx, l, time.Now().Add(100*time.Millisecond)); !errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("Acquire with a short wait = %v; want ErrNotAcquired", err)
+	}
+	if got := mustChildren(t, conn, r1, key); len(got) != 1 || got[0] != holder.Handle.(string)[len(r1.parentPath(key))+1:] {
+		t.Errorf("children = %v; want only the holder's %s", got, holder.Handle)
+	}
+}
+
+func testCancelledWaitsLeaveNoChildren(t *testing.T, addrs []string) {
+	r1, conn := newResource(t, addrs)
+	r2, _ := newResource(t, addrs)
+	key := uniqueKey(t)
+
+	holder := lease(key, ttl)
+	if err := r1.Acquire(t.Context(), holder, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	// Several waiters queue behind the holder, then all give up: by
+	// cancellation, by deadline.
+	ctx, cancel := context.WithCancel(t.Context())
+	var results []<-chan error
+	for range 3 {
+		results = append(results, acquireAsync(ctx, r2, lease(key, ttl), time.Now().Add(time.Minute)))
+	}
+	short := acquireAsync(t.Context(), r2, lease(key, ttl), time.Now().Add(300*time.Millisecond))
+	waitFor(t, 5*time.Second, "five children", func() bool { return len(mustChildren(t, conn, r1, key)) == 5 })
+	if err := <-short; !errors.Is(err, backend.ErrNotAcquired) {
+		t.Errorf("Acquire past its deadline = %v; want ErrNotAcquired", err)
+	}
+	cancel()
+	for _, ch := range results {
+		if err := <-ch; !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled Acquire = %v; want context.Canceled", err)
+		}
+	}
+	if got := mustChildren(t, conn, r1, key); len(got) != 1 {
+		t.Errorf("children after the waiters gave up = %v; want only the holder's", got)
+	}
+	if err := r1.Release(t.Context(), holder); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustChildren(t, conn, r1, key); len(got) != 0 {
+		t.Errorf("children after release = %v; want none", got)
+	}
+}
+
+// TestFIFOOneWakeUp queues waiters in a known order, each on its own
+// connection, and releases the lock down the line: the grants follow the
+// queue, and each release sends exactly one watch notification.
+func testFIFOOneWakeUp(t *testing.T, addrs []string) {
+	const n = 5
+	key := uniqueKey(t)
+	var wakeups atomic.Int32
+	countDeletes := func(ev zk.Event) {
+		if ev.Type == zk.EventNodeDeleted {
+			wakeups.Add(1)
+		}
+	}
+
+	r0, conn := newResource(t, addrs)
+	holder := lease(key, ttl)
+	if err := r0.Acquire(t.Context(), holder, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	leases := make([]*backend.Lease, n)
+	res := make([]*Resource, n)
+	results := make([]<-chan error, n)
+	for i := range n {
+		res[i] = New(connectWith(t, addrs, connOpts{events: countDeletes}))
+		t.Cleanup(func() { _ = res[i].Close() })
+		leases[i] = lease(key, ttl)
+		results[i] = acquireAsync(t.Context(), res[i], leases[i], time.Now().Add(time.Minute))
+		waitFor(t, 5*time.Second, "the waiter to queue", func() bool { return len(mustChildren(t, conn, r0, key)) == i+2 })
+	}
+
+	prev, prevRes := holder, r0
+	for i := range n {
+		before := wakeups.Load()
+		if err := prevRes.Release(t.Context(), prev); err != nil {
+			t.Fatalf("release before grant %d: %v", i, err)
+		}
+		select {
+		case err := <-results[i]:
+			if err != nil {
+				t.Fatalf("waiter %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not granted after its predecessor's release", i)
+		}
+		if leases[i].Token <= prev.Token {
+			t.Errorf("grant %d: token %d <= the previous holder's %d", i, leases[i].Token, prev.Token)
+		}
+		if got := wakeups.Load() - before; got != 1 {
+			t.Errorf("release %d woke %d waiters; want 1", i, got)
+		}
+		for j := i + 1; j < n; j++ {
+			select {
+			case err := <-results[j]:
+				t.Fatalf("waiter %d returned out of order (%v) after release %d", j, err, i)
+			default:
+			}
+		}
+		prev, prevRes = leases[i], res[i]
+	}
+	if err := prevRes.Release(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	// Alone again: the token comes from the listing, and still rises.
+	alone := lease(key, ttl)
+	if err := r0.Acquire(t.Context(), alone, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if alone.Token <= prev.Token {
+		t.Errorf("token alone %d <= the last queued holder's %d", alone.Token, prev.Token)
+	}
+	if err := r0.Release(t.Context(), alone); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testTTLDeletesNode(t *testing.T, addrs []string) {
+	r1, conn := newResource(t, addrs)
+	r2, _ := newResource(t, addrs)
+	key := uniqueKey(t)
+
+	l := lease(key, 200*time.Millisecond)
+	if err := r1.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter gets the lock when the TTL runs out.
+	next := lease(key, ttl)
+	if err := r2.Acquire(t.Context(), next, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatalf("Acquire after the holder's TTL: %v", err)
+	}
+	if !closed(l.Lost) {
+		t.Error("Lost still open after the TTL deleted the znode")
+	}
+	if ok, _, err := conn.Exists(l.Handle.(string)); ok || err != nil {
+		t.Errorf("expired znode exists = %v, %v; want deleted", ok, err)
+	}
+	if err := r1.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release after the TTL = %v; want ErrNotHeld", err)
+	}
+	if err := r1.Refresh(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh after the TTL = %v; want ErrNotHeld", err)
+	}
+	if err := r2.Release(t.Context(), next); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
+	r, conn := newResource(t, addrs)
+	key := uniqueKey(t)
+	const short = 300 * time.Millisecond
+
+	l := lease(key, short)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(4 * short)
+	for time.Now().Before(end) {
+		if err := r.Refresh(t.Context(), l); err != nil {
+			t.Fatalf("Refresh: %v", err)
+		}
+		select {
+		case <-l.Lost:
+			t.Fatal("lock lost while refreshed")
+		case <-time.After(short / 3):
+		}
+	}
+	if ok, _, err := conn.Exists(l.Handle.(string)); !ok || err != nil {
+		t.Fatalf("refreshed znode exists = %v, %v; want it there", ok, err)
+	}
+	// Without refreshes the TTL runs out.
+	select {
+	case <-l.Lost:
+	case <-time.After(5 * short):
+		t.Fatal("Lost not closed after the TTL ran out")
+	}
+	waitFor(t, 2*time.Second, "the expired znode to go", func() bool { return len(mustChildren(t, conn, r, key)) == 0 })
+
+	// Refresh finds a znode deleted behind its back.
+	l2 := lease(key, ttl)
+	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Delete(l2.Handle.(string), -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Refresh(t.Context(), l2); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh of a deleted znode = %v; want ErrNotHeld", err)
+	}
+	if !closed(l2.Lost) {
+		t.Error("Lost open after Refresh found the znode gone")
+	}
+}
+
+func testCloseDeletesHeld(t *testing.T, addrs []string) {
+	conn := connect(t, addrs)
+	r := New(conn)
+	key := uniqueKey(t)
+	l := lease(key, ttl)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if !closed(l.Lost) {
+		t.Error("Lost open after Close")
+	}
+	if got := mustChildren(t, conn, r, key); len(got) != 0 {
+		t.Errorf("children after Close = %v; want none", got)
+	}
+	if err := r.Acquire(t.Context(), lease(key, ttl), time.Time{}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Acquire after Close = %v; want ErrClosed", err)
+	}
+	if conn.State() != zk.StateHasSession {
+		t.Errorf("connection state after Close = %v; want it left open", conn.State())
+	}
+}
+
+func TestBadInputNoIO(t *testing.T) {
+	ctx := t.Context()
+	long := strings.Repeat("k", MaxKeyLen+1)
+	tests := []struct {
+		name string
+		r    *Resource
+		key  string
+	}{
+		{"nil conn", New(nil), "k"},
+		{"relative root", New(nil, WithRoot("locks")), "k"},
+		{"root /", New(nil, WithRoot("/")), "k"},
+		{"reserved root", New(nil, WithRoot("/zookeeper/x")), "k"},
+		{"root with ..", New(nil, WithRoot("/a/../b")), "k"},
+		{"empty ACL", New(nil, WithACL()), "k"},
+		{"negative session timeout", New(nil, WithSessionTimeout(-1)), "k"},
+		{"nil option", New(nil, nil), "k"},
+		// A nil conn would panic on I/O: these errors come before any.
+		{"empty key", New(&zk.Conn{}), ""},
+		{"long key", New(&zk.Conn{}), long},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.r.ValidateKey(tt.key); err == nil {
+				t.Error("ValidateKey = nil; want an error")
+			}
+			if err := tt.r.Acquire(ctx, lease(tt.key, ttl), time.Time{}); err == nil {
+				t.Error("Acquire = nil; want an error")
+			}
+		})
+	}
+	r := New(&zk.Conn{})
+	if err := r.ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
+		t.Errorf("ValidateKey of %d bytes = %v; want nil", MaxKeyLen, err)
+	}
+	for _, h := range []any{nil, 42, "/elsewhere/x", DefaultRoot + "/other/_c_x"} {
+		l := lease("k", ttl)
+		l.Handle = h
+		if err := r.Release(ctx, l); err == nil || errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release with handle %v = %v; want a bad-input error", h, err)
+		}
+		if err := r.Refresh(ctx, l); err == nil || errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Refresh with handle %v = %v; want a bad-input error", h, err)
+		}
+	}
+}
+
+func testRootOption(t *testing.T, addrs []string) {
+	root := "/distlock-test/" + strings.ReplaceAll(uniqueKey(t), "/", "-") + "/locks"
+	r, conn := newResource(t, addrs, WithRoot(root))
+	l := lease("k", ttl)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if p := l.Handle.(string); !strings.HasPrefix(p, root+"/k/") {
+		t.Errorf("znode %s not under %s/k", p, root)
+	}
+	_, stat, err := conn.Exists(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stat.EphemeralOwner != 0 {
+		t.Errorf("root is ephemeral (owner %x)", stat.EphemeralOwner)
+	}
+	if err := r.Release(t.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+}
