@@ -26,7 +26,9 @@ func TestBackends(t *testing.T) {
 		addrs   func(t *testing.T) addrs
 		want    string
 	}{
+		{"redis", func(t *testing.T) addrs { return addrs{redis: testserver.Redis(t).Addr} }, "SET/success"},
 		{"etcd", func(t *testing.T) addrs { return addrs{etcd: strings.Join(testserver.Etcd(t).Endpoints, ",")} }, "remote/success"},
+		{"zookeeper", func(t *testing.T) addrs { return addrs{zookeeper: testserver.ZooKeeper(t).Addr} }, "remote/success"},
 	} {
 		t.Run(tc.backend, func(t *testing.T) {
 			c := small(tc.backend)
