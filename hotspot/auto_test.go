@@ -170,3 +170,63 @@ func TestAutoDetectEvictsBusyKey(t *testing.T) {
 	}
 	a.Unlock(t.Context())
 }
+
+// countingNotifier counts live subscriptions of a memory store.
+type countingNotifier struct {
+	*memory.Store
+	mu   sync.Mutex
+	live int
+}
+
+func (c *countingNotifier) Subscribe(key string) (<-chan struct{}, func()) {
+	ch, cancel := c.Store.Subscribe(key)
+	c.mu.Lock()
+	c.live++
+	c.mu.Unlock()
+	return ch, func() {
+		cancel()
+		c.mu.Lock()
+		c.live--
+		c.mu.Unlock()
+	}
+}
+
+func (c *countingNotifier) subscriptions() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.live
+}
+
+// TestStandingSubscription: one subscription per key while it is in use,
+// none after.
+func TestStandingSubscription(t *testing.T) {
+	n := &countingNotifier{Store: memory.New()}
+	h, err := NewWithOptions(WithKeys("k"), WithNotifier(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := distlock.New(n.Store, distlock.WithHandlers(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.subscriptions(); got != 1 {
+		t.Errorf("%d subscriptions while k is held; want 1", got)
+	}
+	if _, err := d.TryLock(t.Context(), "k", 0); err == nil {
+		t.Fatal("second TryLock succeeded")
+	}
+	if got := n.subscriptions(); got != 1 {
+		t.Errorf("%d subscriptions after a failed local attempt; want 1", got)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.subscriptions(); got != 0 {
+		t.Errorf("%d subscriptions after k is free; want 0", got)
+	}
+}

@@ -34,9 +34,8 @@ type Handler struct {
 	waiting   map[string]int // goroutines inside Acquire per key; only in adaptive mode
 	lru       *list.List     // promoted entries, most recently used at the front
 
-	// yield mode; notifier == nil: off
-	notifier backend.Notifier
-	yieldMax time.Duration
+	notifier backend.Notifier // standing subscriptions; nil: none
+	yieldMax time.Duration    // yield mode; 0: off
 }
 
 // entry is the local lock of one key.
@@ -51,7 +50,14 @@ type entry struct {
 	lastUsed   time.Time     // when the last goroutine left; for demotion
 	owner      *distlock.Request
 	contended  bool // another process held the key during the last acquisition
+
+	// WithYield: release notices of key while refs > 0
+	notices     <-chan struct{}
+	unsubscribe func()
 }
+
+// ownNoticeWait bounds how long a release waits for its own notice.
+const ownNoticeWait = 5 * time.Millisecond
 
 func (e *entry) active() bool { return e.registered || e.promoted }
 
@@ -96,6 +102,23 @@ func WithIdleAfter(d time.Duration) Option {
 	}
 }
 
+// WithNotifier keeps one subscription to a key's release notices from n
+// while goroutines of this process wait for or hold the key (registered or
+// promoted), so the store stays subscribed between handoffs instead of
+// subscribing and unsubscribing for each waiter (Redis: a SUBSCRIBE, an
+// UNSUBSCRIBE and a wake-up on each confirmation). n must be the Notifier
+// of the store the locks are on. A nil n makes NewWithOptions fail.
+// [WithYield] implies it.
+func WithNotifier(n backend.Notifier) Option {
+	return func(h *Handler) error {
+		if n == nil {
+			return errors.New("hotspot: nil notifier")
+		}
+		h.notifier = n
+		return nil
+	}
+}
+
 // WithYield makes the next local waiter of a key give way to other
 // processes: when the acquisition that just released the key had to wait
 // for another process (a failed remote attempt, or a release notice ended
@@ -105,6 +128,14 @@ func WithIdleAfter(d time.Duration) Option {
 // n, at most max (and never past its deadline), then tries. Each release
 // then costs one attempt per other waiting process instead of one per
 // waiting process, and the processes take turns.
+//
+// While goroutines of this process wait for or hold a registered or
+// promoted key, the handler keeps one subscription to the key's release
+// notices, so the store stays subscribed between handoffs (Redis: no
+// SUBSCRIBE and UNSUBSCRIBE per waiter, and no wake-up on each
+// subscription's confirmation). A release whose successor will yield waits
+// for its own notice (at most 5ms) before handing over locally, so that the
+// successor sees only the next release.
 //
 // n must be the Notifier of the store the locks are on (a resource that
 // implements [backend.Notifier], such as the Redis backend's). A nil n or
@@ -238,17 +269,33 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 // Release implements [distlock.Handler]: it calls next, then frees the
 // local lock r holds, if any, whatever next returned.
 func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distlock.ReleaseFunc) error {
-	err := next(ctx, r)
 	h.mu.Lock()
 	e := h.entries[r.Key]
 	if e == nil || e.owner != r {
 		h.mu.Unlock()
-		return err
+		return next(ctx, r)
 	}
+	// Under WithYield, when a local waiter will yield, consume our own
+	// release notice before handing over, so that the waiter sees only
+	// the next one: another process's release.
+	var own <-chan struct{}
+	if h.yieldMax > 0 && e.refs > 1 && e.contended {
+		own = e.notices
+	}
+	h.mu.Unlock()
+	drain(own)
+	err := next(ctx, r)
+	if own != nil && err == nil {
+		t := time.NewTimer(min(h.yieldMax, ownNoticeWait))
+		select {
+		case <-own:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	h.mu.Lock()
 	e.owner = nil
-	e.refs--
-	e.lastUsed = h.now()
-	h.dropIfUnusedLocked(e)
+	h.leaveLocked(e)
 	h.mu.Unlock()
 	<-e.sem
 	return err
@@ -258,13 +305,13 @@ func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distloc
 // last holder met another process. It reports whether a notice came, and
 // returns an error only when ctx ended.
 func (h *Handler) yield(ctx context.Context, e *entry, deadline time.Time) (bool, error) {
-	if h.notifier == nil {
+	if h.yieldMax == 0 {
 		return false, nil
 	}
 	h.mu.Lock()
-	contended := e.contended
+	contended, ch := e.contended, e.notices
 	h.mu.Unlock()
-	if !contended {
+	if !contended || ch == nil {
 		return false, nil
 	}
 	d := h.yieldMax
@@ -272,11 +319,6 @@ func (h *Handler) yield(ctx context.Context, e *entry, deadline time.Time) (bool
 		d = min(d, time.Until(deadline))
 	}
 	if deadline.IsZero() || d <= 0 {
-		return false, nil
-	}
-	ch, cancel := h.notifier.Subscribe(e.key)
-	defer cancel()
-	if ch == nil {
 		return false, nil
 	}
 	t := time.NewTimer(d)
@@ -288,6 +330,17 @@ func (h *Handler) yield(ctx context.Context, e *entry, deadline time.Time) (bool
 		return false, nil
 	case <-ctx.Done():
 		return false, errors.Join(distlock.ErrNotAcquired, ctx.Err())
+	}
+}
+
+// drain empties ch of notices already delivered.
+func drain(ch <-chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
 	}
 }
 
@@ -311,6 +364,11 @@ func (h *Handler) enter(key string) *entry {
 		h.lru.MoveToFront(e.elem)
 	}
 	e.refs++
+	if e.refs == 1 && h.notifier != nil && e.unsubscribe == nil {
+		// One standing subscription per key in use: the store stays
+		// subscribed between handoffs instead of once per waiter.
+		e.notices, e.unsubscribe = h.notifier.Subscribe(key)
+	}
 	return e
 }
 
@@ -321,8 +379,18 @@ func (h *Handler) leave(e *entry) {
 	if h.threshold > 0 {
 		h.leaveWaitingLocked(e.key)
 	}
+	h.leaveLocked(e)
+}
+
+// leaveLocked counts a goroutine out of e, ending e's subscription and
+// freeing e when it was the last.
+func (h *Handler) leaveLocked(e *entry) {
 	e.refs--
 	e.lastUsed = h.now()
+	if e.refs == 0 && e.unsubscribe != nil {
+		e.unsubscribe()
+		e.notices, e.unsubscribe = nil, nil
+	}
 	h.dropIfUnusedLocked(e)
 }
 

@@ -129,4 +129,7 @@ func TestWithYieldRejectsBadValues(t *testing.T) {
 	if _, err := hotspot.NewWithOptions(hotspot.WithYield(memory.New(), 0)); err == nil {
 		t.Error("WithYield(max 0) accepted")
 	}
+	if _, err := hotspot.NewWithOptions(hotspot.WithNotifier(nil)); err == nil {
+		t.Error("WithNotifier(nil) accepted")
+	}
 }

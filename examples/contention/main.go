@@ -211,8 +211,11 @@ func runOnce(ctx context.Context, c config, s store, progress io.Writer) (result
 			} else {
 				opts = append(opts, hotspot.WithKeys(key))
 			}
-			if n, ok := res.(backend.Notifier); ok && c.yield > 0 {
-				opts = append(opts, hotspot.WithYield(n, c.yield))
+			if n, ok := res.(backend.Notifier); ok && c.notify {
+				opts = append(opts, hotspot.WithNotifier(n))
+				if c.yield > 0 {
+					opts = append(opts, hotspot.WithYield(n, c.yield))
+				}
 			}
 			h, err := hotspot.NewWithOptions(opts...)
 			if err != nil {
