@@ -23,15 +23,18 @@
 // have one: memory stays bounded by the registered keys plus capacity (and
 // by the goroutines in flight, whose entries are freed when they leave).
 //
-// # Taking turns
+// # Release notices and taking turns
 //
 // With a hotspot handler, each process has at most one goroutine at the
 // store per key, and a release notice (Redis pub/sub) wakes one waiter per
 // other process: a handoff costs one attempt per waiting process, the
-// releasing process's next waiter included. [WithYield] makes that waiter
-// give way after a contended release, waiting for the next release notice
-// instead of racing the processes the notice woke: a handoff then costs
-// one attempt per other waiting process, and processes take turns.
+// releasing process's next waiter included. [WithNotifier] keeps one
+// subscription per key in use, so the store is not asked to subscribe and
+// unsubscribe for each waiter. [WithYield] makes the releasing process's
+// next waiter give way after a contended release, waiting for the next
+// release notice instead of racing the processes the notice woke: a
+// handoff then costs one attempt per other waiting process, and processes
+// take turns.
 //
 // # Semantics
 //
