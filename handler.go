@@ -28,7 +28,9 @@ type Request struct {
 	// Token is the fencing token, set once acquired (0 if the backend has
 	// none).
 	Token uint64
-	// Acquired is when the store granted the lock; zero until then.
+	// Acquired is when the successful attempt started (for a push store,
+	// when its wait ended); zero until the lock is held. The lock's TTL is
+	// counted from here, so it errs early, never late.
 	Acquired time.Time
 
 	s *lockState // the lock this request belongs to

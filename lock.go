@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distlock/distlock/backend"
@@ -28,9 +29,9 @@ type DistributeLock struct {
 	release   ReleaseFunc
 	observers []LossObserver
 
-	mu     sync.Mutex
+	closed atomic.Bool
+	mu     sync.Mutex // guards held
 	held   map[*lockState]struct{}
-	closed bool
 }
 
 // New returns a DistributeLock over r, configured by opts. r must implement
@@ -129,10 +130,7 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 		}
 	}
 
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
+	if d.closed.Load() {
 		return nil, ErrClosed
 	}
 
@@ -173,7 +171,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		return err
 	}
 	r.Token = s.lease.Token
-	r.Acquired = time.Now()
+	r.Acquired = start
 	s.held(start)
 	return nil
 }
@@ -225,12 +223,10 @@ func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
 // After Close, TryLock returns [ErrClosed]. Close returns the errors of the
 // releases and of the backend's Close, joined.
 func (d *DistributeLock) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if d.closed.Swap(true) {
 		return nil
 	}
-	d.closed = true
+	d.mu.Lock()
 	held := make([]*lockState, 0, len(d.held))
 	for s := range d.held {
 		held = append(held, s)
