@@ -29,6 +29,8 @@ func TestBackends(t *testing.T) {
 		{"redis", func(t *testing.T) addrs { return addrs{redis: testserver.Redis(t).Addr} }, "SET/success"},
 		{"etcd", func(t *testing.T) addrs { return addrs{etcd: strings.Join(testserver.Etcd(t).Endpoints, ",")} }, "remote/success"},
 		{"zookeeper", func(t *testing.T) addrs { return addrs{zookeeper: testserver.ZooKeeper(t).Addr} }, "remote/success"},
+		{"postgres", func(t *testing.T) addrs { return addrs{postgres: testserver.Postgres(t).DSN} }, "remote/success"},
+		{"mysql", func(t *testing.T) addrs { return addrs{mysql: testserver.MariaDB(t).DSN} }, "remote/success"},
 	} {
 		t.Run(tc.backend, func(t *testing.T) {
 			c := small(tc.backend)
