@@ -52,6 +52,8 @@ func harness(f fixture) testsuite.Harness {
 		Evict:      f.evict,
 		MaxKeyLen:  MaxKeyLen, // the suite's keys are ASCII: characters = bytes
 		RejectsNUL: f.unit == unitChars,
+		// A text column holds valid UTF-8 only.
+		RejectsInvalidUTF8: f.unit == unitChars,
 	}
 }
 
