@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: test deps vet
+.PHONY: test deps vet fuzz
 
 test:
 	./scripts/install-test-deps.sh
@@ -17,3 +17,15 @@ deps:
 
 vet:
 	$(GO) vet ./...
+
+# fuzz runs each fuzz target for FUZZTIME (make test runs only their seed
+# corpora). One target per go test call: that is all -fuzz takes.
+FUZZTIME ?= 30s
+FUZZ = $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzz
+
+fuzz:
+	$(FUZZ) '^FuzzTryLock$$' .
+	$(FUZZ) '^FuzzOptions$$' .
+	$(FUZZ) '^FuzzLayout$$' ./internal/redisscript
+	$(FUZZ) '^FuzzEncodeKey$$' ./etcd
+	$(FUZZ) '^FuzzEncodeKey$$' ./zookeeper

@@ -183,7 +183,10 @@ const (
 
 // ttlSeconds rounds ttl up to whole seconds, at least one.
 func ttlSeconds(ttl time.Duration) int64 {
-	s := int64((ttl + time.Second - 1) / time.Second)
+	s := int64(ttl / time.Second) // ttl+1s-1 would wrap negative near math.MaxInt64
+	if ttl%time.Second > 0 {
+		s++
+	}
 	if s < 1 {
 		s = 1
 	}

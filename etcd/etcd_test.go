@@ -67,6 +67,18 @@ func TestConformance(t *testing.T) {
 				},
 				TTL:       time.Second,
 				MaxKeyLen: MaxKeyLen,
+				NewClosedResource: func(t *testing.T) backend.RemoteResource {
+					c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+					if err != nil {
+						t.Fatalf("clientv3.New: %v", err)
+					}
+					r := New(c, m.opts...)
+					t.Cleanup(func() { _ = r.Close() })
+					if err := c.Close(); err != nil {
+						t.Fatalf("closing the client: %v", err)
+					}
+					return r
+				},
 			})
 		})
 	}

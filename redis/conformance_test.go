@@ -41,7 +41,32 @@ func harness(c goredis.UniversalClient) testsuite.Harness {
 			return c.Del(ctx, lock).Err()
 		},
 		MaxKeyLen: redis.MaxKeyLen,
+		NewClosedResource: func(t *testing.T) backend.RemoteResource {
+			return closedResource(t, c)
+		},
 	}
+}
+
+// closedResource returns a Resource over a client like c that was closed
+// after the Resource was made.
+func closedResource(t *testing.T, c goredis.UniversalClient) backend.RemoteResource {
+	var closed goredis.UniversalClient
+	switch c := c.(type) {
+	case *goredis.Client:
+		closed = goredis.NewClient(c.Options())
+	case *goredis.ClusterClient:
+		closed = goredis.NewClusterClient(c.Options())
+	case *goredis.Ring:
+		closed = goredis.NewRing(c.Options())
+	default:
+		t.Fatalf("closedResource: unexpected client %T", c)
+	}
+	r := redis.New(closed)
+	t.Cleanup(func() { _ = r.Close() })
+	if err := closed.Close(); err != nil {
+		t.Fatalf("closing the client: %v", err)
+	}
+	return r
 }
 
 // TestConformanceRing runs the suite over a two-shard *goredis.Ring: locks

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -184,7 +185,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	// PX takes whole milliseconds: round up and say so in l.TTL.
 	ms := redisscript.Millis(l.TTL)
-	l.TTL = time.Duration(ms) * time.Millisecond
+	// Past math.MaxInt64 ns the product would wrap negative: keep l.TTL, then
+	// under 1ms short of what the store holds (the safe side).
+	if ms <= math.MaxInt64/int64(time.Millisecond) {
+		l.TTL = time.Duration(ms) * time.Millisecond
+	}
 	h, ok := l.Handle.(*handle)
 	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
 		h = r.newHandle(l)

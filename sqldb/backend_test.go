@@ -52,6 +52,8 @@ func harness(f fixture) testsuite.Harness {
 		Evict:      f.evict,
 		MaxKeyLen:  MaxKeyLen, // the suite's keys are ASCII: characters = bytes
 		RejectsNUL: f.unit == unitChars,
+		// A text column holds valid UTF-8 only.
+		RejectsInvalidUTF8: f.unit == unitChars,
 	}
 }
 
@@ -65,6 +67,7 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("ServerClockRules", func(t *testing.T) { testServerClock(t, f) })
 	t.Run("KilledHolderKeepsLockUntilTTL", func(t *testing.T) { testKilledHolder(t, f) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, f.newResource) })
+	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
 }
 
 func newLease(t *testing.T, key string, ttl time.Duration) *backend.Lease {

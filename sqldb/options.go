@@ -134,7 +134,10 @@ func shortQuote(s string) string {
 // micros rounds a TTL up to whole microseconds, the resolution both
 // databases keep timestamps in, so a lease is never shorter than asked.
 func micros(d time.Duration) int64 {
-	us := int64((d + time.Microsecond - 1) / time.Microsecond)
+	us := int64(d / time.Microsecond) // d+1µs-1 would wrap negative near math.MaxInt64
+	if d%time.Microsecond > 0 {
+		us++
+	}
 	if us < 1 {
 		us = 1
 	}

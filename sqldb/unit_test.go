@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,7 @@ func TestMicros(t *testing.T) {
 		{time.Microsecond, 1},
 		{time.Microsecond + 1, 2},
 		{300 * time.Millisecond, 300000},
+		{math.MaxInt64, math.MaxInt64/1000 + 1},
 	}
 	for _, tt := range tests {
 		if got := micros(tt.d); got != tt.want {

@@ -60,6 +60,18 @@ type Harness struct {
 	// RejectsNUL declares that the store cannot hold keys with NUL bytes;
 	// the suite then expects ErrInvalid, with no I/O, for them.
 	RejectsNUL bool
+	// RejectsInvalidUTF8 declares that the store cannot hold keys that are
+	// not valid UTF-8 (a text column); the suite then expects ErrInvalid,
+	// with no I/O, for them. Default false: any bytes are a key.
+	RejectsInvalidUTF8 bool
+	// NewClosedResource, when set, returns a fresh resource built over a
+	// client that was then closed, as when an application shuts its client
+	// down while a DistributeLock still uses it. The suite expects TryLock
+	// over it to fail with a store error (neither ErrNotAcquired nor
+	// ErrInvalid), without a panic or a hang, leaving nothing behind.
+	// Default nil: the store has no client to close (backend/memory), and
+	// the BadInputMatrix/ClosedClient case is skipped saying so.
+	NewClosedResource func(t *testing.T) backend.RemoteResource
 }
 
 func (h *Harness) ttl() time.Duration {
@@ -96,6 +108,7 @@ func Run(t *testing.T, h Harness) {
 		{"DoCancelsOnLoss", testDoCancelsOnLoss},
 		{"OddKeys", testOddKeys},
 		{"BadInput", testBadInput},
+		{"BadInputMatrix", testBadInputMatrix},
 		{"Reentrancy", testReentrancy},
 	}
 	for _, tc := range tests {
@@ -224,7 +237,8 @@ func (r *recorder) get() distlock.Request {
 // store, to prove that bad input and reentry do no I/O.
 type counting struct {
 	backend.RemoteResource
-	calls atomic.Int64
+	calls   atomic.Int64
+	lastTTL atomic.Int64 // Lease.TTL after the last successful acquire: the effective TTL
 }
 
 func (c *counting) Release(ctx context.Context, l *backend.Lease) error {
@@ -243,24 +257,37 @@ type countingSpinner struct{ *counting }
 
 func (c countingSpinner) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	c.calls.Add(1)
-	return c.RemoteResource.(backend.Spinner).TryAcquire(ctx, l)
+	ok, holderTTL, err := c.RemoteResource.(backend.Spinner).TryAcquire(ctx, l)
+	if ok && err == nil {
+		c.lastTTL.Store(int64(l.TTL))
+	}
+	return ok, holderTTL, err
 }
 
 type countingWaiter struct{ *counting }
 
 func (c countingWaiter) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	c.calls.Add(1)
-	return c.RemoteResource.(backend.Waiter).Acquire(ctx, l, deadline)
+	err := c.RemoteResource.(backend.Waiter).Acquire(ctx, l, deadline)
+	if err == nil {
+		c.lastTTL.Store(int64(l.TTL))
+	}
+	return err
 }
 
 // newCounting wraps r; the result implements the same family as r.
 func newCounting(t *testing.T, r backend.RemoteResource) (backend.RemoteResource, *atomic.Int64) {
+	w, c := wrapCounting(t, r)
+	return w, &c.calls
+}
+
+func wrapCounting(t *testing.T, r backend.RemoteResource) (backend.RemoteResource, *counting) {
 	c := &counting{RemoteResource: r}
 	switch r.(type) {
 	case backend.Waiter:
-		return countingWaiter{c}, &c.calls
+		return countingWaiter{c}, c
 	case backend.Spinner:
-		return countingSpinner{c}, &c.calls
+		return countingSpinner{c}, c
 	}
 	t.Fatalf("%T is neither a Spinner nor a Waiter", r)
 	return nil, nil

@@ -39,5 +39,10 @@ func TestConformance(t *testing.T) {
 			return nil
 		},
 		MaxKeyLen: MaxKeyLen,
+		NewClosedResource: func(t *testing.T) backend.RemoteResource {
+			r, conn := newResource(t, addrs)
+			conn.Close()
+			return r
+		},
 	})
 }
