@@ -98,6 +98,9 @@ type Result struct {
 	Backend, Fault string
 	Acquisitions   int
 	Overlaps       []history.Overlap
+	// Uncaught are the overlaps during which the fenced store accepted
+	// writes from both holders: the token did not keep them apart.
+	Uncaught []history.Overlap
 	Stale          []history.StaleWrite
 	Counter        history.Counter
 	TokenIssues    []history.TokenIssue
@@ -126,6 +129,7 @@ func Check(t *testing.T, backendName, fault string, evs []history.Event) *Result
 		Rejected:     history.Rejected(evs),
 		LossLatency:  -1, Recovery: -1, Orphans: -1,
 	}
+	res.Uncaught = uncaught(res.Overlaps, evs)
 	var err error
 	res.Linearizable, res.Visualization, err = history.Linearizable(evs, 60*time.Second, artifactDir(t))
 	if err != nil {
@@ -137,12 +141,45 @@ func Check(t *testing.T, backendName, fault string, evs []history.Event) *Result
 	return res
 }
 
+// artifactDir is the test's artifact directory under go test -artifacts;
+// otherwise a directory under os.TempDir that is removed when the test
+// passes and kept (and named in the log) when it fails.
 func artifactDir(t *testing.T) string {
 	if f := flag.Lookup("test.artifacts"); f != nil && f.Value.String() == "true" {
 		return t.ArtifactDir()
 	}
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
-	return filepath.Join(os.TempDir(), "distlock-safety", fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
+	dir := filepath.Join(os.TempDir(), "distlock-safety", fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
+	t.Cleanup(func() {
+		if t.Failed() {
+			if _, err := os.Stat(dir); err == nil {
+				t.Logf("kept %s", dir)
+			}
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return dir
+}
+
+// uncaught returns the overlaps during which the fenced store accepted
+// writes from both holders.
+func uncaught(overlaps []history.Overlap, evs []history.Event) []history.Overlap {
+	var out []history.Overlap
+	for _, o := range overlaps {
+		var older, newer bool
+		for _, e := range evs {
+			if e.Kind != history.StoreWrite || !e.Accepted || e.At < o.From || e.At > o.To {
+				continue
+			}
+			older = older || e.Owner == o.Older.Owner
+			newer = newer || e.Owner == o.Newer.Owner
+		}
+		if older && newer {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // Log writes the result to the test log.
@@ -174,8 +211,8 @@ func (res *Result) Log(t testing.TB) {
 
 // Summary is the result on one line.
 func (res *Result) Summary() string {
-	return fmt.Sprintf("acquisitions=%d overlaps=%d stale-accepted=%d refused=%d lost-increments=%d token-issues=%d porcupine=%s loss-latency=%s recovery=%s orphans=%s %s",
-		res.Acquisitions, len(res.Overlaps), len(res.Stale), res.Rejected, res.Counter.Lost, len(res.TokenIssues),
+	return fmt.Sprintf("acquisitions=%d overlaps=%d (uncaught %d) stale-accepted=%d refused=%d lost-increments=%d token-issues=%d porcupine=%s loss-latency=%s recovery=%s orphans=%s %s",
+		res.Acquisitions, len(res.Overlaps), len(res.Uncaught), len(res.Stale), res.Rejected, res.Counter.Lost, len(res.TokenIssues),
 		res.Linearizable, dur(res.LossLatency), dur(res.Recovery), num(res.Orphans), res.Notes)
 }
 
@@ -225,11 +262,11 @@ func WriteReport() error {
 		return rows[i].Fault < rows[j].Fault
 	})
 	var b strings.Builder
-	b.WriteString("| backend | fault | acquisitions | overlaps | stale writes accepted | writes refused | lost increments | token issues | porcupine | loss-signal latency | recovery | orphans | notes |\n")
+	b.WriteString("| backend | fault | acquisitions | overlaps (uncaught by token) | stale writes accepted | writes refused | lost increments | token issues | porcupine | loss-signal latency | recovery | orphans | notes |\n")
 	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s |\n",
-			r.Backend, r.Fault, r.Acquisitions, len(r.Overlaps), len(r.Stale), r.Rejected, r.Counter.Lost,
+		fmt.Fprintf(&b, "| %s | %s | %d | %d (%d) | %d | %d | %d | %d | %s | %s | %s | %s | %s |\n",
+			r.Backend, r.Fault, r.Acquisitions, len(r.Overlaps), len(r.Uncaught), len(r.Stale), r.Rejected, r.Counter.Lost,
 			len(r.TokenIssues), r.Linearizable, dur(r.LossLatency), dur(r.Recovery), num(r.Orphans), r.Notes)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)

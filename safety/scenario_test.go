@@ -1,0 +1,263 @@
+package safety
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/distlock/distlock/safety/harness"
+	"github.com/distlock/distlock/safety/history"
+)
+
+// target is one backend under test, as the scenarios need it.
+type target struct {
+	name    string
+	backend harness.Backend
+	// ttl is the lock TTL the workers use.
+	ttl time.Duration
+	// expiry is how long after a holder stops answering the store frees
+	// its lock: the TTL, or the ZooKeeper session timeout (a ZooKeeper
+	// lock's TTL is enforced by its holder's process).
+	expiry time.Duration
+	// leftovers lists what the store still holds for key.
+	leftovers func(ctx context.Context, key string) ([]string, error)
+}
+
+// uniqueKey is a key no other run uses.
+func uniqueKey(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return strings.ReplaceAll(t.Name(), "/", "-") + "-" + hex.EncodeToString(b[:])
+}
+
+// mixConfig is a worker that takes the lock again and again, holding it
+// for about a TTL with ops writes and increments.
+func mixConfig(tg target, key string, n int) harness.Config {
+	return harness.Config{
+		Backend:   tg.backend,
+		Key:       key,
+		TTL:       tg.ttl,
+		AutoRenew: true,
+		Wait:      50 * tg.expiry,
+		Seed:      seed + uint64(n),
+		Ops:       3,
+		Hold:      tg.ttl / 2,
+		Think:     tg.ttl / 4,
+	}
+}
+
+// startMix starts n mix workers on key.
+func startMix(r *harness.Run, tg target, key string, n int) []*harness.Worker {
+	var ws []*harness.Worker
+	for i := range n {
+		ws = append(ws, r.Worker(mixConfig(tg, key, i)))
+	}
+	return ws
+}
+
+// stopAll stops the workers, each within a generous bound.
+func stopAll(t testing.TB, tg target, ws ...*harness.Worker) {
+	t.Helper()
+	for _, w := range ws {
+		w.Stop(60*tg.expiry + 30*time.Second)
+	}
+}
+
+// waitAcquisitions waits until the run's workers have made n more
+// acquisitions than when it was called.
+func waitAcquisitions(t testing.TB, tg target, n int, ws ...*harness.Worker) {
+	t.Helper()
+	count := func() int {
+		c := 0
+		for _, w := range ws {
+			c += w.Count("acquired")
+		}
+		return c
+	}
+	want := count() + n
+	waitUntil(t, 100*tg.expiry+30*time.Second, "acquisitions", func() bool { return count() >= want })
+}
+
+// accepted reports whether the fenced store accepted a write by an owner
+// whose name starts with prefix after at.
+func accepted(r *harness.Run, prefix string, at int64) bool {
+	evs, err := history.ReadFiles(r.Dir + "/store.jsonl")
+	if err != nil {
+		return false
+	}
+	for _, e := range evs {
+		if e.Kind == history.StoreWrite && e.Accepted && e.At > at && strings.HasPrefix(e.Owner, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// firstAcquisitionAfter returns the first successful acquisition that
+// returned after at.
+func firstAcquisitionAfter(evs []history.Event, at int64) (history.Event, bool) {
+	for _, e := range evs {
+		if e.Kind == history.Acquire && e.Err == "" && e.Return > at {
+			return e, true
+		}
+	}
+	return history.Event{}, false
+}
+
+// lostOf returns the Lost event of owner.
+func lostOf(evs []history.Event, owner string) (history.Event, bool) {
+	for _, e := range evs {
+		if e.Kind == history.Lost && e.Owner == owner {
+			return e, true
+		}
+	}
+	return history.Event{}, false
+}
+
+// orphans counts what the store still holds for key once every worker
+// has stopped.
+func orphans(t testing.TB, tg target, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	left, err := tg.leftovers(ctx, key)
+	if err != nil {
+		t.Fatalf("leftovers: %v", err)
+	}
+	if len(left) > 0 {
+		t.Logf("orphans: %v", left)
+	}
+	return len(left)
+}
+
+// assertSafe checks what must hold under every fault for a backend with
+// tokens: no stale write accepted, and porcupine happy whenever the
+// tokens were in order.
+func assertSafe(t testing.TB, res *harness.Result) {
+	t.Helper()
+	if len(res.Stale) != 0 {
+		t.Errorf("%d stale writes accepted; want 0", len(res.Stale))
+	}
+	if len(res.Uncaught) != 0 {
+		t.Errorf("%d overlaps not caught by the token (the store accepted both holders' writes): %v", len(res.Uncaught), res.Uncaught[0])
+	}
+	if len(res.TokenIssues) == 0 && res.Linearizable != porcupine.Ok {
+		t.Errorf("porcupine: %v with tokens in order (%s)", res.Linearizable, res.Visualization)
+	}
+	if len(res.Overlaps) == 0 && res.Counter.Lost != 0 {
+		t.Errorf("%d increments lost without an overlap: the counter or the history is wrong", res.Counter.Lost)
+	}
+	if res.Acquisitions == 0 {
+		t.Errorf("no acquisitions: the run measured nothing")
+	}
+}
+
+// assertNoOverlap checks a run where the library must keep holders apart.
+func assertNoOverlap(t testing.TB, res *harness.Result) {
+	t.Helper()
+	if len(res.Overlaps) != 0 {
+		t.Errorf("%d overlaps; want 0: %v", len(res.Overlaps), res.Overlaps[0])
+	}
+	if len(res.TokenIssues) != 0 {
+		t.Errorf("%d token issues; want 0: %v", len(res.TokenIssues), res.TokenIssues[0])
+	}
+	if res.Linearizable != porcupine.Ok {
+		t.Errorf("porcupine: %v; want Ok (%s)", res.Linearizable, res.Visualization)
+	}
+	if res.Counter.Lost != 0 {
+		t.Errorf("%d increments lost; want 0", res.Counter.Lost)
+	}
+}
+
+// testNoFault is the baseline: a few workers, no fault.
+func testNoFault(t *testing.T, tg target) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	ws := startMix(r, tg, key, 3)
+	waitAcquisitions(t, tg, 30*soak, ws...)
+	stopAll(t, tg, ws...)
+	res := harness.Check(t, tg.name, "none (baseline)", r.History())
+	res.Orphans = orphans(t, tg, key)
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testHolderPause freezes the holder's process (SIGSTOP, keep-alives
+// included) for three times the store's expiry, as a long GC pause
+// would. Another worker takes the lock meanwhile and writes; the holder
+// wakes, must see Done closed, and its write with the old token (it
+// writes once more after the loss, as a client that did not look at Done
+// would) must be refused.
+func testHolderPause(t *testing.T, tg target) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold, hcfg.Zombie = "holder", 1, 10000, 10000*tg.ttl/4, true
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the holder's first write", func() bool { return accepted(r, "holder-", 0) })
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name = "waiter"
+	waiter := r.Worker(wcfg)
+	if _, err := waiter.WaitLine("ready", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	pauseAt := r.Note("SIGSTOP holder")
+	holder.Pause()
+	if _, err := waiter.WaitLine("acquired", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the waiter's write", func() bool { return accepted(r, "waiter-", pauseAt) })
+	if d := time.Duration(pauseAt+int64(3*tg.expiry)-history.Now()) * time.Nanosecond; d > 0 {
+		time.Sleep(d) // the fault's length: the pause lasts 3x the expiry
+	}
+	resumeAt := r.Note("SIGCONT holder")
+	holder.Resume()
+	if _, err := holder.WaitLine("lost", 0, 30*time.Second); err != nil {
+		t.Fatalf("the holder's Done did not close on wake: %v", err)
+	}
+	waitAcquisitions(t, tg, 3, waiter)
+	stopAll(t, tg, holder, waiter)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "holder SIGSTOP 3x expiry", evs)
+	res.Orphans = orphans(t, tg, key)
+	if lost, ok := lostOf(evs, "holder-0"); ok {
+		res.LossLatency = time.Duration(lost.At - resumeAt)
+	}
+	if first, ok := firstAcquisitionAfter(evs, pauseAt); ok {
+		res.Recovery = time.Duration(first.Return - pauseAt)
+	}
+	res.Notes = "loss latency from SIGCONT; recovery from SIGSTOP"
+	res.Log(t)
+	assertSafe(t, res)
+	if len(res.Overlaps) == 0 {
+		t.Errorf("no overlap: the paused holder was expected to overlap the next one")
+	}
+	for _, o := range res.Overlaps {
+		if o.Older.Owner != "holder-0" {
+			t.Errorf("unexpected overlap: %v", o)
+		}
+	}
+	if res.Rejected == 0 {
+		t.Errorf("no write refused: the woken holder's write with its old token should have been")
+	}
+	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {
+		t.Errorf("tokens: %d issues, porcupine %v; want none, Ok", len(res.TokenIssues), res.Linearizable)
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
