@@ -94,7 +94,10 @@ func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 // middle of a mix. The holder cannot renew: its Done must close (at its
 // local expiry) before anyone else can take the lock after the server
 // wakes, so no overlap.
-func testServerPause(t *testing.T, tg target, srv interface{ Pause(); Resume() }) {
+func testServerPause(t *testing.T, tg target, srv interface {
+	Pause()
+	Resume()
+}) {
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	ws := startMix(r, tg, key, 3)

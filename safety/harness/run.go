@@ -100,13 +100,13 @@ type Result struct {
 	Overlaps       []history.Overlap
 	// Uncaught are the overlaps during which the fenced store accepted
 	// writes from both holders: the token did not keep them apart.
-	Uncaught []history.Overlap
-	Stale          []history.StaleWrite
-	Counter        history.Counter
-	TokenIssues    []history.TokenIssue
-	Rejected       int
-	Linearizable   porcupine.CheckResult
-	Visualization  string // porcupine's HTML when not linearizable
+	Uncaught      []history.Overlap
+	Stale         []history.StaleWrite
+	Counter       history.Counter
+	TokenIssues   []history.TokenIssue
+	Rejected      int
+	Linearizable  porcupine.CheckResult
+	Visualization string // porcupine's HTML when not linearizable
 	// Measured by the test where it applies; < 0: not measured.
 	LossLatency time.Duration // from the loss (or wake-up) to Done closing
 	Recovery    time.Duration // from the fault's end to the next acquisition
