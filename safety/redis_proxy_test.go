@@ -44,7 +44,7 @@ func redisVia(t testing.TB, addr string) *goredis.Client {
 
 func TestRedisProxy(t *testing.T) {
 	srv := testserver.Redis(t)
-	t.Run("CancelStorm", func(t *testing.T) { testRedisCancelStorm(t, srv.Addr) })
+	t.Run("CancelStorm", func(t *testing.T) { testRedisCancelStorm(t, srv.Addr, false) })
 	t.Run("RenewalStarvation", func(t *testing.T) { testRedisRenewalStarvation(t, srv.Addr) })
 }
 
@@ -54,15 +54,24 @@ func TestRedisProxy(t *testing.T) {
 // Each goroutine uses a key of its own, with a 30s TTL and owner values
 // it knows, and checks after every failed TryLock that its key does not
 // hold that value: an orphan would block the key for 30s.
-func testRedisCancelStorm(t *testing.T, addr string) {
+//
+// With up, requests are delayed too: a cancelled acquire's script may then
+// reach the server after the clean-up sent on another connection.
+func testRedisCancelStorm(t *testing.T, addr string, up bool) {
 	p := startProxy(t, addr)
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	var rmu sync.Mutex
-	p.SetDelay(proxy.Down, func() time.Duration {
+	delay := func() time.Duration {
 		rmu.Lock()
 		defer rmu.Unlock()
 		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
-	})
+	}
+	p.SetDelay(proxy.Down, delay)
+	what := "replies delayed 0-20ms"
+	if up {
+		p.SetDelay(proxy.Up, delay)
+		what = "requests and replies delayed 0-20ms"
+	}
 	via := redisVia(t, p.Addr)
 	tg, direct := redisTarget(t, addr)
 	res := redis.New(via)
@@ -121,11 +130,11 @@ func testRedisCancelStorm(t *testing.T, addr string) {
 	}
 	left := 0
 	_ = tg
-	t.Logf("redis / 1000 ctx cancels, replies delayed 0-20ms: acquired=%d cancelled=%d orphans=%d", acquired.Load(), cancelled.Load(), orphans.Load())
+	t.Logf("redis / %d ctx cancels, %s: acquired=%d cancelled=%d orphans=%d", total, what, acquired.Load(), cancelled.Load(), orphans.Load())
 	if cancelled.Load() < int64(total)/4 {
 		t.Errorf("only %d of %d acquisitions were cancelled: the storm did not storm", cancelled.Load(), total)
 	}
-	r := &harness.Result{Backend: "redis", Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, replies delayed 0-20ms", total),
+	r := &harness.Result{Backend: "redis", Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, %s", total, what),
 		Acquisitions: int(acquired.Load()), Orphans: int(orphans.Load()) + left, LossLatency: -1, Recovery: -1,
 		Notes: fmt.Sprintf("%d cancelled", cancelled.Load())}
 	r.Log(t)
@@ -204,6 +213,22 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// TestKnownBugCancelStormDelayedRequests: with requests delayed as well
+// as replies, a cancelled acquire's script can reach Redis after the
+// compare-and-delete TryAcquire sent to clean up (go-redis drops the
+// timed-out connection and the clean-up goes over another one), so the
+// SET NX runs last and leaves the key held by an owner that gave up: an
+// orphan until its TTL runs out (about 1 in 700 cancelled acquisitions
+// here). A real network can delay a connection's packets the same way.
+func TestKnownBugCancelStormDelayedRequests(t *testing.T) {
+	if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
+		t.Skip("known bug: a cancelled acquire whose request is delayed past its clean-up leaves an orphan " +
+			"until the TTL runs out (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
+	}
+	srv := testserver.Redis(t)
+	testRedisCancelStorm(t, srv.Addr, true)
 }
 
 // TestKnownBugLossSignalMargin: the local loss signal must come before the
