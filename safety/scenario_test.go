@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +25,17 @@ type target struct {
 	// its lock: the TTL, or the ZooKeeper session timeout (a ZooKeeper
 	// lock's TTL is enforced by its holder's process).
 	expiry time.Duration
+	// hold is how long a mix worker holds the lock; default ttl/2.
+	hold time.Duration
 	// leftovers lists what the store still holds for key.
 	leftovers func(ctx context.Context, key string) ([]string, error)
+}
+
+func (tg target) holdTime() time.Duration {
+	if tg.hold > 0 {
+		return tg.hold
+	}
+	return tg.ttl / 2
 }
 
 // uniqueKey is a key no other run uses.
@@ -46,8 +56,8 @@ func mixConfig(tg target, key string, n int) harness.Config {
 		Wait:      50 * tg.expiry,
 		Seed:      seed + uint64(n),
 		Ops:       3,
-		Hold:      tg.ttl / 2,
-		Think:     tg.ttl / 4,
+		Hold:      tg.holdTime(),
+		Think:     tg.holdTime() / 2,
 	}
 }
 
@@ -257,6 +267,118 @@ func testHolderPause(t *testing.T, tg target) {
 	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {
 		t.Errorf("tokens: %d issues, porcupine %v; want none, Ok", len(res.TokenIssues), res.Linearizable)
 	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testWaiterExpiredWhileQueued queues a waiter behind a holder, then
+// freezes the waiter's process until the store has dropped its queue
+// entry (its lease or session expired), wakes it and lets the holder go.
+// The waiter's pending acquisition must never be granted: it must fail.
+func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold = "holder", 1, 1000, 1000*tg.ttl
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name, wcfg.Cycles, wcfg.Wait = "waiter", 1, 10*time.Minute
+	waiter := r.Worker(wcfg)
+	entries := func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		left, err := tg.leftovers(ctx, key)
+		if err != nil {
+			return -1
+		}
+		return len(left)
+	}
+	waitUntil(t, 60*time.Second, "the waiter to queue", func() bool { return entries() == 2 })
+	pauseAt := r.Note("SIGSTOP waiter")
+	waiter.Pause()
+	waitUntil(t, 30*tg.expiry+30*time.Second, "the store to drop the waiter's entry", func() bool { return entries() == 1 })
+	droppedAt := r.Note("waiter's entry gone")
+	waiter.Resume()
+	r.Note("SIGCONT waiter")
+	// Give the woken waiter a moment in which a wrong grant would show,
+	// then let the holder go.
+	time.Sleep(tg.expiry)
+	holder.Stop(60 * time.Second)
+	releasedAt := r.Note("holder stopped")
+	waiter.Stop(60 * time.Second)
+	// The lock is free again for a newcomer.
+	late := r.Worker(func() harness.Config { c := mixConfig(tg, key, 2); c.Name, c.Cycles = "late", 1; return c }())
+	if _, err := late.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	late.Stop(60 * time.Second)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "waiter's lease/session expired while queued", evs)
+	res.Orphans = orphans(t, tg, key)
+	if first, ok := firstAcquisitionAfter(evs, releasedAt); ok {
+		res.Recovery = time.Duration(first.Return - releasedAt)
+	}
+	res.Notes = fmt.Sprintf("entry dropped %v after SIGSTOP; recovery from the holder's release", time.Duration(droppedAt-pauseAt).Round(time.Millisecond))
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	for _, e := range evs {
+		if e.Kind == history.Acquire && e.Proc == "waiter" {
+			if e.Err == "" {
+				t.Errorf("the waiter whose entry expired was granted the lock (token %d)", e.Token)
+			} else {
+				t.Logf("the waiter's acquisition failed as it should: %s", e.Err)
+			}
+		}
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// cluster is a replicated store whose leader can be killed.
+type cluster struct {
+	leader func() (int, error)
+	kill   func(i int)
+	start  func(i int)
+}
+
+// testLeaderKill kills the leader of a three-member cluster (SIGKILL) in
+// the middle of a mix, waits for the two others to elect a new one and
+// the workers to go on, and starts the old leader again.
+func testLeaderKill(t *testing.T, tg target, c cluster) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	ws := startMix(r, tg, key, 3)
+	waitAcquisitions(t, tg, 10*soak, ws...)
+	leader, err := c.leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killAt := r.Note(fmt.Sprintf("SIGKILL leader %d", leader))
+	c.kill(leader)
+	waitAcquisitions(t, tg, 1, ws...)
+	evs := r.History()
+	first, _ := firstAcquisitionAfter(evs, killAt)
+	waitAcquisitions(t, tg, 10*soak, ws...)
+	c.start(leader)
+	r.Note(fmt.Sprintf("leader %d restarted", leader))
+	waitAcquisitions(t, tg, 10*soak, ws...)
+	stopAll(t, tg, ws...)
+
+	evs = r.History()
+	res := harness.Check(t, tg.name, "leader SIGKILL in a 3-member cluster", evs)
+	res.Orphans = orphans(t, tg, key)
+	res.Recovery = time.Duration(first.Return - killAt)
+	res.Notes = "recovery from the kill"
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
 	}

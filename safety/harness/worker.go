@@ -38,7 +38,7 @@ type Config struct {
 	History  string
 	Resource string
 	// Cycles is how many acquisitions to attempt; 0: until told to stop
-	// (its stdin closed).
+	// (its stdin closed), which also ends a holding early.
 	Cycles int
 	// Ops is how many fenced writes and counter increments to make per
 	// holding, spread over Hold. Default 1.
@@ -90,6 +90,7 @@ func runWorker(cfg Config) error {
 
 	// Closing stdin asks the worker to stop after the current holding.
 	var stopping atomic.Bool
+	stop := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -97,6 +98,7 @@ func runWorker(cfg Config) error {
 		for sc.Scan() {
 		}
 		stopping.Store(true)
+		close(stop)
 	}()
 
 	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
@@ -116,7 +118,7 @@ func runWorker(cfg Config) error {
 	}
 	defer d.Close()
 
-	w := &worker{cfg: cfg, rec: rec, store: store, d: d, rnd: rand.New(rand.NewPCG(cfg.Seed, 0x5afe))}
+	w := &worker{cfg: cfg, rec: rec, store: store, d: d, stop: stop, rnd: rand.New(rand.NewPCG(cfg.Seed, 0x5afe))}
 	say("ready")
 	for cycle := 0; cfg.Cycles == 0 || cycle < cfg.Cycles; cycle++ {
 		if stopping.Load() {
@@ -135,6 +137,7 @@ type worker struct {
 	rec   *history.Recorder
 	store *resource.Client
 	d     *distlock.DistributeLock
+	stop  <-chan struct{} // closed when the controller asks the worker to stop
 	rnd   *rand.Rand
 }
 
@@ -198,6 +201,8 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 		select {
 		case <-lk.Done():
 			lost = true
+		case <-w.stop:
+			i = ops // end the holding early, normally
 		case <-time.After(step / 2):
 		}
 	}
