@@ -305,13 +305,12 @@ func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
 	waiter.Resume()
 	r.Note("SIGCONT waiter")
 	// Give the woken waiter a moment in which a wrong grant would show,
-	// then let the holder go.
+	// queue a newcomer, then let the holder go.
 	time.Sleep(tg.expiry)
-	holder.Stop(60 * time.Second)
-	releasedAt := r.Note("holder stopped")
-	waiter.Stop(60 * time.Second)
-	// The lock is free again for a newcomer.
 	late := r.Worker(func() harness.Config { c := mixConfig(tg, key, 2); c.Name, c.Cycles = "late", 1; return c }())
+	waitUntil(t, 60*time.Second, "the newcomer to queue", func() bool { return entries() >= 2 })
+	holder.Stop(60 * time.Second)
+	waiter.Stop(60 * time.Second)
 	if _, err := late.WaitLine("acquired", 0, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -320,8 +319,12 @@ func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
 	evs := r.History()
 	res := harness.Check(t, tg.name, "waiter's lease/session expired while queued", evs)
 	res.Orphans = orphans(t, tg, key)
-	if first, ok := firstAcquisitionAfter(evs, releasedAt); ok {
-		res.Recovery = time.Duration(first.Return - releasedAt)
+	for _, e := range evs {
+		if e.Kind == history.Release && e.Proc == "holder" {
+			if first, ok := firstAcquisitionAfter(evs, e.Call); ok {
+				res.Recovery = time.Duration(first.Return - e.Call)
+			}
+		}
 	}
 	res.Notes = fmt.Sprintf("entry dropped %v after SIGSTOP; recovery from the holder's release", time.Duration(droppedAt-pauseAt).Round(time.Millisecond))
 	res.Log(t)
