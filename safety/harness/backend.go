@@ -2,10 +2,13 @@ package harness
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
 	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -13,15 +16,17 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/etcd"
 	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/sqldb"
 	"github.com/distlock/distlock/zookeeper"
 )
 
 // Backend says which store a worker locks in and how it connects. It is
 // passed to worker processes as JSON.
 type Backend struct {
-	// Kind is "redis", "etcd" or "zookeeper".
+	// Kind is "redis", "etcd", "zookeeper", "postgres" or "mysql".
 	Kind string
-	// Addrs are the servers: host:port (Redis, ZooKeeper) or URLs (etcd).
+	// Addrs are the servers: host:port (Redis, ZooKeeper), URLs (etcd),
+	// or one DSN (postgres://..., or go-sql-driver's for mysql).
 	Addrs []string
 	// Timeout bounds a client's dial and each request's reply, where the
 	// client has such a setting (Redis read/write timeouts, etcd dial).
@@ -91,6 +96,33 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		}
 		r := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
 		return r, func() { _ = r.Close(); conn.Close() }, nil
+	case "postgres":
+		cfg, err := pgxpool.ParseConfig(b.Addrs[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ConnConfig.ConnectTimeout = b.timeout()
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("postgres: %w", err)
+		}
+		r, err := sqldb.NewPostgres(ctx, pool)
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return r, func() { _ = r.Close(); pool.Close() }, nil
+	case "mysql":
+		db, err := sql.Open("mysql", b.Addrs[0])
+		if err != nil {
+			return nil, nil, fmt.Errorf("mysql: %w", err)
+		}
+		r, err := sqldb.NewMySQL(ctx, db)
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return r, func() { _ = r.Close(); db.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("harness: unknown backend %q", b.Kind)
 }
