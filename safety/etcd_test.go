@@ -1,6 +1,7 @@
 package safety
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -24,11 +25,15 @@ func etcdTarget(t testing.TB, endpoints []string) target {
 	res := etcd.New(c)
 	t.Cleanup(func() { _ = res.Close(); _ = c.Close() })
 	return target{
-		name:      "etcd",
-		backend:   harness.Backend{Kind: "etcd", Addrs: endpoints, Timeout: 5 * time.Second},
-		ttl:       etcdTTL,
-		expiry:    etcdTTL,
-		hold:      100 * time.Millisecond,
+		name:    "etcd",
+		backend: harness.Backend{Kind: "etcd", Addrs: endpoints, Timeout: 5 * time.Second},
+		ttl:     etcdTTL,
+		expiry:  etcdTTL,
+		hold:    100 * time.Millisecond,
+		server:  strings.TrimPrefix(endpoints[0], "http://"),
+		via: func(hp string) harness.Backend {
+			return harness.Backend{Kind: "etcd", Addrs: []string{"http://" + hp}, Timeout: 5 * time.Second}
+		},
 		leftovers: res.Leftovers,
 	}
 }
@@ -39,6 +44,7 @@ func TestEtcd(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
+	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 }
 
 func TestEtcdCluster(t *testing.T) {

@@ -26,6 +26,10 @@ func redisTarget(t testing.TB, addr string) (target, *goredis.Client) {
 		backend: harness.Backend{Kind: "redis", Addrs: []string{addr}, Timeout: redisTTL},
 		ttl:     redisTTL,
 		expiry:  redisTTL,
+		server:  addr,
+		via: func(hp string) harness.Backend {
+			return harness.Backend{Kind: "redis", Addrs: []string{hp}, Timeout: redisTTL}
+		},
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
 			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
 			n, err := direct.Exists(ctx, lock).Result()
@@ -46,6 +50,7 @@ func TestRedis(t *testing.T) {
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testRedisServerKill(t, tg, srv) })
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
+	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 }
 
 // testRedisServerKill kills the server (SIGKILL) in the middle of a mix

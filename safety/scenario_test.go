@@ -13,6 +13,7 @@ import (
 
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
+	"github.com/distlock/distlock/safety/proxy"
 )
 
 // target is one backend under test, as the scenarios need it.
@@ -27,6 +28,11 @@ type target struct {
 	expiry time.Duration
 	// hold is how long a mix worker holds the lock; default ttl/2.
 	hold time.Duration
+	// server is the store's host:port, and via the backend to use to
+	// reach it through another host:port (a proxy); both only for the
+	// partition test, with a single server.
+	server string
+	via    func(hostport string) harness.Backend
 	// leftovers lists what the store still holds for key.
 	leftovers func(ctx context.Context, key string) ([]string, error)
 }
@@ -382,6 +388,77 @@ func testLeaderKill(t *testing.T, tg target, c cluster) {
 	res.Log(t)
 	assertSafe(t, res)
 	assertNoOverlap(t, res)
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testPartition cuts a holder off from the store: the holder runs in a
+// network namespace of its own and reaches the store through a proxy on
+// the host end of a veth pair; iptables then drops every packet on that
+// link for 3x the store's expiry. The fenced store stays reachable (a
+// Unix socket), as the resource a lock guards often is from the holder's
+// side of a partition. The holder must learn of the loss from its own
+// clock; a waiter takes the lock once the store frees it.
+func testPartition(t *testing.T, tg target) {
+	ns := harness.NewNetns(t)
+	p, err := proxy.StartOn(ns.HostIP+":0", tg.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold, hcfg.Zombie = "holder", 1, 10000, 10000*tg.ttl/4, true
+	hcfg.Backend, hcfg.Netns = tg.via(p.Addr), ns.Name
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the holder's first write", func() bool { return accepted(r, "holder-", 0) })
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name = "waiter"
+	waiter := r.Worker(wcfg)
+	if _, err := waiter.WaitLine("ready", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := r.Note("partition the holder")
+	ns.Partition()
+	if _, err := holder.WaitLine("lost", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatalf("the partitioned holder's Done did not close: %v", err)
+	}
+	if _, err := waiter.WaitLine("acquired", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Duration(cutAt+int64(3*tg.expiry)-history.Now()) * time.Nanosecond; d > 0 {
+		time.Sleep(d) // the fault's length
+	}
+	r.Note("heal")
+	ns.Heal()
+	waitAcquisitions(t, tg, 3, waiter)
+	stopAll(t, tg, holder, waiter)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "holder partitioned (netns + iptables) 3x expiry", evs)
+	res.Orphans = orphans(t, tg, key)
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - cutAt)
+	var grant history.Event
+	for _, e := range evs {
+		if e.Kind == history.Acquire && e.Err == "" && e.Proc == "waiter" {
+			grant = e
+			break
+		}
+	}
+	res.Recovery = time.Duration(grant.Return - cutAt)
+	res.Notes = fmt.Sprintf("loss latency and recovery from the cut; Done closed %v before the waiter's grant returned",
+		time.Duration(grant.Return-lost.At))
+	res.Log(t)
+	assertSafe(t, res)
+	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {
+		t.Errorf("tokens: %d issues, porcupine %v; want none, Ok", len(res.TokenIssues), res.Linearizable)
+	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
 	}

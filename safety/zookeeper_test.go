@@ -37,6 +37,10 @@ func zkTarget(t testing.TB, addrs []string) target {
 		ttl:     zkTTL,
 		expiry:  zkSession,
 		hold:    100 * time.Millisecond,
+		server:  addrs[0],
+		via: func(hp string) harness.Backend {
+			return harness.Backend{Kind: "zookeeper", Addrs: []string{hp}, SessionTimeout: zkSession}
+		},
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
 			// Our keys are letters, digits and '-': they stand for
 			// themselves in the znode name.
@@ -59,6 +63,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
+	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 }
 
 func TestZooKeeperEnsemble(t *testing.T) {

@@ -54,6 +54,10 @@ func StartWorker(t testing.TB, cfg Config) *Worker {
 		t.Fatalf("harness: %v", err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
+	if cfg.Netns != "" {
+		// ip netns exec joins the namespace and execs exe: same pid.
+		cmd = exec.Command("ip", "netns", "exec", cfg.Netns, exe, "-test.run=^$")
+	}
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(js))
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

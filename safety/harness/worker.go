@@ -46,6 +46,9 @@ type Config struct {
 	Hold time.Duration
 	// Think is the longest random pause between holdings.
 	Think time.Duration
+	// Netns, when set, runs the worker in that network namespace (see
+	// [NewNetns]).
+	Netns string
 	// Zombie makes the worker write once more with its old token after it
 	// saw the lock lost, as a client that did not look at Done would.
 	Zombie bool

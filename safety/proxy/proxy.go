@@ -37,8 +37,12 @@ type Proxy struct {
 }
 
 // Start listens on a free port of 127.0.0.1 and forwards to target.
-func Start(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(target string) (*Proxy, error) { return StartOn("127.0.0.1:0", target) }
+
+// StartOn listens on addr and forwards to target. Listen on loopback, or
+// on an address private to this machine (the host end of a veth pair).
+func StartOn(addr, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
