@@ -12,6 +12,9 @@ import (
 
 func TestMain(m *testing.M) {
 	harness.MaybeRunWorker()
+	if soak > 1 {
+		fmt.Fprintf(os.Stderr, "safety: soak x%d, seed %d (DISTLOCK_SAFETY_SEED=%d reruns it)\n", soak, seed, seed)
+	}
 	code := m.Run()
 	if err := harness.WriteReport(); err != nil {
 		fmt.Fprintln(os.Stderr, "safety: report:", err)

@@ -205,7 +205,7 @@ func testRedisRenewalStarvation(t *testing.T, addr string) {
 	lower, upper := starvationMargins(t, addr, 5*soak)
 	r := &harness.Result{Backend: "redis", Fault: "renewal starvation (client-to-server path stalled)",
 		LossLatency: -1, Recovery: -1, Orphans: -1,
-		Notes: fmt.Sprintf("margin Done-before-server-free over %d trials: min %v..%v, median %v", len(lower), slices.Min(lower), slices.Min(upper), median(lower))}
+		Notes: fmt.Sprintf("margin Done-before-server-free over %d trials: min %v..%v, median %v", len(lower), slices.Min(lower).Round(time.Microsecond), slices.Min(upper).Round(time.Microsecond), median(lower).Round(time.Microsecond))}
 	r.Log(t)
 }
 

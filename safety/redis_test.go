@@ -11,7 +11,6 @@ import (
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
-	"github.com/distlock/distlock/safety/history"
 )
 
 const redisTTL = 300 * time.Millisecond
@@ -95,25 +94,35 @@ func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 	}
 }
 
-// testServerPause freezes the server (SIGSTOP) for 3x the expiry in the
-// middle of a mix. The holder cannot renew: its Done must close (at its
-// local expiry) before anyone else can take the lock after the server
-// wakes, so no overlap.
-func testServerPause(t *testing.T, tg target, srv interface {
-	Pause()
-	Resume()
-}) {
+// testServerPause freezes the server (SIGSTOP) for 3x the expiry while a
+// worker holds the lock, two others waiting. The holder cannot renew: its
+// Done must close while the server is still frozen (at its local expiry),
+// so that nobody overlaps it once the server wakes.
+func testServerPause(t *testing.T, tg target, srv interface{ Pause(); Resume() }) {
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
-	ws := startMix(r, tg, key, 3)
-	waitAcquisitions(t, tg, 10*soak, ws...)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold = "holder", 1, 10000, 10000*tg.ttl/4
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ws := []*harness.Worker{r.Worker(mixConfig(tg, key, 1)), r.Worker(mixConfig(tg, key, 2))}
+	for _, w := range ws {
+		if _, err := w.WaitLine("ready", 0, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 	pauseAt := r.Note("SIGSTOP server")
 	srv.Pause()
 	time.Sleep(3 * tg.expiry) // the fault's length
 	resumeAt := r.Note("SIGCONT server")
 	srv.Resume()
-	waitAcquisitions(t, tg, 20*soak, ws...)
-	stopAll(t, tg, ws...)
+	if _, err := holder.WaitLine("lost", 0, 30*time.Second); err != nil {
+		t.Fatalf("the holder's Done did not close: %v", err)
+	}
+	waitAcquisitions(t, tg, 10*soak, ws...)
+	stopAll(t, tg, append(ws, holder)...)
 
 	evs := r.History()
 	res := harness.Check(t, tg.name, "server SIGSTOP 3x expiry", evs)
@@ -121,14 +130,12 @@ func testServerPause(t *testing.T, tg target, srv interface {
 	if first, ok := firstAcquisitionAfter(evs, resumeAt); ok {
 		res.Recovery = time.Duration(first.Return - resumeAt)
 	}
-	// The loss-signal latency: from the pause to the Done of the lock
-	// held then, if one was.
-	for _, iv := range history.Intervals(evs) {
-		if iv.Start < pauseAt && iv.End > pauseAt && iv.EndedBy == "lost" {
-			res.LossLatency = time.Duration(iv.End - pauseAt)
-		}
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - pauseAt)
+	if lost.At > resumeAt {
+		t.Errorf("the holder learnt of the loss %v after the server woke", time.Duration(lost.At-resumeAt))
 	}
-	res.Notes = "loss latency from SIGSTOP; recovery from SIGCONT"
+	res.Notes = "loss latency from SIGSTOP (at most the TTL); recovery from SIGCONT"
 	res.Log(t)
 	assertSafe(t, res)
 	assertNoOverlap(t, res)

@@ -195,7 +195,7 @@ func testNoFault(t *testing.T, tg target) {
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	ws := startMix(r, tg, key, 3)
-	waitAcquisitions(t, tg, 30*soak, ws...)
+	waitAcquisitions(t, tg, 20*soak, ws...)
 	stopAll(t, tg, ws...)
 	res := harness.Check(t, tg.name, "none (baseline)", r.History())
 	res.Orphans = orphans(t, tg, key)
@@ -453,7 +453,7 @@ func testPartition(t *testing.T, tg target) {
 	}
 	res.Recovery = time.Duration(grant.Return - cutAt)
 	res.Notes = fmt.Sprintf("loss latency and recovery from the cut; Done closed %v before the waiter's grant returned",
-		time.Duration(grant.Return-lost.At))
+		time.Duration(grant.Return-lost.At).Round(10*time.Microsecond))
 	res.Log(t)
 	assertSafe(t, res)
 	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {

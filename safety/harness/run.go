@@ -213,7 +213,14 @@ func (res *Result) Log(t testing.TB) {
 func (res *Result) Summary() string {
 	return fmt.Sprintf("acquisitions=%d overlaps=%d (uncaught %d) stale-accepted=%d refused=%d lost-increments=%d token-issues=%d porcupine=%s loss-latency=%s recovery=%s orphans=%s %s",
 		res.Acquisitions, len(res.Overlaps), len(res.Uncaught), len(res.Stale), res.Rejected, res.Counter.Lost, len(res.TokenIssues),
-		res.Linearizable, dur(res.LossLatency), dur(res.Recovery), num(res.Orphans), res.Notes)
+		verdict(res.Linearizable), dur(res.LossLatency), dur(res.Recovery), num(res.Orphans), res.Notes)
+}
+
+func verdict(c porcupine.CheckResult) string {
+	if c == "" {
+		return "-"
+	}
+	return string(c)
 }
 
 func dur(d time.Duration) string {
@@ -267,7 +274,7 @@ func WriteReport() error {
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d (%d) | %d | %d | %d | %d | %s | %s | %s | %s | %s |\n",
 			r.Backend, r.Fault, r.Acquisitions, len(r.Overlaps), len(r.Uncaught), len(r.Stale), r.Rejected, r.Counter.Lost,
-			len(r.TokenIssues), r.Linearizable, dur(r.LossLatency), dur(r.Recovery), num(r.Orphans), r.Notes)
+			len(r.TokenIssues), verdict(r.Linearizable), dur(r.LossLatency), dur(r.Recovery), num(r.Orphans), r.Notes)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
