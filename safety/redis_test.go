@@ -98,7 +98,10 @@ func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 // worker holds the lock, two others waiting. The holder cannot renew: its
 // Done must close while the server is still frozen (at its local expiry),
 // so that nobody overlaps it once the server wakes.
-func testServerPause(t *testing.T, tg target, srv interface{ Pause(); Resume() }) {
+func testServerPause(t *testing.T, tg target, srv interface {
+	Pause()
+	Resume()
+}) {
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	hcfg := mixConfig(tg, key, 0)
