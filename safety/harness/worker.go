@@ -241,8 +241,12 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 	return nil
 }
 
-// write makes one fenced write and records it.
+// write makes one fenced write and records it. A lock without a token
+// (Redlock) cannot fence: no write then.
 func (w *worker) write(ctx context.Context, owner string, token uint64) error {
+	if token == 0 {
+		return nil
+	}
 	call := history.Now()
 	accepted, seq, err := w.store.Write(ctx, owner, token)
 	ret := history.Now()

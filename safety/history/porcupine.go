@@ -93,7 +93,8 @@ var FencedMutexModel = porcupine.Model{
 	},
 }
 
-// Operations converts the successful acquisitions and the writes of evs
+// Operations converts the successful acquisitions with a token and the
+// writes of evs
 // (as the workers saw them) into porcupine operations, one client per
 // process.
 func Operations(evs []Event) []porcupine.Operation {
@@ -114,7 +115,7 @@ func Operations(evs []Event) []porcupine.Operation {
 	var ops []porcupine.Operation
 	for _, e := range evs {
 		switch {
-		case e.Kind == Acquire && e.Err == "":
+		case e.Kind == Acquire && e.Err == "" && e.Token != 0: // no token: nothing to check
 			ops = append(ops, porcupine.Operation{ClientId: client(e.Proc), Call: e.Call, Return: e.Return,
 				Input: AcquireIn{Owner: e.Owner}, Output: AcquireOut{Token: e.Token}})
 		case e.Kind == Write && e.Err == "":
