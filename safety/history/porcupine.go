@@ -94,9 +94,8 @@ var FencedMutexModel = porcupine.Model{
 }
 
 // Operations converts the successful acquisitions with a token and the
-// writes of evs
-// (as the workers saw them) into porcupine operations, one client per
-// process.
+// writes of evs (as the workers saw them) into porcupine operations, one
+// client per process.
 func Operations(evs []Event) []porcupine.Operation {
 	var procs []string
 	seen := map[string]bool{}
