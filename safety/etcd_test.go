@@ -45,6 +45,7 @@ func TestEtcd(t *testing.T) {
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 }
 
 func TestEtcdCluster(t *testing.T) {

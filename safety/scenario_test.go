@@ -4,13 +4,19 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
 	"github.com/distlock/distlock/safety/proxy"
@@ -461,5 +467,126 @@ func testPartition(t *testing.T, tg target) {
 	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testCancelStorm cancels 1,000 acquisitions at random moments (0-30ms)
+// while a proxy delays every reply from the store by 0-20ms, so that many
+// cancellations land after the store acted on a request and before its
+// reply came back. Each of four goroutines uses a key of its own (no
+// contention) and checks after every failed TryLock that the store holds
+// nothing for it, allowing 2s for clean-ups the backend finishes in the
+// background; what is still there then is an orphan.
+func testCancelStorm(t *testing.T, tg target) {
+	p, err := proxy.Start(tg.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	rnd := mrand.New(mrand.NewPCG(seed, 1))
+	var rmu sync.Mutex
+	p.SetDelay(proxy.Down, func() time.Duration {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
+	})
+	ctx := t.Context()
+	res0, closeRes, err := tg.via(p.Addr).Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeRes)
+	var res backend.RemoteResource = res0
+	spy, isSpin := res0.(backend.Spinner)
+	var sp *spyRes
+	if isSpin {
+		sp = &spyRes{Spinner: spy}
+		res = sp
+	}
+
+	const workers = 4
+	total := 1000 * soak
+	var acquired, afterEnd, cancelled, late, orphaned atomic.Int64
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Go(func() {
+			key := fmt.Sprintf("%s-%d", uniqueKey(t), g)
+			d, err := distlock.New(res, distlock.WithDefaultTTL(30*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			r := mrand.New(mrand.NewPCG(seed, uint64(g)+100))
+			for range total / workers {
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(r.Int64N(int64(30*time.Millisecond))))
+				lk, err := d.TryLock(cctx, key, time.Second)
+				ended := cctx.Err() != nil
+				cancel()
+				if err == nil {
+					acquired.Add(1)
+					if ended {
+						afterEnd.Add(1) // granted as the ctx ended: the caller has the lock
+					}
+					uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
+					if err := lk.Unlock(uctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+					}
+					ucancel()
+					continue
+				}
+				if !errors.Is(err, distlock.ErrNotAcquired) {
+					t.Errorf("TryLock = %v; want ErrNotAcquired joined with the ctx's error", err)
+				}
+				cancelled.Add(1)
+				if left := leftAfter(tg, key, 2*time.Second); left == nil {
+					continue
+				} else if len(left) > 0 {
+					orphaned.Add(1)
+					diag := ""
+					if sp != nil {
+						diag = sp.lastOf(key)
+					}
+					t.Errorf("orphan for %s after its TryLock failed (%v; last attempt %s): %v", key, err, diag, left)
+					return
+				}
+				late.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	out := &harness.Result{Backend: tg.name, Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, replies delayed 0-20ms", total),
+		Acquisitions: int(acquired.Load()), Orphans: int(orphaned.Load()), LossLatency: -1, Recovery: -1,
+		Notes: fmt.Sprintf("%d cancelled; %d granted although the ctx had ended by then; %d cleaned up in the background within 2s",
+			cancelled.Load(), afterEnd.Load(), late.Load())}
+	out.Log(t)
+	if hit := cancelled.Load() + afterEnd.Load(); hit < int64(total)/4 {
+		t.Errorf("only %d of %d acquisitions met their ctx's end: the storm did not storm", hit, total)
+	}
+	if out.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", out.Orphans)
+	}
+}
+
+// leftAfter returns nil when the store holds nothing for key now, an empty
+// non-nil slice when it held something that went away within wait, and
+// what it still holds after wait otherwise.
+func leftAfter(tg target, key string, wait time.Duration) []string {
+	end := time.Now().Add(wait)
+	for first := true; ; first = false {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		left, err := tg.leftovers(ctx, key)
+		cancel()
+		switch {
+		case err == nil && len(left) == 0 && first:
+			return nil
+		case err == nil && len(left) == 0:
+			return []string{}
+		case time.Now().After(end):
+			if err != nil {
+				return []string{"error: " + err.Error()}
+			}
+			return left
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 }

@@ -3,9 +3,12 @@ package safety
 import (
 	"context"
 	"database/sql"
+	"net/url"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock/internal/testserver"
@@ -28,6 +31,14 @@ func sqlRows(key string, scan func(dest ...any) error, next func() bool, err fun
 	return out, err()
 }
 
+// TestPostgres. Its CancelStorm is a known bug: when ctx ends while the
+// acquire's INSERT is still running on the server, TryAcquire's clean-up
+// DELETE (on another connection: pgx dropped the one that timed out) can
+// run before that INSERT commits, find nothing, and leave the row, an
+// orphan until its TTL runs out (about one run in three here, with
+// replies delayed 0-20ms: the request itself is not delayed). The
+// acquire's advisory lock does not help, since the clean-up does not take
+// it, and would not suffice if the INSERT had not started yet.
 func TestPostgres(t *testing.T) {
 	srv := testserver.Postgres(t)
 	pool, err := pgxpool.New(t.Context(), srv.DSN)
@@ -35,12 +46,22 @@ func TestPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	u, err := url.Parse(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tg := target{
 		name:    "postgres",
 		backend: harness.Backend{Kind: "postgres", Addrs: []string{srv.DSN}, Timeout: 2 * time.Second},
-		ttl:     sqlTTL,
-		expiry:  sqlTTL,
-		hold:    100 * time.Millisecond,
+		server:  u.Host,
+		via: func(hp string) harness.Backend {
+			v := *u
+			v.Host = hp
+			return harness.Backend{Kind: "postgres", Addrs: []string{v.String()}, Timeout: 2 * time.Second}
+		},
+		ttl:    sqlTTL,
+		expiry: sqlTTL,
+		hold:   100 * time.Millisecond,
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
 			// The table exists once a worker has made its resource.
 			rows, err := pool.Query(ctx, "SELECT owner FROM "+sqldb.DefaultTable+" WHERE lock_key = $1", key)
@@ -54,6 +75,13 @@ func TestPostgres(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
+	t.Run("CancelStorm", func(t *testing.T) {
+		if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
+			t.Skip("known bug: a cancelled PostgreSQL acquire's clean-up DELETE can run before the INSERT it cleans up " +
+				"after has committed, leaving an orphan row until the TTL (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
+		}
+		testCancelStorm(t, tg)
+	})
 }
 
 func TestMariaDB(t *testing.T) {
@@ -63,12 +91,22 @@ func TestMariaDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
+	cfg, err := mysql.ParseDSN(srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tg := target{
 		name:    "mysql (MariaDB)",
 		backend: harness.Backend{Kind: "mysql", Addrs: []string{srv.DSN}, Timeout: 2 * time.Second},
-		ttl:     sqlTTL,
-		expiry:  sqlTTL,
-		hold:    100 * time.Millisecond,
+		server:  cfg.Addr,
+		via: func(hp string) harness.Backend {
+			c := cfg.Clone()
+			c.Addr = hp
+			return harness.Backend{Kind: "mysql", Addrs: []string{c.FormatDSN()}, Timeout: 2 * time.Second}
+		},
+		ttl:    sqlTTL,
+		expiry: sqlTTL,
+		hold:   100 * time.Millisecond,
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
 			rows, err := db.QueryContext(ctx, "SELECT owner FROM "+sqldb.DefaultTable+" WHERE lock_key = ?", key)
 			if err != nil {
@@ -81,6 +119,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 }
 
 // testSQLServerKill kills the database server (SIGKILL) in the middle of

@@ -64,6 +64,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 }
 
 func TestZooKeeperEnsemble(t *testing.T) {
