@@ -4,6 +4,8 @@ import (
 	"context"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distlock/distlock"
@@ -18,6 +20,9 @@ type Client struct {
 	rec   *history.Recorder
 	store *resource.Client
 	n     int
+
+	mu     sync.Mutex
+	doneAt map[string]*atomic.Int64 // owner -> when Done was seen closed
 }
 
 // Client returns an in-process participant named name.
@@ -49,12 +54,33 @@ func (c *Client) TryLock(ctx context.Context, d *distlock.DistributeLock, key st
 	if rerr := c.rec.Add(ev); rerr != nil {
 		return nil, owner, rerr
 	}
+	if err == nil {
+		at := new(atomic.Int64)
+		c.mu.Lock()
+		if c.doneAt == nil {
+			c.doneAt = map[string]*atomic.Int64{}
+		}
+		c.doneAt[owner] = at
+		c.mu.Unlock()
+		go func() { <-lk.Done(); at.Store(history.Now()) }()
+	}
 	return lk, owner, err
 }
 
-// Unlock releases lk and records it.
+// Unlock releases lk and records it, and the loss of lk if its Done had
+// closed before.
 func (c *Client) Unlock(ctx context.Context, lk *distlock.Lock, owner string) error {
 	call := history.Now()
+	c.mu.Lock()
+	at := c.doneAt[owner]
+	c.mu.Unlock()
+	if at != nil {
+		if t := at.Load(); t != 0 && t < call {
+			if err := c.rec.Add(history.Event{Kind: history.Lost, Owner: owner, At: t}); err != nil {
+				return err
+			}
+		}
+	}
 	err := lk.Unlock(ctx)
 	if rerr := c.rec.Add(history.Event{Kind: history.Release, Owner: owner, Call: call, Return: history.Now(), Err: errString(err)}); rerr != nil {
 		return rerr
