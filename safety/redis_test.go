@@ -65,7 +65,7 @@ func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 	srv.Kill()
 	srv.Start()
 	upAt := r.Note("server restarted")
-	waitAcquisitions(t, tg, 20*soak, ws...)
+	waitAcquisitions(t, tg, 15*soak, ws...)
 	stopAll(t, tg, ws...)
 
 	evs := r.History()

@@ -201,7 +201,7 @@ func testNoFault(t *testing.T, tg target) {
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	ws := startMix(r, tg, key, 3)
-	waitAcquisitions(t, tg, 20*soak, ws...)
+	waitAcquisitions(t, tg, 15*soak, ws...)
 	stopAll(t, tg, ws...)
 	res := harness.Check(t, tg.name, "none (baseline)", r.History())
 	res.Orphans = orphans(t, tg, key)

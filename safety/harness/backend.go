@@ -133,6 +133,7 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 // quiet drops go-zookeeper's log lines.
 type quiet struct{}
 
+// Printf drops the line.
 func (quiet) Printf(string, ...any) {}
 
 // extraOpeners open backends whose packages are not on every branch yet

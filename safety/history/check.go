@@ -19,6 +19,7 @@ type Interval struct {
 	EndedBy string
 }
 
+// String describes the holding for logs.
 func (iv Interval) String() string {
 	return fmt.Sprintf("%s(%s token %d, %d..%d %s)", iv.Owner, iv.Proc, iv.Token, iv.Start, iv.End, iv.EndedBy)
 }
@@ -65,6 +66,7 @@ type Overlap struct {
 	From, To     int64
 }
 
+// String describes the overlap for logs.
 func (o Overlap) String() string {
 	return fmt.Sprintf("%v and %v overlap for %.3fms", o.Older, o.Newer, float64(o.To-o.From)/1e6)
 }
@@ -166,6 +168,7 @@ type TokenIssue struct {
 // Duplicate reports whether both acquisitions got the same token.
 func (ti TokenIssue) Duplicate() bool { return ti.Earlier.Token == ti.Later.Token }
 
+// String describes the issue for logs.
 func (ti TokenIssue) String() string {
 	what := "regressed"
 	if ti.Duplicate() {
