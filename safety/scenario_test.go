@@ -590,3 +590,56 @@ func leftAfter(tg target, key string, wait time.Duration) []string {
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 }
+
+// testServerPause freezes the server (SIGSTOP) for 3x the expiry while a
+// worker holds the lock, two others waiting. The holder cannot renew: its
+// Done must close while the server is still frozen (at its local expiry),
+// so that nobody overlaps it once the server wakes.
+func testServerPause(t *testing.T, tg target, srv interface {
+	Pause()
+	Resume()
+}) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold = "holder", 1, 10000, 10000*tg.ttl/4
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ws := []*harness.Worker{r.Worker(mixConfig(tg, key, 1)), r.Worker(mixConfig(tg, key, 2))}
+	for _, w := range ws {
+		if _, err := w.WaitLine("ready", 0, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pauseAt := r.Note("SIGSTOP server")
+	srv.Pause()
+	time.Sleep(3 * tg.expiry) // the fault's length
+	resumeAt := r.Note("SIGCONT server")
+	srv.Resume()
+	if _, err := holder.WaitLine("lost", 0, 30*time.Second); err != nil {
+		t.Fatalf("the holder's Done did not close: %v", err)
+	}
+	waitAcquisitions(t, tg, 10*soak, ws...)
+	stopAll(t, tg, append(ws, holder)...)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "server SIGSTOP 3x expiry", evs)
+	res.Orphans = orphans(t, tg, key)
+	if first, ok := firstAcquisitionAfter(evs, resumeAt); ok {
+		res.Recovery = time.Duration(first.Return - resumeAt)
+	}
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - pauseAt)
+	if lost.At > resumeAt {
+		t.Errorf("the holder learnt of the loss %v after the server woke", time.Duration(lost.At-resumeAt))
+	}
+	res.Notes = "loss latency from SIGSTOP (at most the TTL); recovery from SIGCONT"
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}

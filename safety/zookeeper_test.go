@@ -65,6 +65,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
+	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 }
 
 func TestZooKeeperEnsemble(t *testing.T) {
