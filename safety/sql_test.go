@@ -33,6 +33,14 @@ func sqlRows(key string, scan func(dest ...any) error, next func() bool, err fun
 
 func TestPostgres(t *testing.T) {
 	srv := testserver.Postgres(t)
+	tg := pgTarget(t, srv)
+	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
+	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
+	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
+	t.Run("CancelStorm", func(t *testing.T) { testSQLCancelStorm(t, tg) })
+}
+
+func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
 	pool, err := pgxpool.New(t.Context(), srv.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +50,7 @@ func TestPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := target{
+	return target{
 		name:    "postgres",
 		backend: harness.Backend{Kind: "postgres", Addrs: []string{srv.DSN}, Timeout: 2 * time.Second},
 		server:  u.Host,
@@ -64,14 +72,18 @@ func TestPostgres(t *testing.T) {
 			return sqlRows(key, rows.Scan, rows.Next, rows.Err)
 		},
 	}
+}
+
+func TestMariaDB(t *testing.T) {
+	srv := testserver.MariaDB(t)
+	tg := mariaTarget(t, srv)
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
 	t.Run("CancelStorm", func(t *testing.T) { testSQLCancelStorm(t, tg) })
 }
 
-func TestMariaDB(t *testing.T) {
-	srv := testserver.MariaDB(t)
+func mariaTarget(t testing.TB, srv *testserver.MariaDBServer) target {
 	db, err := sql.Open("mysql", srv.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +93,7 @@ func TestMariaDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := target{
+	return target{
 		name:    "mysql (MariaDB)",
 		backend: harness.Backend{Kind: "mysql", Addrs: []string{srv.DSN}, Timeout: 2 * time.Second},
 		server:  cfg.Addr,
@@ -102,10 +114,6 @@ func TestMariaDB(t *testing.T) {
 			return sqlRows(key, rows.Scan, rows.Next, rows.Err)
 		},
 	}
-	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
-	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
-	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
-	t.Run("CancelStorm", func(t *testing.T) { testSQLCancelStorm(t, tg) })
 }
 
 // testSQLServerKill kills the database server (SIGKILL) in the middle of
