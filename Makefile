@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: test deps vet fuzz
+.PHONY: test deps vet fuzz soak
 
 test:
 	./scripts/install-test-deps.sh
@@ -29,3 +29,14 @@ fuzz:
 	$(FUZZ) '^FuzzLayout$$' ./internal/redisscript
 	$(FUZZ) '^FuzzEncodeKey$$' ./etcd
 	$(FUZZ) '^FuzzEncodeKey$$' ./zookeeper
+
+# soak runs the fault-injection suite (package safety) long: every run
+# SOAK times longer, with a fresh seed (printed; DISTLOCK_SAFETY_SEED=n
+# reruns one), writing the results table to safety-soak.md. Minutes per
+# backend: not part of make test or CI.
+SOAK ?= 10
+soak:
+	./scripts/install-test-deps.sh
+	DISTLOCK_SAFETY_SOAK=$(SOAK) DISTLOCK_SAFETY_SEED=$${DISTLOCK_SAFETY_SEED:-$$(date +%s)} \
+	DISTLOCK_SAFETY_REPORT=$(CURDIR)/safety-soak.md \
+		$(GO) test -race -count=1 -timeout 120m -v ./safety/

@@ -1,0 +1,121 @@
+package safety
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/distlock/distlock/etcd"
+	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/safety/harness"
+	"github.com/distlock/distlock/safety/history"
+)
+
+// etcdTTL is etcd's shortest lease: whole seconds, and at least 1.5
+// election timeouts (2s with the default 1s).
+const etcdTTL = 2 * time.Second
+
+func etcdTarget(t testing.TB, endpoints []string) (target, *clientv3.Client) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := etcd.New(c)
+	t.Cleanup(func() { _ = res.Close(); _ = c.Close() })
+	return target{
+		name:    "etcd",
+		backend: harness.Backend{Kind: "etcd", Addrs: endpoints, Timeout: 5 * time.Second},
+		ttl:     etcdTTL,
+		expiry:  etcdTTL,
+		hold:    100 * time.Millisecond,
+		server:  strings.TrimPrefix(endpoints[0], "http://"),
+		via: func(hp string) harness.Backend {
+			return harness.Backend{Kind: "etcd", Addrs: []string{"http://" + hp}, Timeout: 5 * time.Second}
+		},
+		leftovers: res.Leftovers,
+	}, c
+}
+
+func TestEtcd(t *testing.T) {
+	srv := testserver.Etcd(t)
+	tg, c := etcdTarget(t, srv.Endpoints)
+	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
+	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
+	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
+	t.Run("WaiterLeaseRevoked", func(t *testing.T) { testEtcdWaiterLeaseRevoked(t, tg, c) })
+	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
+}
+
+func TestEtcdCluster(t *testing.T) {
+	cl := testserver.EtcdCluster(t, 3)
+	tg, _ := etcdTarget(t, cl.Endpoints())
+	testLeaderKill(t, tg, cluster{
+		leader: cl.Leader,
+		kill:   func(i int) { cl.Members[i].Kill() },
+		start:  func(i int) { cl.Members[i].Start() },
+	})
+}
+
+// testEtcdWaiterLeaseRevoked revokes a queued waiter's lease from outside
+// (an operator, or a lease lost to the server) while the waiter is
+// running and watching its predecessor: its key goes with the lease, and
+// when the holder lets go the waiter must not be granted the lock.
+func testEtcdWaiterLeaseRevoked(t *testing.T, tg target, c *clientv3.Client) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold = "holder", 1, 1000, 1000*tg.ttl
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name, wcfg.Cycles, wcfg.Wait = "waiter", 1, 10*time.Minute
+	waiter := r.Worker(wcfg)
+	ctx := t.Context()
+	var queued []string
+	waitUntil(t, 60*time.Second, "the waiter to queue", func() bool {
+		queued, _ = tg.leftovers(ctx, key)
+		return len(queued) == 2
+	})
+	resp, err := c.Get(ctx, queued[1])
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the waiter's key %s: %v", queued[1], err)
+	}
+	r.Note("revoke the waiter's lease")
+	if _, err := c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the waiter's key to go", func() bool {
+		left, _ := tg.leftovers(ctx, key)
+		return len(left) == 1
+	})
+	holder.Stop(60 * time.Second)
+	waiter.Stop(60 * time.Second)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "queued waiter's lease revoked from outside", evs)
+	res.Orphans = orphans(t, tg, key)
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	granted := false
+	for _, e := range evs {
+		if e.Kind == history.Acquire && e.Proc == "waiter" {
+			if e.Err == "" {
+				granted = true
+			}
+			t.Logf("the waiter's acquisition: %q", e.Err)
+		}
+	}
+	if granted {
+		t.Errorf("the waiter whose lease was revoked was granted the lock")
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}

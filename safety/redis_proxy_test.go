@@ -1,0 +1,254 @@
+package safety
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/safety/harness"
+	"github.com/distlock/distlock/safety/proxy"
+)
+
+// startProxy starts a proxy to addr, closed when t ends.
+func startProxy(t testing.TB, addr string) *proxy.Proxy {
+	t.Helper()
+	p, err := proxy.Start(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// redisVia returns a go-redis client for addr whose requests end with
+// their context, as a user's would who wants cancellation to work.
+func redisVia(t testing.TB, addr string) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true,
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestRedisProxy(t *testing.T) {
+	srv := testserver.Redis(t)
+	t.Run("CancelStorm", func(t *testing.T) { testRedisCancelStorm(t, srv.Addr, false) })
+	t.Run("RenewalStarvation", func(t *testing.T) { testRedisRenewalStarvation(t, srv.Addr) })
+}
+
+// testRedisCancelStorm cancels 1,000 acquisitions at random moments while
+// the proxy delays every reply by 0-20ms, so that many cancellations land
+// after the server ran the acquire script and before its reply came back.
+// Each goroutine uses a key of its own, with a 30s TTL and owner values
+// it knows, and checks after every failed TryLock that its key does not
+// hold that value: an orphan would block the key for 30s.
+//
+// With up, requests are delayed too: a cancelled acquire's script may then
+// reach the server after the clean-up sent on another connection.
+func testRedisCancelStorm(t *testing.T, addr string, up bool) {
+	p := startProxy(t, addr)
+	rnd := rand.New(rand.NewPCG(seed, 1))
+	var rmu sync.Mutex
+	delay := func() time.Duration {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
+	}
+	p.SetDelay(proxy.Down, delay)
+	what := "replies delayed 0-20ms"
+	if up {
+		p.SetDelay(proxy.Up, delay)
+		what = "requests and replies delayed 0-20ms"
+	}
+	via := redisVia(t, p.Addr)
+	tg, direct := redisTarget(t, addr)
+	res := redis.New(via)
+	t.Cleanup(func() { _ = res.Close() })
+
+	const workers = 4
+	total := 1000 * soak
+	var acquired, cancelled, orphans, checkErrs atomic.Int64
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Go(func() {
+			key := fmt.Sprintf("%s-%d", uniqueKey(t), g)
+			lockKey, _ := redisscript.Layout(redis.DefaultPrefix, key)
+			var value string
+			n := 0
+			d, err := distlock.New(res, distlock.WithDefaultTTL(30*time.Second),
+				distlock.WithValueFunc(func() string { n++; value = fmt.Sprintf("g%d-%d", g, n); return value }))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			r := rand.New(rand.NewPCG(seed, uint64(g)+100))
+			for range total / workers {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.Int64N(int64(30*time.Millisecond))))
+				lk, err := d.TryLock(ctx, key, time.Second)
+				cancel()
+				if err == nil {
+					acquired.Add(1)
+					uctx, ucancel := context.WithTimeout(context.Background(), 5*time.Second)
+					if err := lk.Unlock(uctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+					}
+					ucancel()
+					continue
+				}
+				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("TryLock = %v; want ErrNotAcquired joined with DeadlineExceeded", err)
+				}
+				cancelled.Add(1)
+				got, gerr := direct.Get(context.Background(), lockKey).Result()
+				switch {
+				case errors.Is(gerr, goredis.Nil):
+				case gerr != nil:
+					checkErrs.Add(1)
+				case got == value:
+					orphans.Add(1)
+					t.Errorf("orphan: %s = %s after its TryLock failed", lockKey, got)
+					direct.Del(context.Background(), lockKey)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if checkErrs.Load() > 0 {
+		t.Errorf("%d orphan checks failed", checkErrs.Load())
+	}
+	left := 0
+	_ = tg
+	t.Logf("redis / %d ctx cancels, %s: acquired=%d cancelled=%d orphans=%d", total, what, acquired.Load(), cancelled.Load(), orphans.Load())
+	if cancelled.Load() < int64(total)/4 {
+		t.Errorf("only %d of %d acquisitions were cancelled: the storm did not storm", cancelled.Load(), total)
+	}
+	r := &harness.Result{Backend: "redis", Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, %s", total, what),
+		Acquisitions: int(acquired.Load()), Orphans: int(orphans.Load()) + left, LossLatency: -1, Recovery: -1,
+		Notes: fmt.Sprintf("%d cancelled", cancelled.Load())}
+	r.Log(t)
+	if r.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", r.Orphans)
+	}
+}
+
+// starvationMargins stalls the client-to-server path of a holder with
+// auto-renewal, n times: its renewals never arrive. It returns, per
+// trial, how long before the server freed the key the holder's Done
+// closed, as a lower bound (to the last moment the server was seen still
+// holding the key) and an upper bound (to the first moment it was seen
+// free). Negative: Done closed after.
+func starvationMargins(t *testing.T, addr string, n int) (lower, upper []time.Duration) {
+	direct := redisVia(t, addr)
+	for i := range n {
+		p := startProxy(t, addr)
+		via := redisVia(t, p.Addr)
+		res := redis.New(via)
+		d, err := distlock.New(res, distlock.WithDefaultTTL(redisTTL), distlock.WithAutoRenew())
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("%s-%d", uniqueKey(t), i)
+		lockKey, _ := redisscript.Layout(redis.DefaultPrefix, key)
+		lk, err := d.TryLock(t.Context(), key, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := lk.Done()
+		var doneAt atomic.Int64 // UnixNano of when this process saw Done closed
+		go func() { <-done; doneAt.Store(time.Now().UnixNano()) }()
+		time.Sleep(redisTTL / 2) // let a renewal through first
+		p.Stall(proxy.Up)
+		var lastHeld, firstFree time.Time
+		for firstFree.IsZero() {
+			n, err := direct.Exists(context.Background(), lockKey).Result()
+			now := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 1 {
+				lastHeld = now
+			} else {
+				firstFree = now
+			}
+		}
+		waitUntil(t, 5*redisTTL, "Done after the server freed the key", func() bool { return doneAt.Load() != 0 })
+		closed := time.Unix(0, doneAt.Load())
+		lower = append(lower, lastHeld.Sub(closed))
+		upper = append(upper, firstFree.Sub(closed))
+		t.Logf("trial %d: Done closed between %v and %v before the server freed the key", i, lastHeld.Sub(closed), firstFree.Sub(closed))
+		p.Unstall(proxy.Up)
+		_ = lk.Unlock(context.Background())
+		_ = d.Close()
+		_ = via.Close()
+		_ = p.Close()
+	}
+	return lower, upper
+}
+
+// testRedisRenewalStarvation measures the margin by which the local loss
+// signal comes before the server frees the key. It asserts that Done
+// closes; that it closes first is TestKnownBugLossSignalMargin's (it
+// does not always).
+func testRedisRenewalStarvation(t *testing.T, addr string) {
+	lower, upper := starvationMargins(t, addr, 5*soak)
+	r := &harness.Result{Backend: "redis", Fault: "renewal starvation (client-to-server path stalled)",
+		LossLatency: -1, Recovery: -1, Orphans: -1,
+		Notes: fmt.Sprintf("margin Done-before-server-free over %d trials: min %v..%v, median %v", len(lower), slices.Min(lower).Round(time.Microsecond), slices.Min(upper).Round(time.Microsecond), median(lower).Round(time.Microsecond))}
+	r.Log(t)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestKnownBugCancelStormDelayedRequests: with requests delayed as well
+// as replies, a cancelled acquire's script can reach Redis after the
+// compare-and-delete TryAcquire sent to clean up (go-redis drops the
+// timed-out connection and the clean-up goes over another one), so the
+// SET NX runs last and leaves the key held by an owner that gave up: an
+// orphan until its TTL runs out (about 1 in 700 cancelled acquisitions
+// here). A real network can delay a connection's packets the same way.
+func TestKnownBugCancelStormDelayedRequests(t *testing.T) {
+	if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
+		t.Skip("known bug: a cancelled acquire whose request is delayed past its clean-up leaves an orphan " +
+			"until the TTL runs out (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
+	}
+	srv := testserver.Redis(t)
+	testRedisCancelStorm(t, srv.Addr, true)
+}
+
+// TestKnownBugLossSignalMargin: the local loss signal must come before the
+// server frees the key. It does only by about one client-to-server
+// latency: the facade closes Done at exactly (start of the last
+// successful renewal) + TTL, while the server frees the key at (the
+// renewal's arrival) + TTL; timer and scheduling delay in the client eat
+// that margin, and in about a third of the trials on a loaded machine Done
+// closed after the server had freed the key (up to ~0.2ms after). There is
+// no allowance for clock drift or timer slack (Redlock subtracts one).
+func TestKnownBugLossSignalMargin(t *testing.T) {
+	if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
+		t.Skip("known bug: the facade closes Done at start+TTL with no drift margin, so the local loss signal " +
+			"can come after the server freed the key (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
+	}
+	srv := testserver.Redis(t)
+	_, upper := starvationMargins(t, srv.Addr, 20)
+	for i, m := range upper {
+		if m <= 0 {
+			t.Errorf("trial %d: Done closed %v after the key was seen free on the server", i, -m)
+		}
+	}
+}
