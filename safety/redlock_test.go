@@ -1,5 +1,3 @@
-//go:build redlock
-
 package safety
 
 import (
