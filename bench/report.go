@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// report collects the tables and the ratios of one run.
+type report struct {
+	cfg      config
+	start    time.Time
+	load0    string
+	sections []*section
+	notes    []string
+	bars     []bar // the chart's
+	versions []string
+}
+
+type section struct {
+	workload string
+	b        strings.Builder
+}
+
+// bar is one ratio in the chart: peer vs its store's reference, in one
+// workload. higherBetter says which way is good (throughput: higher;
+// commands or latency: lower, and the ratio is inverted for the chart).
+type bar struct {
+	group string // "uncontended", ...
+	label string // "redis: distlock vs floor"
+	ratio float64
+}
+
+func newReport(cfg config) *report {
+	return &report{cfg: cfg, start: time.Now(), load0: loadAvg()}
+}
+
+func (r *report) section(w, title string) *section {
+	s := &section{workload: w}
+	fmt.Fprintf(&s.b, "### %s\n\n", title)
+	r.sections = append(r.sections, s)
+	return s
+}
+
+func (r *report) missing(p *peer, err error) {
+	r.notes = append(r.notes, fmt.Sprintf("%s/%s left out: %v", p.store, p.name, oneLine(err.Error())))
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
+}
+
+func f0(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", x)
+}
+
+func f1(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", x)
+}
+
+func f2(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+func per(n int64, d int) float64 {
+	if d == 0 {
+		return math.NaN()
+	}
+	return float64(n) / float64(d)
+}
+
+// cycles adds the table of the uncontended or parallel workload of one store.
+func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
+	ref := rs[0].p.name
+	if w == "uncontended" {
+		s := r.section(w, fmt.Sprintf("Uncontended: %s (%s)", store, pinned))
+		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round.\n\n", r.cfg.rounds, r.cfg.slice, ref)
+		srvCol := store == "redis"
+		hdr := "| peer | cycles/s | vs " + ref + " | p50 us | p99 us | allocs/cycle | B/cycle | round trips/cycle |"
+		sep := "|---|---:|---:|---:|---:|---:|---:|---:|"
+		if srvCol {
+			hdr += " server cmds/cycle |"
+			sep += "---:|"
+		}
+		fmt.Fprintf(&s.b, "%s\n%s\n", hdr, sep)
+		for _, c := range rs {
+			if c.err != nil {
+				fmt.Fprintf(&s.b, "| %s | error: %s |\n", c.p.name, oneLine(c.err.Error()))
+				continue
+			}
+			row := fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s |", c.p.name, f0(c.rate()), f2(c.ratio()),
+				f1(us(quantile(c.lat, 0.5))), f1(us(quantile(c.lat, 0.99))),
+				f1(per(int64(c.mallocs), c.cycles)), f0(per(int64(c.bytes), c.cycles)), f2(per(c.c.rt, c.cycles)))
+			if srvCol {
+				row += " " + f2(per(c.c.cmds, c.cycles)) + " |"
+			}
+			fmt.Fprintln(&s.b, row)
+			if c.p.name != ref {
+				r.bars = append(r.bars, bar{group: "uncontended cycles/s", label: store + ": " + c.p.name + " / " + ref, ratio: c.ratio()})
+			}
+		}
+		r.peerNotes(s, rs)
+		return
+	}
+	s := r.section(w, fmt.Sprintf("Parallel: %s (%d goroutines, distinct keys, %s)", store, r.cfg.parallel, pinned))
+	fmt.Fprintf(&s.b, "%d rounds of %v per peer, alternating; one instance per peer shared by the goroutines.\n\n", r.cfg.rounds, r.cfg.slice)
+	fmt.Fprintf(&s.b, "| peer | cycles/s | vs %s | round trips/cycle |\n|---|---:|---:|---:|\n", ref)
+	for _, c := range rs {
+		if c.err != nil {
+			fmt.Fprintf(&s.b, "| %s | error: %s |\n", c.p.name, oneLine(c.err.Error()))
+			continue
+		}
+		fmt.Fprintf(&s.b, "| %s | %s | %s | %s |\n", c.p.name, f0(c.rate()), f2(c.ratio()), f2(per(c.c.rt, c.cycles)))
+		if c.p.name != ref {
+			r.bars = append(r.bars, bar{group: "parallel cycles/s", label: store + ": " + c.p.name + " / " + ref, ratio: c.ratio()})
+		}
+	}
+	fmt.Fprintln(&s.b)
+}
+
+// peerNotes lists how each peer is configured.
+func (r *report) peerNotes(s *section, rs []*cycleResult) {
+	fmt.Fprintln(&s.b)
+	for _, c := range rs {
+		fmt.Fprintf(&s.b, "- %s: %s\n", c.p.name, c.p.note)
+	}
+	fmt.Fprintln(&s.b)
+}
+
+// write prints the report and writes the files asked for.
+func (r *report) write(stdout io.Writer) error {
+	var b strings.Builder
+	r.header(&b)
+	for _, w := range allWorkloads {
+		for _, s := range r.sections {
+			if s.workload == w {
+				b.WriteString(s.b.String())
+			}
+		}
+	}
+	if len(r.notes) > 0 {
+		b.WriteString("### Left out\n\n")
+		for _, n := range r.notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+		b.WriteString("\n")
+	}
+	if _, err := io.WriteString(stdout, b.String()); err != nil {
+		return err
+	}
+	if r.cfg.out != "" {
+		if err := os.WriteFile(r.cfg.out, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	if r.cfg.svg != "" {
+		if err := os.WriteFile(r.cfg.svg, []byte(chart(r.bars)), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *report) header(b *strings.Builder) {
+	fmt.Fprintf(b, "# distlock benchmarks against its peers\n\n")
+	fmt.Fprintf(b, "Generated by `go run ./bench %s` (in `bench/`: `go run . ...`) on %s, in %v.\n\n",
+		strings.Join(os.Args[1:], " "), r.start.UTC().Format("2006-01-02 15:04 UTC"), time.Since(r.start).Round(time.Second))
+	fmt.Fprintf(b, "- Machine: %s, %d CPUs, %s; Go %s.\n", cpuModel(), runtime.NumCPU(), kernel(), runtime.Version())
+	fmt.Fprintf(b, "- Load average (1, 5, 15 min) at start: %s; at end: %s. The machine was shared with other work: read the ratios (peers alternate round by round, so load hits all alike), not the absolute numbers.\n", r.load0, loadAvg())
+	fmt.Fprintf(b, "- Libraries: %s.\n", strings.Join(moduleVersions(), ", "))
+	if len(r.versions) > 0 {
+		fmt.Fprintf(b, "- Servers: %s.\n", strings.Join(r.versions, ", "))
+	}
+	fmt.Fprintln(b)
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+func kernel() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return runtime.GOOS
+	}
+	return "Linux " + strings.TrimSpace(string(b))
+}
+
+// moduleVersions lists the versions of the libraries measured.
+func moduleVersions() []string {
+	want := []string{"github.com/redis/go-redis/v9", "github.com/bsm/redislock", "github.com/go-redsync/redsync/v4",
+		"go.etcd.io/etcd/client/v3", "go.etcd.io/etcd/server/v3", "github.com/go-zookeeper/zk", "github.com/jackc/pgx/v5"}
+	out := []string{"distlock " + gitRev()}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return out
+	}
+	for _, w := range want {
+		for _, d := range bi.Deps {
+			if d.Path == w {
+				out = append(out, d.Path+" "+d.Version)
+			}
+		}
+	}
+	return out
+}
+
+// gitRev is the checkout's commit, "+dirty" when it has changes.
+func gitRev() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "(this checkout)"
+	}
+	return "`" + strings.TrimSpace(string(out)) + "`"
+}
+
+// serverVersions asks the servers that run.
+func (r *report) serverVersions(ctx context.Context, s *servers) {
+	s.mu.Lock()
+	var redisAddr, zkAddr string
+	if len(s.redis) > 0 {
+		redisAddr = s.redis[0].Addr
+	}
+	if s.zk != nil {
+		zkAddr = s.zk.Addr
+	}
+	hasEtcd := s.etcd != nil
+	s.mu.Unlock()
+	if redisAddr != "" {
+		c := goredis.NewClient(&goredis.Options{Addr: redisAddr})
+		if info, err := c.Info(ctx, "server").Result(); err == nil {
+			for line := range strings.SplitSeq(info, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+					r.versions = append(r.versions, "Redis "+v)
+				}
+			}
+		}
+		c.Close()
+	}
+	if hasEtcd {
+		r.versions = append(r.versions, "etcd (embedded server module, one member in its own process)")
+	}
+	if zkAddr != "" {
+		if out, err := fourLetter(zkAddr, "srvr"); err == nil {
+			for line := range strings.SplitSeq(out, "\n") {
+				if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
+					v, _, _ = strings.Cut(v, ",")
+					r.versions = append(r.versions, "ZooKeeper "+v)
+				}
+			}
+		}
+	}
+}
