@@ -45,7 +45,9 @@ type Harness struct {
 	// an operator, a failover or an expired session would. Required.
 	Evict func(ctx context.Context, key string) error
 
-	// TTL is the short TTL used by the tests of expiry. Default 300ms.
+	// TTL is the short TTL used by the tests of expiry and renewal. Default 600ms:
+	// renewal runs at TTL/3, and a loaded 2-core machine can delay a
+	// goroutine by 100ms or more.
 	// Stores with a coarse TTL set a multiple of their granularity (etcd:
 	// time.Second).
 	TTL time.Duration
@@ -64,7 +66,7 @@ func (h *Harness) ttl() time.Duration {
 	if h.TTL > 0 {
 		return h.TTL
 	}
-	return 300 * time.Millisecond
+	return 600 * time.Millisecond
 }
 
 // Run runs the conformance suite against h. Run it under the race detector.

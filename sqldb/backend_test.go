@@ -1,0 +1,372 @@
+package sqldb
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/testsuite"
+)
+
+// TestPostgres runs everything on one PostgreSQL server.
+func TestPostgres(t *testing.T) {
+	pg := newPG(t)
+	f := pg.fixture()
+	t.Run("Conformance", func(t *testing.T) { testsuite.Run(t, harness(f)) })
+	runCommon(t, f)
+	t.Run("NoClientTimeSent", func(t *testing.T) { testNoClientTime(t, pg) })
+	t.Run("SerializationFailureIsContention", func(t *testing.T) { testSerializationFailure(t, pg) })
+	t.Run("SerializableWorkload", func(t *testing.T) { testSerializableWorkload(t, pg) })
+	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
+	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
+	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
+	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
+	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
+}
+
+// TestMariaDB runs everything on one MariaDB server.
+func TestMariaDB(t *testing.T) {
+	my := newMy(t)
+	f := my.fixture()
+	t.Run("Conformance", func(t *testing.T) { testsuite.Run(t, harness(f)) })
+	runCommon(t, f)
+	t.Run("OwnerTooLong", func(t *testing.T) { testOwnerTooLong(t, f) })
+	t.Run("NoClientTimeSent", func(t *testing.T) { testMySQLNoClientTime(t, my) })
+	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, myNewRes(my)) })
+	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
+	t.Run("CounterRowDeleted", func(t *testing.T) { testCounterRowDeleted(t, my) })
+}
+
+func harness(f fixture) testsuite.Harness {
+	return testsuite.Harness{
+		NewResource: func(t *testing.T) backend.RemoteResource { return f.newResource(t) },
+		// Every row of the key counts, expired or not: a released or
+		// abandoned-then-unlocked lock must leave no row at all.
+		Leftovers:  f.rows,
+		Evict:      f.evict,
+		MaxKeyLen:  MaxKeyLen, // the suite's keys are ASCII: characters = bytes
+		RejectsNUL: f.unit == unitChars,
+	}
+}
+
+// runCommon runs the subtests both stores share.
+func runCommon(t *testing.T, f fixture) {
+	t.Run("ContendedAttempt", func(t *testing.T) { testContended(t, f) })
+	t.Run("ExpiredRowIsTakenOver", func(t *testing.T) { testTakeover(t, f) })
+	t.Run("ReleaseDeletesOwnExpiredRow", func(t *testing.T) { testReleaseExpired(t, f) })
+	t.Run("RefreshUsesServerClock", func(t *testing.T) { testRefresh(t, f) })
+	t.Run("BadKeyNoIO", func(t *testing.T) { testBadKeyNoIO(t, f) })
+	t.Run("ServerClockRules", func(t *testing.T) { testServerClock(t, f) })
+	t.Run("KilledHolderKeepsLockUntilTTL", func(t *testing.T) { testKilledHolder(t, f) })
+	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, f.newResource) })
+}
+
+func newLease(t *testing.T, key string, ttl time.Duration) *backend.Lease {
+	return &backend.Lease{Key: key, Value: testsuite.Key(t), TTL: ttl}
+}
+
+func mustAcquire(t *testing.T, r resource, l *backend.Lease) {
+	t.Helper()
+	ok, _, err := r.TryAcquire(t.Context(), l)
+	if err != nil || !ok {
+		t.Fatalf("TryAcquire(%q) = %v, %v; want acquired", l.Key, ok, err)
+	}
+	if l.Token == 0 {
+		t.Fatalf("TryAcquire(%q) left Token 0", l.Key)
+	}
+}
+
+func wantRows(t *testing.T, f fixture, key string, want ...string) {
+	t.Helper()
+	got, err := f.rows(context.Background(), key)
+	if err != nil {
+		t.Fatalf("rows(%q): %v", key, err)
+	}
+	var w []string
+	for _, o := range want {
+		w = append(w, "row owned by "+o)
+	}
+	if strings.Join(got, ",") != strings.Join(w, ",") {
+		t.Fatalf("rows(%q) = %q; want %q", key, got, w)
+	}
+}
+
+// waitExpired polls until key's row has expired by the server's clock.
+func waitExpired(t *testing.T, f fixture, key string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "row expires", func() (bool, error) {
+		left, err := f.remaining(context.Background(), key)
+		return err == nil && left <= 0, err
+	})
+}
+
+func testContended(t *testing.T, f fixture) {
+	a, b := f.newResource(t), f.newResource(t)
+	key := testsuite.Key(t)
+	la := newLease(t, key, 10*time.Second)
+	mustAcquire(t, a, la)
+	lb := newLease(t, key, time.Second)
+	ok, holderTTL, err := b.TryAcquire(t.Context(), lb)
+	if ok || err != nil {
+		t.Fatalf("contended TryAcquire = %v, %v; want false, nil", ok, err)
+	}
+	if holderTTL < 0 || holderTTL > 10*time.Second {
+		t.Errorf("holderTTL = %v; want within [0, 10s]", holderTTL)
+	}
+	if holderTTL <= 0 {
+		t.Errorf("holderTTL = %v; the first contender learns the holder's remaining time", holderTTL)
+	}
+	if lb.Token != 0 {
+		t.Errorf("failed attempt set Token %d", lb.Token)
+	}
+	if err := b.Release(t.Context(), lb); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release by a non-owner = %v; want ErrNotHeld", err)
+	}
+	if err := b.Refresh(t.Context(), lb); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh by a non-owner = %v; want ErrNotHeld", err)
+	}
+	wantRows(t, f, key, la.Value)
+	if err := a.Release(t.Context(), la); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantRows(t, f, key)
+}
+
+func testTakeover(t *testing.T, f fixture) {
+	a, b, c := f.newResource(t), f.newResource(t), f.newResource(t)
+	key := testsuite.Key(t)
+	la := newLease(t, key, 50*time.Millisecond)
+	mustAcquire(t, a, la)
+	waitExpired(t, f, key)
+	lb := newLease(t, key, time.Minute)
+	mustAcquire(t, b, lb) // the stale row is no dead end
+	if lb.Token <= la.Token {
+		t.Errorf("token after takeover %d <= previous %d", lb.Token, la.Token)
+	}
+	if err := a.Refresh(t.Context(), la); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh by the expired owner = %v; want ErrNotHeld", err)
+	}
+	if err := a.Release(t.Context(), la); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release by the expired owner = %v; want ErrNotHeld", err)
+	}
+	wantRows(t, f, key, lb.Value) // the new owner's row is untouched
+	if ok, _, err := c.TryAcquire(t.Context(), newLease(t, key, time.Second)); ok || err != nil {
+		t.Errorf("TryAcquire while the new owner holds = %v, %v; want false, nil", ok, err)
+	}
+	if err := b.Release(t.Context(), lb); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantRows(t, f, key)
+}
+
+func testReleaseExpired(t *testing.T, f fixture) {
+	a := f.newResource(t)
+	key := testsuite.Key(t)
+	la := newLease(t, key, 50*time.Millisecond)
+	mustAcquire(t, a, la)
+	waitExpired(t, f, key)
+	if err := a.Release(t.Context(), la); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release of an expired lease = %v; want ErrNotHeld", err)
+	}
+	wantRows(t, f, key) // and no stale row stays behind
+}
+
+func testRefresh(t *testing.T, f fixture) {
+	a := f.newResource(t)
+	key := testsuite.Key(t)
+	l := newLease(t, key, 5*time.Second)
+	mustAcquire(t, a, l)
+	if left, err := f.remaining(t.Context(), key); err != nil || left > 5*time.Second || left < 4*time.Second {
+		t.Fatalf("remaining after acquire = %v, %v; want about 5s", left, err)
+	}
+	l.TTL = time.Hour
+	if err := a.Refresh(t.Context(), l); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	if left, err := f.remaining(t.Context(), key); err != nil || left > time.Hour || left < 59*time.Minute {
+		t.Fatalf("remaining after Refresh = %v, %v; want about 1h", left, err)
+	}
+	if err := a.Release(t.Context(), l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := a.Refresh(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh after Release = %v; want ErrNotHeld", err)
+	}
+	wantRows(t, f, key)
+}
+
+// testBadKeyNoIO uses a resource whose client is closed: a call that
+// reached the database would fail with the client's error instead.
+func testBadKeyNoIO(t *testing.T, f fixture) {
+	r := f.closed(t)
+	long := strings.Repeat("k", MaxKeyLen+1)
+	for _, key := range []string{"", long} {
+		l := &backend.Lease{Key: key, Value: "v", TTL: time.Second}
+		for name, err := range map[string]error{
+			"ValidateKey": r.ValidateKey(key),
+			"TryAcquire":  func() error { _, _, err := r.TryAcquire(t.Context(), l); return err }(),
+			"Release":     r.Release(t.Context(), l),
+			"Refresh":     r.Refresh(t.Context(), l),
+		} {
+			if err == nil || !strings.HasPrefix(err.Error(), "sqldb: key") && !strings.HasPrefix(err.Error(), "sqldb: empty key") {
+				t.Errorf("%s(%.10q...) = %v; want a key error before any I/O", name, key, err)
+			}
+		}
+	}
+	// Through the facade: ErrInvalid.
+	d, err := distlock.New(r)
+	if err != nil {
+		t.Fatalf("distlock.New: %v", err)
+	}
+	if _, err := d.TryLock(t.Context(), long, 0); !errors.Is(err, distlock.ErrInvalid) {
+		t.Errorf("TryLock(long key) = %v; want ErrInvalid", err)
+	}
+	// And a good key does reach the (closed) client: the test can fail.
+	if _, _, err := r.TryAcquire(t.Context(), &backend.Lease{Key: "k", Value: "v", TTL: time.Second}); err == nil {
+		t.Errorf("TryAcquire over a closed client succeeded")
+	}
+}
+
+func testOwnerTooLong(t *testing.T, f fixture) {
+	r := f.closed(t)
+	l := &backend.Lease{Key: "k", Value: strings.Repeat("v", maxOwnerLen+1), TTL: time.Second}
+	if _, _, err := r.TryAcquire(t.Context(), l); err == nil || !strings.Contains(err.Error(), "owner value") {
+		t.Errorf("TryAcquire with a 256-byte owner = %v; want an owner-length error before I/O", err)
+	}
+}
+
+// testServerClock shows that expiry is judged by the database's clock and
+// nothing else. The library sends no timestamps (TestPostgres/
+// NoClientTimeSent checks the wire), so the only client-side notion of time
+// left is the session: here the two owners' sessions run 25 hours apart
+// (UTC-12 and UTC+13). Were expiry computed in the session's local time
+// (PostgreSQL timestamp without time zone, MySQL NOW() into DATETIME),
+// the +13 owner would see the -12 owner's row as expired a day ago and take
+// it at once; were it computed by the -12 session for a +13 row, the row
+// would look a day away from expiry and the takeover below would never
+// come.
+func testServerClock(t *testing.T, f fixture) {
+	west, east := f.inZone(t, "-12:00"), f.inZone(t, "+13:00")
+	for _, pair := range []struct {
+		name         string
+		first, other resource
+	}{{"west holds", west, east}, {"east holds", east, west}} {
+		key := testsuite.Key(t)
+		l1 := newLease(t, key, 400*time.Millisecond)
+		mustAcquire(t, pair.first, l1)
+		l2 := newLease(t, key, time.Minute)
+		if ok, _, err := pair.other.TryAcquire(t.Context(), l2); ok || err != nil {
+			t.Fatalf("%s: other zone's TryAcquire before expiry = %v, %v; want false, nil", pair.name, ok, err)
+		}
+		if left, err := f.remaining(t.Context(), key); err != nil || left <= 0 || left > 400*time.Millisecond {
+			t.Fatalf("%s: server says %v, %v left; want within (0, 400ms]", pair.name, left, err)
+		}
+		waitExpired(t, f, key)
+		ok, _, err := pair.other.TryAcquire(t.Context(), l2)
+		if !ok || err != nil {
+			t.Fatalf("%s: other zone's TryAcquire after the server's expiry = %v, %v; want acquired", pair.name, ok, err)
+		}
+		if l2.Token <= l1.Token {
+			t.Errorf("%s: token %d <= %d", pair.name, l2.Token, l1.Token)
+		}
+		if err := pair.other.Release(t.Context(), l2); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+// testKilledHolder kills the holder's connection on the server: the lock is
+// a row, not a session, so it stays held until its TTL runs out by the
+// server's clock; then the next owner takes the stale row over.
+func testKilledHolder(t *testing.T, f fixture) {
+	holder, kill := f.killable(t)
+	other := f.newResource(t)
+	key := testsuite.Key(t)
+	const ttl = 2 * time.Second
+	l1 := newLease(t, key, ttl)
+	mustAcquire(t, holder, l1)
+	kill()
+	l2 := newLease(t, key, time.Minute)
+	if ok, _, err := other.TryAcquire(t.Context(), l2); ok || err != nil {
+		t.Fatalf("TryAcquire right after the holder's connection died = %v, %v; want false, nil", ok, err)
+	}
+	if left, err := f.remaining(t.Context(), key); err != nil || left <= 0 {
+		t.Fatalf("server says %v, %v left; want the TTL still running", left, err)
+	}
+	wantRows(t, f, key, l1.Value)
+	waitExpired(t, f, key)
+	ok, _, err := other.TryAcquire(t.Context(), l2)
+	if !ok || err != nil {
+		t.Fatalf("TryAcquire after the TTL = %v, %v; want acquired", ok, err)
+	}
+	if l2.Token <= l1.Token {
+		t.Errorf("token %d <= dead holder's %d", l2.Token, l1.Token)
+	}
+	// The dead holder's pool reconnects; its lease is gone.
+	if err := holder.Release(t.Context(), l1); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("dead holder's Release = %v; want ErrNotHeld", err)
+	}
+	if err := other.Release(t.Context(), l2); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantRows(t, f, key)
+}
+
+// testConcurrency runs 3 instances x 4 goroutines on one key through
+// distlock.New: never two holders, tokens strictly increasing, no errors.
+func testConcurrency(t *testing.T, newResource func(t testing.TB) resource) {
+	const instances, workers, rounds = 3, 4, 10
+	key := testsuite.Key(t)
+	var (
+		inside   atomic.Int32
+		mu       sync.Mutex
+		lastTok  uint64
+		acquired atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for range instances {
+		d, err := distlock.New(newResource(t), distlock.WithSpin(2*time.Millisecond, 3*time.Millisecond))
+		if err != nil {
+			t.Fatalf("distlock.New: %v", err)
+		}
+		t.Cleanup(func() { d.Close() })
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					lk, err := d.TryLock(t.Context(), key, time.Minute)
+					if err != nil {
+						t.Errorf("TryLock: %v", err)
+						return
+					}
+					if n := inside.Add(1); n != 1 {
+						t.Errorf("%d holders at once", n)
+					}
+					mu.Lock()
+					if lk.Token() <= lastTok {
+						t.Errorf("token %d <= previous holder's %d", lk.Token(), lastTok)
+					}
+					lastTok = lk.Token()
+					mu.Unlock()
+					time.Sleep(time.Millisecond) // a window a second holder would use
+					inside.Add(-1)
+					acquired.Add(1)
+					if err := lk.Unlock(context.Background()); err != nil {
+						t.Errorf("Unlock: %v", err)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if got := acquired.Load(); got != instances*workers*rounds {
+		t.Errorf("acquired %d times; want %d", got, instances*workers*rounds)
+	}
+}

@@ -1,0 +1,150 @@
+// Package sqldb keeps distlock locks in a SQL table: PostgreSQL through
+// github.com/jackc/pgx/v5 ([NewPostgres], [Postgres]) and MySQL or
+// MariaDB through database/sql with github.com/go-sql-driver/mysql
+// ([NewMySQL], [MySQL]). Both are pull stores: they implement
+// backend.Spinner, backend.Refresher and backend.KeyValidator, and are
+// used through distlock.New:
+//
+//	pool, _ := pgxpool.New(ctx, dsn)
+//	res, err := sqldb.NewPostgres(ctx, pool)
+//	...
+//	d, err := distlock.New(res)
+//	defer d.Close() // stops the LISTEN connection; the pool stays open
+//
+// # Schema
+//
+// The constructors create the table (default [DefaultTable], see
+// [WithTable]) when it does not exist; an existing table is used as is.
+//
+// PostgreSQL:
+//
+//	CREATE SEQUENCE distlock_locks_token_seq;
+//	CREATE TABLE distlock_locks (
+//	  lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
+//	  owner      text NOT NULL,
+//	  token      bigint NOT NULL,
+//	  expires_at timestamptz NOT NULL,
+//	  waited     boolean NOT NULL DEFAULT false -- a contender tried: notify on release
+//	);
+//	ALTER SEQUENCE distlock_locks_token_seq OWNED BY distlock_locks.token;
+//
+// MySQL/MariaDB:
+//
+//	CREATE TABLE distlock_locks (
+//	  lock_key   VARBINARY(255) NOT NULL PRIMARY KEY,
+//	  owner      VARBINARY(255) NOT NULL,
+//	  token      BIGINT UNSIGNED NOT NULL,
+//	  expires_at DATETIME(6) NOT NULL   -- UTC
+//	) ENGINE=InnoDB;
+//
+// plus one row with the empty key: the fencing counter (expires in year
+// 9999). Keys are compared byte for byte on both (collation "C",
+// VARBINARY), so "a" and "A" are different locks. A key holds at most
+// [MaxKeyLen] characters on PostgreSQL (and must be valid UTF-8 without
+// NUL) and [MaxKeyLen] bytes on MySQL; the empty key is never valid. The
+// facade rejects other keys with a clear error before any I/O
+// (ValidateKey). On MySQL the owner value is at most 255 bytes.
+//
+// # Statements and clock
+//
+// Every operation is one statement, one round trip:
+//
+//   - Acquire inserts the row, or takes over a row whose expires_at is
+//     past, and returns the new token. PostgreSQL:
+//     INSERT .. ON CONFLICT (lock_key) DO UPDATE .. WHERE expires_at <= now()
+//     .. RETURNING token; when the key is held, the first contender sets
+//     waited on the holder's row and gets the holder's remaining time back
+//     (later contenders change nothing). MySQL: a two-row
+//     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the counter
+//     into LAST_INSERT_ID() and whose second row takes the lock guarded by
+//     expiry; the outcome travels back in the OK packet's insert id, with
+//     the holder's remaining time when the lock is held.
+//   - Release deletes the row where key and owner match (PostgreSQL: and,
+//     if waited is set, calls pg_notify in the same statement). An expired
+//     row of ours is deleted too, and Release then returns
+//     backend.ErrNotHeld (on MySQL that case takes a second statement).
+//   - Refresh sets expires_at anew where key and owner match and the lease
+//     has not run out.
+//
+// An uncontended TryLock+Unlock is two statements, two round trips, the
+// same as a bare upsert and delete (see BenchmarkPostgresCycle).
+//
+// Expiry is judged by the database's clock only: now() on PostgreSQL,
+// UTC_TIMESTAMP(6) on MySQL (independent of the session's time_zone). The
+// client sends the TTL as a number of microseconds (rounded up) and never a
+// timestamp, so clients with skewed clocks or different time zones agree.
+// Each statement uses one time for all its checks (the statement's start).
+//
+// # Fencing token
+//
+// Lease.Token strictly increases across successive holders of every key in
+// one table. A number drawn before the acquire wins the row must not be
+// stored after a later number's holder has come and gone, so the draw is
+// serialized with the acquire's commit:
+//
+//   - PostgreSQL draws from the table's sequence (table_token_seq) while
+//     holding a transaction-scoped advisory lock on the key
+//     (pg_advisory_xact_lock(int4, int4): a per-table class and
+//     hashtext(key)), released when the statement commits. Acquires of one
+//     key queue on it for the length of one statement; releases and
+//     refreshes do not take it. A hash collision only makes two keys'
+//     acquires queue for each other.
+//   - MySQL bumps the counter row (the empty key), whose row lock every
+//     acquire holds until it commits, so acquires on one MySQL table are
+//     serialized for the length of one statement.
+//
+// Failed attempts consume numbers too: tokens have gaps. Should the MySQL
+// counter row be deleted, the next acquire recreates it at the server's
+// time in microseconds since 1970, which is above any realistic count, so
+// tokens keep increasing (unless the server's clock went back too).
+//
+// # Contention and errors
+//
+// A serialization failure, deadlock or lock timeout (PostgreSQL SQLSTATE
+// 40001, 40P01, 55P03; MySQL errors 1213, 1205) during an acquire is
+// contention: TryAcquire reports acquired == false with a nil error and the
+// facade's spin loop tries again within the caller's wait, so the caller
+// sees distlock.ErrNotAcquired only when the wait runs out. Release and
+// Refresh rerun their statement after a serialization failure or deadlock
+// (up to 5 times): sessions in REPEATABLE READ or SERIALIZABLE isolation
+// work. Any other
+// database error is returned wrapped with the operation and key. When an
+// acquire fails after its statement may have reached the server (a broken
+// connection, a cancelled context) the backend deletes the row it may have
+// written (key and owner) before returning the error.
+//
+// # Wake-up
+//
+// [Postgres] implements backend.Notifier: while this process has waiters
+// it keeps one dedicated connection, opened from the pool's connection
+// config outside the pool, that LISTENs on a channel named like the table;
+// Release notifies with the key as payload when a contender tried the key
+// while it was held. The connection closes about a second after the last
+// waiter leaves, and on [Postgres.Close]. It is made with
+// pgx.ConnectConfig, so pgxpool hooks (BeforeConnect, AfterConnect) do not
+// run for it; behind a transaction-pooling proxy such as PgBouncer it
+// hears nothing. Notices are hints; the spin loop stays the fallback.
+// [MySQL] has no notifications and spins.
+//
+// # Running against an existing database
+//
+// Create the table ahead of time (the statements above) if the
+// application's role may not create tables; the constructors then only
+// check that it exists. PostgreSQL privileges: SELECT, INSERT, UPDATE,
+// DELETE on the table, USAGE on the sequence; CREATE on the schema only if
+// the table is to be created. Advisory locks need no privilege. MySQL
+// privileges: SELECT, INSERT, UPDATE, DELETE on the table; CREATE only to
+// create it. The pool's settings are respected; the backend never closes
+// the pool or *sql.DB. With go-sql-driver, statements are prepared once
+// per connection, so any DSN works (no parseTime, no multiStatements).
+//
+// # Cleanup of expired rows
+//
+// A lock that is released leaves no row. A holder that dies leaves its row
+// until the next acquirer takes it over (the row is expired, so that is
+// one statement) — no dead end. Rows of keys that are never locked again
+// stay; remove them at leisure, which is safe at any time:
+//
+//	DELETE FROM distlock_locks WHERE expires_at < now();                              -- PostgreSQL
+//	DELETE FROM distlock_locks WHERE lock_key <> '' AND expires_at < UTC_TIMESTAMP(6); -- MySQL
+package sqldb

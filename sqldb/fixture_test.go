@@ -1,0 +1,292 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// resource is what both backends are, for tests that run on both.
+type resource interface {
+	backend.Spinner
+	backend.Refresher
+	backend.KeyValidator
+	Close() error
+}
+
+// fixture is one database shared by a top-level test's subtests, and the
+// means to make resources over it as separate processes would have them.
+type fixture struct {
+	name string
+	// newResource returns a resource over its own pool or *sql.DB, both
+	// closed when t ends.
+	newResource func(t testing.TB) resource
+	// rows lists "owner" for every row of key (live or expired).
+	rows func(ctx context.Context, key string) ([]string, error)
+	// evict deletes key's row behind its owner's back.
+	evict func(ctx context.Context, key string) error
+	// remaining is the time key's row has left by the server's clock
+	// (negative once expired).
+	remaining func(ctx context.Context, key string) (time.Duration, error)
+	// unit counts key length as the lock_key column does.
+	unit keyUnit
+	// inZone returns a resource whose sessions run in time zone tz
+	// (a UTC offset such as "+13:00").
+	inZone func(t testing.TB, tz string) resource
+	// killable returns a resource over a client with one connection, and
+	// a func that kills that connection on the server.
+	killable func(t testing.TB) (resource, func())
+	// closed returns a resource whose client is closed: any I/O fails.
+	closed func(t testing.TB) resource
+}
+
+// pgFixture is a PostgreSQL database for one top-level test.
+type pgFixture struct {
+	dsn   string
+	admin *pgxpool.Pool
+}
+
+func newPG(t testing.TB) *pgFixture {
+	t.Helper()
+	f := &pgFixture{dsn: postgresDSN(t)}
+	f.admin = f.pool(t, nil)
+	return f
+}
+
+// pool returns a new pool over the database, closed when t ends; tweak may
+// change its config first.
+func (f *pgFixture) pool(t testing.TB, tweak func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatalf("pgxpool.ParseConfig: %v", err)
+	}
+	if tweak != nil {
+		tweak(cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgxpool.NewWithConfig: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// resource returns a Postgres over pool, closed when t ends (before pool:
+// cleanups run last-in first-out).
+func (f *pgFixture) resource(t testing.TB, pool *pgxpool.Pool, opts ...Option) *Postgres {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := NewPostgres(ctx, pool, opts...)
+	if err != nil {
+		t.Fatalf("NewPostgres: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return p
+}
+
+func (f *pgFixture) fixture() fixture {
+	return fixture{
+		name: "postgres",
+		newResource: func(t testing.TB) resource {
+			return f.resource(t, f.pool(t, nil))
+		},
+		rows: func(ctx context.Context, key string) ([]string, error) {
+			rows, err := f.admin.Query(ctx, `SELECT owner FROM distlock_locks WHERE lock_key = $1`, key)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var out []string
+			for rows.Next() {
+				var o string
+				if err := rows.Scan(&o); err != nil {
+					return nil, err
+				}
+				out = append(out, "row owned by "+o)
+			}
+			return out, rows.Err()
+		},
+		evict: func(ctx context.Context, key string) error {
+			_, err := f.admin.Exec(ctx, `DELETE FROM distlock_locks WHERE lock_key = $1`, key)
+			return err
+		},
+		remaining: func(ctx context.Context, key string) (time.Duration, error) {
+			var us int64
+			err := f.admin.QueryRow(ctx, `SELECT (extract(epoch FROM expires_at - now()) * 1000000)::bigint FROM distlock_locks WHERE lock_key = $1`, key).Scan(&us)
+			return time.Duration(us) * time.Microsecond, err
+		},
+		unit: unitChars,
+		inZone: func(t testing.TB, tz string) resource {
+			return f.resource(t, f.pool(t, func(c *pgxpool.Config) {
+				c.ConnConfig.RuntimeParams["timezone"] = tz
+			}))
+		},
+		killable: func(t testing.TB) (resource, func()) {
+			pool := f.pool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
+			r := f.resource(t, pool)
+			var pid int32
+			if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				t.Fatalf("pg_backend_pid: %v", err)
+			}
+			return r, func() {
+				var ok bool
+				if err := f.admin.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+					t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+				}
+			}
+		},
+		closed: func(t testing.TB) resource {
+			pool := f.pool(t, nil)
+			r := f.resource(t, pool)
+			pool.Close()
+			return r
+		},
+	}
+}
+
+// myFixture is a MariaDB database for one top-level test.
+type myFixture struct {
+	dsn   string
+	admin *sql.DB
+}
+
+func newMy(t testing.TB) *myFixture {
+	t.Helper()
+	f := &myFixture{dsn: mariadbDSN(t)}
+	f.admin = f.db(t, nil)
+	return f
+}
+
+// db returns a new *sql.DB over the database, closed when t ends; tweak may
+// change its config first.
+func (f *myFixture) db(t testing.TB, tweak func(*mysql.Config)) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(f.dsn)
+	if err != nil {
+		t.Fatalf("mysql.ParseDSN: %v", err)
+	}
+	if tweak != nil {
+		tweak(cfg)
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatalf("mysql.NewConnector: %v", err)
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func (f *myFixture) resource(t testing.TB, db *sql.DB, opts ...Option) *MySQL {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := NewMySQL(ctx, db, opts...)
+	if err != nil {
+		t.Fatalf("NewMySQL: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return m
+}
+
+func (f *myFixture) fixture() fixture {
+	return fixture{
+		name: "mariadb",
+		newResource: func(t testing.TB) resource {
+			return f.resource(t, f.db(t, nil))
+		},
+		rows: func(ctx context.Context, key string) ([]string, error) {
+			rows, err := f.admin.QueryContext(ctx, "SELECT owner FROM distlock_locks WHERE lock_key = ?", key)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var out []string
+			for rows.Next() {
+				var o string
+				if err := rows.Scan(&o); err != nil {
+					return nil, err
+				}
+				out = append(out, "row owned by "+o)
+			}
+			return out, rows.Err()
+		},
+		evict: func(ctx context.Context, key string) error {
+			if key == "" {
+				return fmt.Errorf("evict: refusing to delete the counter row")
+			}
+			_, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks WHERE lock_key = ?", key)
+			return err
+		},
+		remaining: func(ctx context.Context, key string) (time.Duration, error) {
+			var us int64
+			err := f.admin.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM distlock_locks WHERE lock_key = ?", key).Scan(&us)
+			return time.Duration(us) * time.Microsecond, err
+		},
+		unit: unitBytes,
+		inZone: func(t testing.TB, tz string) resource {
+			return f.resource(t, f.db(t, func(c *mysql.Config) {
+				if c.Params == nil {
+					c.Params = map[string]string{}
+				}
+				c.Params["time_zone"] = "'" + tz + "'"
+			}))
+		},
+		killable: func(t testing.TB) (resource, func()) {
+			db := f.db(t, nil)
+			db.SetMaxOpenConns(1)
+			db.SetMaxIdleConns(1)
+			r := f.resource(t, db)
+			var id int64
+			if err := db.QueryRow("SELECT CONNECTION_ID()").Scan(&id); err != nil {
+				t.Fatalf("CONNECTION_ID: %v", err)
+			}
+			return r, func() {
+				if _, err := f.admin.Exec(fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+					t.Fatalf("KILL CONNECTION %d: %v", id, err)
+				}
+			}
+		},
+		closed: func(t testing.TB) resource {
+			db := f.db(t, nil)
+			r := f.resource(t, db)
+			db.Close()
+			return r
+		},
+	}
+}
+
+// eventually polls cond every 10ms until it returns true or d passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v (last error: %v)", what, d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,197 @@
+package sqldb
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// listenIdle is how long the LISTEN connection stays open after the last
+// subscription ends, so a process that waits again soon does not pay a new
+// connection each time.
+const listenIdle = time.Second
+
+// listener owns one dedicated LISTEN connection per [Postgres], open only
+// while the process has subscribers (plus listenIdle), and fans the
+// channel's notifications out to the subscribers of the key in the payload.
+type listener struct {
+	cfg     *pgx.ConnConfig
+	channel string
+	idle    time.Duration
+
+	mu      sync.Mutex
+	subs    map[string]map[*chan struct{}]struct{}
+	n       int                // live subscriptions
+	stop    context.CancelFunc // non-nil while a listen goroutine runs
+	timer   *time.Timer        // pending idle stop
+	closed  bool
+	wg      sync.WaitGroup
+	running int // listen goroutines not yet returned (tests)
+	conns   int // successful LISTENs so far (tests)
+}
+
+func newListener(cfg *pgx.ConnConfig, channel string) *listener {
+	return &listener{
+		cfg:     cfg,
+		channel: channel,
+		idle:    listenIdle,
+		subs:    make(map[string]map[*chan struct{}]struct{}),
+	}
+}
+
+func (ln *listener) subscribe(key string) (<-chan struct{}, func()) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.closed {
+		return nil, func() {}
+	}
+	ch := make(chan struct{}, 1)
+	set := ln.subs[key]
+	if set == nil {
+		set = make(map[*chan struct{}]struct{})
+		ln.subs[key] = set
+	}
+	set[&ch] = struct{}{}
+	ln.n++
+	if ln.timer != nil {
+		ln.timer.Stop()
+		ln.timer = nil
+	}
+	if ln.stop == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		ln.stop = cancel
+		ln.wg.Add(1)
+		ln.running++
+		go ln.run(ctx)
+	}
+	var once sync.Once
+	return ch, func() { once.Do(func() { ln.unsubscribe(key, &ch) }) }
+}
+
+func (ln *listener) unsubscribe(key string, ch *chan struct{}) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	set := ln.subs[key]
+	if _, ok := set[ch]; !ok {
+		return // dropped by close
+	}
+	delete(set, ch)
+	if len(set) == 0 {
+		delete(ln.subs, key)
+	}
+	ln.n--
+	if ln.n == 0 && ln.stop != nil && !ln.closed {
+		var t *time.Timer
+		t = time.AfterFunc(ln.idle, func() {
+			ln.mu.Lock()
+			defer ln.mu.Unlock()
+			if ln.timer != t || ln.n > 0 {
+				return // superseded by a new subscription
+			}
+			ln.timer = nil
+			ln.stop()
+			ln.stop = nil
+		})
+		ln.timer = t
+	}
+}
+
+// close stops the listen goroutine, if any, and waits for it.
+func (ln *listener) close() {
+	ln.mu.Lock()
+	ln.closed = true
+	if ln.timer != nil {
+		ln.timer.Stop()
+		ln.timer = nil
+	}
+	if ln.stop != nil {
+		ln.stop()
+		ln.stop = nil
+	}
+	ln.subs = make(map[string]map[*chan struct{}]struct{})
+	ln.n = 0
+	ln.mu.Unlock()
+	ln.wg.Wait()
+}
+
+// run keeps one connection LISTENing until ctx ends, reconnecting with
+// backoff after a failure.
+func (ln *listener) run(ctx context.Context) {
+	defer func() {
+		ln.mu.Lock()
+		ln.running--
+		ln.mu.Unlock()
+		ln.wg.Done()
+	}()
+	backoff := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		if ln.listen(ctx) {
+			backoff = 10 * time.Millisecond
+			continue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// listen connects, LISTENs and delivers notifications until the connection
+// fails or ctx ends. It reports whether it got as far as LISTEN.
+func (ln *listener) listen(ctx context.Context) bool {
+	conn, err := pgx.ConnectConfig(ctx, ln.cfg)
+	if err != nil {
+		return false
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ln.channel}.Sanitize()); err != nil {
+		return false
+	}
+	ln.mu.Lock()
+	ln.conns++
+	ln.mu.Unlock()
+	// A release between a waiter's failed attempt and this LISTEN was not
+	// heard: wake everyone once so they try again now.
+	ln.wakeAll()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return true
+		}
+		ln.wake(n.Payload)
+	}
+}
+
+func (ln *listener) wake(key string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	for ch := range ln.subs[key] {
+		select {
+		case *ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (ln *listener) wakeAll() {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	for _, set := range ln.subs {
+		for ch := range set {
+			select {
+			case *ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/distlock/distlock/backend"
+)
+
+var (
+	_ backend.Spinner            = (*MySQL)(nil)
+	_ backend.Refresher          = (*MySQL)(nil)
+	_ backend.KeyValidator       = (*MySQL)(nil)
+	_ interface{ Close() error } = (*MySQL)(nil)
+)
+
+// contendedBit marks the value the acquire statement leaves in
+// LAST_INSERT_ID() when a live owner holds the key; the low bits are then
+// the holder's remaining microseconds. Tokens never reach 2^63.
+const contendedBit = 1 << 63
+
+// MySQL is a lock table in MySQL or MariaDB, reached through database/sql
+// with github.com/go-sql-driver/mysql. Make one with [NewMySQL]. It is
+// safe for concurrent use. It has no wake-up channel: waiters spin.
+type MySQL struct {
+	db    *sql.DB
+	table string
+
+	acq, rel, relAny, ref *sql.Stmt
+}
+
+// NewMySQL returns a lock backend over db, creating the lock table and its
+// fencing counter row if absent. Any DSN works (parseTime is not needed:
+// times are computed in SQL and never scanned). The caller owns db:
+// [MySQL.Close] closes only the prepared statements. Options: [WithTable].
+//
+// It returns an error for a nil db or a bad option (before any I/O), and
+// the database's error, wrapped, when the table cannot be checked or
+// created or the statements cannot be prepared.
+func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
+	if db == nil {
+		return nil, errors.New("sqldb: NewMySQL: nil db")
+	}
+	c, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	q := "`" + strings.Join(c.table, "`.`") + "`"
+	m := &MySQL{db: db, table: c.tableName()}
+	if err := m.createTable(ctx, q); err != nil {
+		return nil, err
+	}
+	prep := func(query string) *sql.Stmt {
+		if err != nil {
+			return nil
+		}
+		var st *sql.Stmt
+		st, err = db.PrepareContext(ctx, query)
+		return st
+	}
+	// One statement, two rows, in this order. Row 1 is the fencing counter
+	// (key ''): it exists, so it takes the UPDATE branch, bumps the counter
+	// and leaves it in LAST_INSERT_ID(). Should someone delete it, it comes
+	// back at the server's time in microseconds since 1970, above any count
+	// of acquisitions so far, so tokens still increase. Row 2 is the
+	// lock: a new row takes the counter value; an existing row whose lease
+	// ran out by the server's clock is taken over with it; a live row is
+	// left alone and LAST_INSERT_ID() is set to contendedBit | the holder's
+	// remaining microseconds instead. The SET list is evaluated left to
+	// right, so expires_at is assigned last and the conditions before it
+	// read the old value. UTC_TIMESTAMP(6) is fixed for the statement and
+	// independent of the session's time zone. The client reads the outcome
+	// from the OK packet's insert id: no second round trip.
+	m.acq = prep(`INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
+  ('', '', LAST_INSERT_ID(UNIX_TIMESTAMP() * 1000000), '9999-12-31 23:59:59'),
+  (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE
+  owner = IF(lock_key = '' OR expires_at > UTC_TIMESTAMP(6), owner, ?),
+  token = IF(lock_key = '', LAST_INSERT_ID(token + 1),
+          IF(expires_at > UTC_TIMESTAMP(6),
+             token + 0 * LAST_INSERT_ID(9223372036854775808 | TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)),
+             LAST_INSERT_ID())),
+  expires_at = IF(lock_key = '' OR expires_at > UTC_TIMESTAMP(6), expires_at,
+                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`)
+	m.rel = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
+	m.relAny = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ?`)
+	m.ref = prep(`UPDATE ` + q + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("sqldb: mysql: prepare statements for %s: %w", m.table, err)
+	}
+	return m, nil
+}
+
+func (m *MySQL) createTable(ctx context.Context, q string) error {
+	// A query, not Exec: go-sql-driver v1.10 hangs when a SELECT goes
+	// through Exec on a server-side prepared statement, which is what
+	// database/sql does for connectors without ExecerContext (wrappers
+	// for tracing, say).
+	rows, err := m.db.QueryContext(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
+	if err == nil {
+		err = rows.Close()
+	}
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		// exists: an existing table needs no CREATE privilege
+	case errors.As(err, &me) && me.Number == 1146: // ER_NO_SUCH_TABLE
+		_, err = m.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+q+` (
+  lock_key   VARBINARY(255) NOT NULL PRIMARY KEY,
+  owner      VARBINARY(255) NOT NULL,
+  token      BIGINT UNSIGNED NOT NULL,
+  expires_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB`)
+		if err != nil {
+			return fmt.Errorf("sqldb: mysql: create table %s: %w", m.table, err)
+		}
+	default:
+		return fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)
+	}
+	// The fencing counter row. Never expires; never deleted by us.
+	_, err = m.db.ExecContext(ctx, `INSERT INTO `+q+` (lock_key, owner, token, expires_at)
+VALUES ('', '', 0, '9999-12-31 23:59:59') ON DUPLICATE KEY UPDATE token = token`)
+	if err != nil {
+		return fmt.Errorf("sqldb: mysql: create counter row in %s: %w", m.table, err)
+	}
+	return nil
+}
+
+// Table returns the lock table's name as given to [WithTable] (or
+// [DefaultTable]).
+func (m *MySQL) Table() string { return m.table }
+
+// ValidateKey reports whether key fits the lock_key column: non-empty (the
+// empty key names the counter row) and at most [MaxKeyLen] bytes. It does
+// no I/O.
+func (m *MySQL) ValidateKey(key string) error { return validateKey(key, unitBytes) }
+
+func (m *MySQL) validate(l *backend.Lease) error {
+	if err := m.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	if len(l.Value) > maxOwnerLen {
+		return fmt.Errorf("sqldb: owner value is %d bytes long; the owner column holds at most %d", len(l.Value), maxOwnerLen)
+	}
+	return nil
+}
+
+// TryAcquire makes one attempt to take l.Key for l.TTL by the database's
+// clock, in one statement. On success it sets l.Token from the table's
+// counter row. When a live owner holds the key it returns acquired ==
+// false, a nil error and the holder's remaining time as holderTTL. A
+// deadlock or lock wait timeout (errors 1213, 1205) is also reported as
+// acquired == false with a nil error: it is contention, and the facade's
+// spin loop retries.
+//
+// When the outcome is unknown (the connection failed or ctx ended after the
+// statement was sent) it deletes l.Value's row, if any, before returning
+// the error. An owner value over 255 bytes is an error, without I/O.
+func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	if err := m.validate(l); err != nil {
+		return false, 0, err
+	}
+	ttl := micros(l.TTL)
+	res, err := m.acq.ExecContext(ctx, l.Key, l.Value, ttl, l.Value, ttl)
+	var id int64
+	if err == nil {
+		id, err = res.LastInsertId()
+	}
+	if err != nil {
+		if myContention(err) {
+			return false, 0, nil
+		}
+		if myAmbiguous(err) {
+			cctx, cancel := cleanupContext(ctx)
+			defer cancel()
+			if _, cerr := m.relAny.ExecContext(cctx, l.Key, l.Value); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+			}
+		}
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, err)
+	}
+	u := uint64(id)
+	if u&contendedBit != 0 {
+		return false, time.Duration(u&^contendedBit) * time.Microsecond, nil
+	}
+	if u == 0 {
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: the statement returned no token (is the driver passing LAST_INSERT_ID through?)", l.Key)
+	}
+	l.Token = u
+	return true, 0, nil
+}
+
+// Release deletes l's row if l.Value still owns l.Key. It returns
+// [backend.ErrNotHeld] when another owner holds the key, no row exists, or
+// our row had expired; a stale row of ours is then deleted by a second
+// statement (the common path is one statement). A deadlock or lock wait
+// timeout reruns the statement, up to 5 times.
+func (m *MySQL) Release(ctx context.Context, l *backend.Lease) error {
+	if err := m.validate(l); err != nil {
+		return err
+	}
+	n, err := m.exec(ctx, m.rel, l.Key, l.Value)
+	if err != nil {
+		return fmt.Errorf("sqldb: mysql: release %q: %w", l.Key, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := m.exec(ctx, m.relAny, l.Key, l.Value); err != nil {
+		return fmt.Errorf("sqldb: mysql: release %q: delete expired row: %w", l.Key, err)
+	}
+	return backend.ErrNotHeld
+}
+
+// Refresh extends l by l.TTL from the database's current time if l.Value
+// still owns l.Key and has not expired. It returns [backend.ErrNotHeld]
+// otherwise. A deadlock or lock wait timeout reruns the statement, up to 5
+// times.
+func (m *MySQL) Refresh(ctx context.Context, l *backend.Lease) error {
+	if err := m.validate(l); err != nil {
+		return err
+	}
+	n, err := m.exec(ctx, m.ref, micros(l.TTL), l.Key, l.Value)
+	if err != nil {
+		return fmt.Errorf("sqldb: mysql: refresh %q: %w", l.Key, err)
+	}
+	if n == 0 {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// exec runs st and returns the rows it affected, rerunning it after a
+// deadlock or lock wait timeout (up to 5 times).
+func (m *MySQL) exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
+	var n int64
+	err := retryConflicts(myContention, func() error {
+		res, err := st.ExecContext(ctx, args...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	return n, err
+}
+
+// Close closes the prepared statements. It does not close db.
+func (m *MySQL) Close() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{m.acq, m.rel, m.relAny, m.ref} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// myContention reports whether err is a deadlock (1213) or lock wait
+// timeout (1205): contention, retried by the spin loop.
+func myContention(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+}
+
+// myAmbiguous reports whether a failed statement may have committed: the
+// server did not answer with an error. (A cleanup after a request that
+// was never sent costs one statement and deletes nothing.)
+func myAmbiguous(err error) bool {
+	var me *mysql.MySQLError
+	return !errors.As(err, &me)
+}

@@ -1,0 +1,162 @@
+package sqldb
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// DefaultTable is the table a backend uses unless [WithTable] says
+// otherwise.
+const DefaultTable = "distlock_locks"
+
+// MaxKeyLen is the longest key the lock_key column holds: 255 characters on
+// PostgreSQL (varchar(255)), 255 bytes on MySQL/MariaDB (VARBINARY(255)).
+const MaxKeyLen = 255
+
+// maxOwnerLen is the longest owner value the MySQL owner column
+// (VARBINARY(255)) holds. PostgreSQL stores owners as text, without limit.
+const maxOwnerLen = 255
+
+// Option configures [NewPostgres] and [NewMySQL].
+type Option func(*config) error
+
+type config struct {
+	table []string // one or two parts: [schema.]table
+}
+
+func defaultConfig() config {
+	return config{table: []string{DefaultTable}}
+}
+
+// maxTableLen leaves room for "_token_seq" within PostgreSQL's 63-byte
+// identifiers.
+const maxTableLen = 53
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// WithTable sets the table the locks live in, "table" or "schema.table"
+// (on MySQL "database.table"); default [DefaultTable]. Each part must be
+// an identifier made of ASCII letters, digits and underscores, not
+// starting with a digit; the whole name at most 53 bytes (it doubles as
+// the PostgreSQL notification channel, and the sequence beside it is named
+// table_token_seq). The name is quoted as given, so it
+// is case-sensitive on PostgreSQL. Any other name makes the constructor
+// return an error before any I/O.
+func WithTable(name string) Option {
+	return func(c *config) error {
+		if len(name) > maxTableLen {
+			return fmt.Errorf("sqldb: table name %q is longer than %d bytes", name, maxTableLen)
+		}
+		parts := strings.Split(name, ".")
+		if len(parts) > 2 {
+			return fmt.Errorf("sqldb: table name %q: want table or schema.table", name)
+		}
+		for _, p := range parts {
+			if !identRE.MatchString(p) {
+				return fmt.Errorf("sqldb: table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", name, p)
+			}
+		}
+		c.table = parts
+		return nil
+	}
+}
+
+func buildConfig(opts []Option) (config, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return c, errors.New("sqldb: nil Option")
+		}
+		if err := o(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// tableName is the table name as the user wrote it ("schema.table").
+func (c config) tableName() string {
+	if len(c.table) == 2 {
+		return c.table[0] + "." + c.table[1]
+	}
+	return c.table[0]
+}
+
+// keyUnit says how a backend's key column counts length.
+type keyUnit int
+
+const (
+	unitChars keyUnit = iota // PostgreSQL varchar(n): characters
+	unitBytes                // MySQL VARBINARY(n): bytes
+)
+
+// validateKey checks key against the lock_key column: non-empty (the empty
+// key is reserved, on MySQL it names the fencing counter row), at most
+// MaxKeyLen in the column's unit and, for a text column, valid UTF-8
+// without NUL bytes. It does no I/O.
+func validateKey(key string, unit keyUnit) error {
+	if key == "" {
+		return errors.New("sqldb: empty key")
+	}
+	switch unit {
+	case unitChars:
+		if !utf8.ValidString(key) {
+			return fmt.Errorf("sqldb: key %s is not valid UTF-8", shortQuote(key))
+		}
+		if strings.IndexByte(key, 0) >= 0 {
+			return fmt.Errorf("sqldb: key %s contains a NUL byte", shortQuote(key))
+		}
+		if n := utf8.RuneCountInString(key); n > MaxKeyLen {
+			return fmt.Errorf("sqldb: key %s is %d characters long; the lock_key column holds at most %d", shortQuote(key), n, MaxKeyLen)
+		}
+	case unitBytes:
+		if len(key) > MaxKeyLen {
+			return fmt.Errorf("sqldb: key %s is %d bytes long; the lock_key column holds at most %d", shortQuote(key), len(key), MaxKeyLen)
+		}
+	}
+	return nil
+}
+
+// shortQuote quotes a key for an error message, eliding the middle of a
+// long one.
+func shortQuote(s string) string {
+	const max = 40
+	if len(s) <= max {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q...", s[:max])
+}
+
+// micros rounds a TTL up to whole microseconds, the resolution both
+// databases keep timestamps in, so a lease is never shorter than asked.
+func micros(d time.Duration) int64 {
+	us := int64((d + time.Microsecond - 1) / time.Microsecond)
+	if us < 1 {
+		us = 1
+	}
+	return us
+}
+
+// conflictRetries bounds how often Release and Refresh rerun a statement
+// that the database rolled back for a serialization failure or deadlock.
+const conflictRetries = 5
+
+// retryConflicts runs fn until it succeeds, fails with an error that
+// conflict does not match, or has failed conflictRetries times. Under
+// REPEATABLE READ or SERIALIZABLE sessions a release can collide with a
+// contender that marked the row a moment earlier; the remedy the
+// databases document is to run the transaction again, and these are
+// single statements, so a rerun is immediate and safe.
+func retryConflicts(conflict func(error) bool, fn func() error) error {
+	var err error
+	for range conflictRetries {
+		if err = fn(); err == nil || !conflict(err) {
+			return err
+		}
+	}
+	return err
+}

@@ -1,0 +1,308 @@
+package sqldb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/distlock/distlock/backend"
+)
+
+var (
+	_ backend.Spinner            = (*Postgres)(nil)
+	_ backend.Refresher          = (*Postgres)(nil)
+	_ backend.Notifier           = (*Postgres)(nil)
+	_ backend.KeyValidator       = (*Postgres)(nil)
+	_ interface{ Close() error } = (*Postgres)(nil)
+)
+
+// Postgres is a lock table in PostgreSQL, reached through a pgx pool. Make
+// one with [NewPostgres]. It is safe for concurrent use.
+type Postgres struct {
+	pool   *pgxpool.Pool
+	table  string // as the user wrote it; also the notification channel
+	ln     *listener
+	sqlAcq string
+	sqlRel string
+	sqlRef string
+}
+
+// NewPostgres returns a lock backend over pool, creating the lock table if
+// it does not exist. The caller owns pool: [Postgres.Close] does not close
+// it. Options: [WithTable].
+//
+// It returns an error for a nil pool or a bad option (before any I/O), and
+// the database's error, wrapped, when the table cannot be checked or
+// created.
+func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Postgres, error) {
+	if pool == nil {
+		return nil, errors.New("sqldb: NewPostgres: nil pool")
+	}
+	c, err := buildConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	q := pgx.Identifier(c.table).Sanitize()
+	seqParts := append([]string(nil), c.table...)
+	seqParts[len(seqParts)-1] += "_token_seq"
+	seq := pgx.Identifier(seqParts).Sanitize()
+	p := &Postgres{
+		pool:  pool,
+		table: c.tableName(),
+		// One statement: insert our row, or take over a row whose lease
+		// ran out by the server's clock. When a live owner holds the key,
+		// the first contender marks the row waited (so the release will
+		// notify) and learns the holder's remaining time; later contenders
+		// change nothing and get no row. SET expressions read the old row;
+		// RETURNING reads the new one, and owner values are unique per
+		// acquisition, so owner = $2 means we hold it.
+		//
+		// The token is drawn under a transaction-scoped advisory lock on
+		// the key, held until the statement commits, so acquires of one
+		// key draw their tokens in the order they commit. Without it an
+		// acquire could draw a number, stall, and insert it after a later
+		// number's holder came and went: a smaller token for a later
+		// holder. The lock sits in its own key space (the two-int4 form,
+		// first int4 fixed per table) and is never held across
+		// statements. CASE evaluates WHEN before THEN, so the lock comes
+		// first (pg_advisory_xact_lock returns void, which is not null).
+		sqlAcq: `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
+VALUES ($1::text, $2::text,
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass(c.tableName()))) + `, hashtext($1::text)) IS NOT NULL
+    THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
+  now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (lock_key) DO UPDATE
+SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
+    token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
+    waited     = l.expires_at > now(),
+    expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
+WHERE l.expires_at <= now() OR NOT l.waited
+RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`,
+		// One statement: delete our row, live or expired (no stale rows
+		// left behind), tell whether it was still live, and, if a
+		// contender marked it waited, wake waiters when the transaction
+		// commits. An uncontended release pays no notification. RETURNING
+		// reads the deleted row.
+		sqlRel: `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
+RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::text END`,
+		sqlRef: `UPDATE ` + q + `
+SET expires_at = now() + $3::bigint * interval '1 microsecond'
+WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`,
+	}
+	if err := p.createTable(ctx, q, seq); err != nil {
+		return nil, err
+	}
+	p.ln = newListener(pool.Config().ConnConfig, p.table)
+	return p, nil
+}
+
+// lockClass is the first int4 of the advisory lock keys of table: a hash
+// of its name, so two lock tables do not share locks.
+func lockClass(table string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte("distlock:" + table))
+	return int32(h.Sum32())
+}
+
+func (p *Postgres) createTable(ctx context.Context, q, seq string) error {
+	exists := func() (bool, error) {
+		var ok bool
+		err := p.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q).Scan(&ok)
+		return ok, err
+	}
+	ok, err := exists()
+	if err != nil {
+		return fmt.Errorf("sqldb: postgres: check table %s: %w", p.table, err)
+	}
+	if ok {
+		return nil // an existing table needs no CREATE privilege
+	}
+	_, err = p.pool.Exec(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+`;
+CREATE TABLE IF NOT EXISTS `+q+` (
+  lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
+  owner      text NOT NULL,
+  token      bigint NOT NULL,
+  expires_at timestamptz NOT NULL,
+  waited     boolean NOT NULL DEFAULT false
+);
+ALTER SEQUENCE `+seq+` OWNED BY `+q+`.token`)
+	if err != nil {
+		// Two processes creating the table at once: the loser may see a
+		// unique violation in the catalog although the table now exists.
+		if ok, err2 := exists(); err2 == nil && ok {
+			return nil
+		}
+		return fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
+	}
+	return nil
+}
+
+// Table returns the lock table's name as given to [WithTable] (or
+// [DefaultTable]). It is also the LISTEN/NOTIFY channel.
+func (p *Postgres) Table() string { return p.table }
+
+// ValidateKey reports whether key fits the lock_key column: non-empty,
+// valid UTF-8 without NUL, at most [MaxKeyLen] characters. It does no I/O.
+func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitChars) }
+
+// TryAcquire makes one attempt to take l.Key for l.TTL by the database's
+// clock, in one statement. On success it sets l.Token from the table's
+// sequence. It returns acquired == false with a nil error when a
+// live owner holds the key, and also when the database reports a
+// serialization failure, a deadlock or a lock timeout (SQLSTATE 40001,
+// 40P01, 55P03): those are contention, so the facade's spin loop retries.
+// The first contender for a holder's lease gets the holder's remaining
+// time as holderTTL (and marks the row so that its release notifies);
+// later ones get 0.
+//
+// When the outcome is unknown (the connection failed or ctx ended after the
+// statement was sent) it deletes l.Value's row, if any, before returning
+// the error.
+func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	if err := p.ValidateKey(l.Key); err != nil {
+		return false, 0, err
+	}
+	var (
+		ours        bool
+		token, left int64
+	)
+	err := p.pool.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&ours, &token, &left)
+	switch {
+	case err == nil && ours:
+		l.Token = uint64(token)
+		return true, 0, nil
+	case err == nil:
+		return false, max(0, time.Duration(left)*time.Microsecond), nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, 0, nil
+	case pgContention(err):
+		return false, 0, nil
+	}
+	if pgAmbiguous(err) {
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		if _, cerr := p.release(cctx, l); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+		}
+	}
+	return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
+}
+
+// Release deletes l's row if l.Value still owns l.Key, in one statement
+// that also notifies waiters (pg_notify on the table's channel, payload the
+// key) if any contender tried to acquire it meanwhile. It returns
+// [backend.ErrNotHeld] when another owner holds the key, no row exists, or
+// our row had expired (the stale row is deleted all the same). A
+// serialization failure or deadlock reruns the statement, up to 5 times.
+func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
+	if err := p.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	live, err := p.release(ctx, l)
+	if err != nil {
+		return fmt.Errorf("sqldb: postgres: release %q: %w", l.Key, err)
+	}
+	if !live {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
+	err = retryConflicts(pgContention, func() error {
+		err := p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
+		if errors.Is(err, pgx.ErrNoRows) {
+			live, err = false, nil
+		}
+		return err
+	})
+	return live, err
+}
+
+// Refresh extends l by l.TTL from the database's current time if l.Value
+// still owns l.Key and has not expired. It returns [backend.ErrNotHeld]
+// otherwise. A serialization failure or deadlock reruns the statement, up
+// to 5 times.
+func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
+	if err := p.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	var tag pgconn.CommandTag
+	err := retryConflicts(pgContention, func() (err error) {
+		tag, err = p.pool.Exec(ctx, p.sqlRef, l.Key, l.Value, micros(l.TTL))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqldb: postgres: refresh %q: %w", l.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// Subscribe asks for release notices of key. The first subscription opens
+// one dedicated connection (from the pool's connection config, not from the
+// pool) that LISTENs on the table's channel; it is closed again shortly
+// after the last subscription is cancelled. Notices are hints; the spin
+// loop stays the fallback. ch is nil after [Postgres.Close].
+func (p *Postgres) Subscribe(key string) (ch <-chan struct{}, cancel func()) {
+	return p.ln.subscribe(key)
+}
+
+// Close stops the LISTEN connection and its goroutine, if any, and waits
+// for them. It does not close the pool. Subscribe returns a nil channel
+// afterwards; the other methods keep working.
+func (p *Postgres) Close() error {
+	p.ln.close()
+	return nil
+}
+
+// pgContention reports whether err is a transient conflict that the spin
+// loop should retry: serialization failure, deadlock, lock timeout.
+func pgContention(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "40001", "40P01", "55P03":
+		return true
+	}
+	return false
+}
+
+// pgAmbiguous reports whether a statement that failed with err may have
+// committed: the server did not answer with an error and the request may
+// have been sent.
+func pgAmbiguous(err error) bool {
+	var (
+		pe *pgconn.PgError
+		ce *pgconn.ConnectError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return false // the server rejected it; autocommit rolled it back
+	case errors.As(err, &ce), pgconn.SafeToRetry(err):
+		return false // never connected, or pgx knows nothing was sent
+	case !pgconn.Timeout(err) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		// A bare context error comes from waiting for a pool connection;
+		// pgx wraps one that interrupts a sent request (pgconn.Timeout).
+		return false
+	}
+	return true
+}
+
+// cleanupContext is a context for the compare-and-delete after an
+// ambiguous acquire: it survives the caller's cancellation but not long.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+}

@@ -1,0 +1,452 @@
+package sqldb
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/testsuite"
+)
+
+// tracer records every statement a pool sends, its arguments and its
+// error.
+type tracer struct {
+	mu    sync.Mutex
+	stmts []traced
+}
+
+type traced struct {
+	sql  string
+	args []any
+	err  error
+}
+
+type traceKey struct{}
+
+func (tr *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.stmts = append(tr.stmts, traced{sql: d.SQL, args: d.Args})
+	return context.WithValue(ctx, traceKey{}, len(tr.stmts)-1)
+}
+
+func (tr *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if i, ok := ctx.Value(traceKey{}).(int); ok {
+		tr.stmts[i].err = d.Err
+	}
+}
+
+func (tr *tracer) reset() []traced {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	s := tr.stmts
+	tr.stmts = nil
+	return s
+}
+
+func (tr *tracer) codes() map[string]int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	m := map[string]int{}
+	for _, s := range tr.stmts {
+		var pe *pgconn.PgError
+		if errors.As(s.err, &pe) {
+			m[pe.Code]++
+		}
+	}
+	return m
+}
+
+func tracedPool(tr *tracer, runtime map[string]string) func(*pgxpool.Config) {
+	return func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = tr
+		for k, v := range runtime {
+			c.ConnConfig.RuntimeParams[k] = v
+		}
+	}
+}
+
+// testNoClientTime checks the wire: each operation is one statement, and
+// no statement carries a time from the client, only the key, the owner
+// value, the TTL as a count of microseconds and the channel name.
+func testNoClientTime(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	r := pg.resource(t, pg.pool(t, tracedPool(tr, nil)))
+	key := testsuite.Key(t)
+	l := newLease(t, key, 3*time.Second)
+	tr.reset()
+	ops := []struct {
+		name string
+		do   func() error
+	}{
+		{"acquire", func() error { _, _, err := r.TryAcquire(t.Context(), l); return err }},
+		{"contended acquire", func() error {
+			_, _, err := r.TryAcquire(t.Context(), newLease(t, key, time.Second))
+			return err
+		}},
+		{"refresh", func() error { return r.Refresh(t.Context(), l) }},
+		{"release", func() error { return r.Release(t.Context(), l) }},
+	}
+	for _, op := range ops {
+		if err := op.do(); err != nil {
+			t.Fatalf("%s: %v", op.name, err)
+		}
+		stmts := tr.reset()
+		if len(stmts) != 1 {
+			t.Errorf("%s: %d statements; want 1", op.name, len(stmts))
+		}
+		for _, s := range stmts {
+			for i, a := range s.args {
+				switch a.(type) {
+				case string, int64:
+				default:
+					t.Errorf("%s: argument $%d is %T (%v); want only strings and integers", op.name, i+1, a, a)
+				}
+			}
+			if !strings.Contains(s.sql, "now()") && op.name != "release" {
+				t.Errorf("%s: %q does not use the server clock now()", op.name, s.sql)
+			}
+		}
+	}
+}
+
+// waitLockWaiters polls until n sessions of the database wait on a lock.
+func waitLockWaiters(t *testing.T, pg *pgFixture, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, "sessions waiting on a row lock", func() (bool, error) {
+		var got int
+		err := pg.admin.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got)
+		return got >= n, err
+	})
+}
+
+// testSerializationFailure makes the database raise a real serialization
+// failure inside TryAcquire: a REPEATABLE READ session's upsert finds the
+// row changed by a transaction its snapshot does not see. TryAcquire must
+// report contention (false, nil), not an error, so the spin loop retries.
+func testSerializationFailure(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	rr := pg.resource(t, pg.pool(t, tracedPool(tr, map[string]string{"default_transaction_isolation": "repeatable read"})))
+	a := pg.resource(t, pg.pool(t, nil))
+	key := testsuite.Key(t)
+	la := newLease(t, key, time.Minute)
+	mustAcquire(t, a, la)
+
+	tx, err := pg.admin.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `UPDATE distlock_locks SET expires_at = now() - interval '1 second' WHERE lock_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ok  bool
+		err error
+	}
+	res := make(chan result, 1)
+	lb := newLease(t, key, time.Minute)
+	go func() {
+		ok, _, err := rr.TryAcquire(t.Context(), lb)
+		res <- result{ok, err}
+	}()
+	waitLockWaiters(t, pg, 1)
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	got := <-res
+	if got.ok || got.err != nil {
+		t.Fatalf("TryAcquire against a concurrent update = %v, %v; want false, nil (contention)", got.ok, got.err)
+	}
+	if n := tr.codes()["40001"]; n != 1 {
+		t.Fatalf("the database raised %d serialization failures; want 1 (codes %v)", n, tr.codes())
+	}
+	// The retry the spin loop would make now succeeds: the row expired.
+	mustAcquire(t, rr, lb)
+	if err := rr.Release(t.Context(), lb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testSerializableWorkload runs the concurrency workload over sessions in
+// SERIALIZABLE isolation, where the database raises serialization failures
+// under contention: callers must see none of them.
+func testSerializableWorkload(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	testConcurrency(t, func(t testing.TB) resource {
+		return pg.resource(t, pg.pool(t, tracedPool(tr, map[string]string{"default_transaction_isolation": "serializable"})))
+	})
+	t.Logf("serialization failures the database raised and the backend absorbed: %v", tr.codes())
+}
+
+// testNotify checks that a release wakes the subscribers of its key when a
+// contender tried it meanwhile, that an uncontended release sends nothing,
+// and that a waiter whose spin would sleep longer than its whole context is
+// woken by the release notice and gets the lock.
+func testNotify(t *testing.T, pg *pgFixture) {
+	a := pg.resource(t, pg.pool(t, nil))
+	b := pg.resource(t, pg.pool(t, nil))
+	k1, k2, k3 := testsuite.Key(t), testsuite.Key(t), testsuite.Key(t)
+	l1, l2, l3 := newLease(t, k1, time.Minute), newLease(t, k2, time.Minute), newLease(t, k3, time.Minute)
+	for _, l := range []*backend.Lease{l1, l2, l3} {
+		mustAcquire(t, a, l)
+	}
+	// b contends for k1 and k2, as the spin loop does before it subscribes.
+	for _, k := range []string{k1, k2} {
+		ok, holderTTL, err := b.TryAcquire(t.Context(), newLease(t, k, time.Minute))
+		if ok || err != nil || holderTTL <= 0 || holderTTL > time.Minute {
+			t.Fatalf("contended TryAcquire(%q) = %v, %v, %v; want false, the holder's time left, nil", k, ok, holderTTL, err)
+		}
+	}
+	var chs [3]<-chan struct{}
+	for i, k := range []string{k1, k2, k3} {
+		ch, cancel := b.Subscribe(k)
+		defer cancel()
+		if ch == nil {
+			t.Fatalf("Subscribe returned a nil channel")
+		}
+		chs[i] = ch
+	}
+	// The listener wakes everyone once it LISTENs (a release before that
+	// was not heard); take that wake first.
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no wake after the LISTEN connection came up")
+		}
+	}
+	// k3 had no contender: its release notifies nobody. Notices arrive in
+	// order on the one connection, so had it sent one, chs[2] would hold
+	// it by the time k1's arrives.
+	for _, l := range []*backend.Lease{l3, l1} {
+		if err := a.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-chs[0]:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no notice for %q's release", k1)
+	}
+	for i, k := range []string{k2, k3} {
+		select {
+		case <-chs[i+1]:
+			t.Fatalf("%q's subscriber woken (by %q's or %q's release)", k, k1, k3)
+		default:
+		}
+	}
+	if err := a.Release(t.Context(), l2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-chs[1]:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no notice for %q's release", k2)
+	}
+
+	// Through the facade: spin sleeps of an hour, a context of 20s. Only a
+	// release notice can let the waiter in before its context ends.
+	mustAcquire(t, a, l1)
+	d, err := distlock.New(b, distlock.WithSpin(time.Hour, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		lk, err := d.TryLock(ctx, k1, time.Hour)
+		if err == nil {
+			err = lk.Unlock(context.Background())
+		}
+		got <- err
+	}()
+	// Wait until the waiter subscribed and its connection listens.
+	eventually(t, 10*time.Second, "waiter subscribed", func() (bool, error) {
+		b.ln.mu.Lock()
+		defer b.ln.mu.Unlock()
+		return b.ln.n == 4 && b.ln.conns >= 1, nil
+	})
+	if err := a.Release(t.Context(), l1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v; want the lock, woken by the release notice", err)
+	}
+}
+
+// testListenLifecycle checks that the LISTEN connection exists only while
+// the resource has subscribers (plus the idle grace), and that Close ends
+// it.
+func testListenLifecycle(t *testing.T, pg *pgFixture) {
+	app := "listen-" + testsuite.Key(t)[len(t.Name())+1:]
+	r := pg.resource(t, pg.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["application_name"] = app
+	}))
+	r.ln.idle = 50 * time.Millisecond
+	listening := func(want int) func() (bool, error) {
+		return func() (bool, error) {
+			var n int
+			err := pg.admin.QueryRow(context.Background(),
+				`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`, app).Scan(&n)
+			return n == want, err
+		}
+	}
+	if ok, err := listening(0)(); !ok || err != nil {
+		t.Fatalf("a LISTEN connection before any subscription (err %v)", err)
+	}
+	_, c1 := r.Subscribe("a")
+	_, c2 := r.Subscribe("b")
+	eventually(t, 10*time.Second, "one LISTEN connection while subscribed", listening(1))
+	c1()
+	c1() // a second call is harmless
+	c2()
+	eventually(t, 10*time.Second, "LISTEN connection closed after the last subscriber left", listening(0))
+	eventually(t, 10*time.Second, "listen goroutine ended", func() (bool, error) {
+		r.ln.mu.Lock()
+		defer r.ln.mu.Unlock()
+		return r.ln.running == 0, nil
+	})
+
+	_, c3 := r.Subscribe("a")
+	defer c3()
+	eventually(t, 10*time.Second, "LISTEN connection again for a new subscriber", listening(1))
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "LISTEN connection closed by Close", listening(0))
+	if ch, cancel := r.Subscribe("a"); ch != nil {
+		cancel()
+		t.Errorf("Subscribe after Close returned a channel")
+	}
+	// The pool is the caller's: still open.
+	if err := r.pool.Ping(t.Context()); err != nil {
+		t.Errorf("pool unusable after Close: %v", err)
+	}
+}
+
+// blackholeProxy forwards TCP connections to a server. blackhole makes
+// the connections open at that moment keep forwarding requests but drop
+// every reply: the fault a real server cannot give, a reply lost after the
+// request was executed.
+type blackholeProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []*atomic.Bool
+}
+
+func newBlackholeProxy(t *testing.T, target string) *blackholeProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &blackholeProxy{ln: ln}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			drop := &atomic.Bool{}
+			p.mu.Lock()
+			p.conns = append(p.conns, drop)
+			p.mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(s, c); s.Close() }()
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && !drop.Load() {
+						c.Write(buf[:n])
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *blackholeProxy) blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range p.conns {
+		d.Store(true)
+	}
+}
+
+// testAmbiguousAcquire loses the reply of an acquire that the server
+// executed and committed: it takes over an expired row. TryAcquire cannot
+// know, so it must delete its owner's row before returning the error. Were
+// the takeover not undone, the row would stay with the new owner; had the
+// statement not run, the old owner's expired row would stay.
+func testAmbiguousAcquire(t *testing.T, pg *pgFixture) {
+	cfg, err := pgxpool.ParseConfig(pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newBlackholeProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	_, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
+	pool := pg.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host = "127.0.0.1"
+		p, _ := strconv.Atoi(port)
+		c.ConnConfig.Port = uint16(p)
+		c.ConnConfig.Fallbacks = nil
+		c.MaxConns = 1
+	})
+	r := pg.resource(t, pool)
+	a := pg.resource(t, pg.pool(t, nil))
+
+	// Warm the one connection up: its acquire statement is prepared.
+	warm := newLease(t, testsuite.Key(t), time.Minute)
+	mustAcquire(t, r, warm)
+	if err := r.Release(t.Context(), warm); err != nil {
+		t.Fatal(err)
+	}
+
+	key := testsuite.Key(t)
+	la := newLease(t, key, 50*time.Millisecond)
+	mustAcquire(t, a, la)
+	waitExpired(t, pg.fixture(), key)
+
+	proxy.blackhole()
+	lb := newLease(t, key, time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, _, err = r.TryAcquire(ctx, lb)
+	if err == nil || errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with its reply lost = %v; want the store error", err)
+	}
+	wantRows(t, pg.fixture(), key)
+}
