@@ -13,8 +13,9 @@ import (
 // pinning holds the CPU masks that pin replaced, so unpin can put them
 // back.
 type pinning struct {
-	saved map[int]unix.CPUSet // task id -> its mask before pinning
-	cpu   int
+	saved  map[int]unix.CPUSet // task id -> its mask before pinning
+	groups map[int]unix.CPUSet // server process group -> its leader's mask
+	cpu    int
 }
 
 // pin moves every thread of this process and of the process groups of
@@ -24,9 +25,15 @@ type pinning struct {
 // about 65us when they do not, and the kernel moves them at random: an
 // unpinned run compares placements, not code.
 func pin(pids []int, cpu int) (*pinning, error) {
-	p := &pinning{saved: map[int]unix.CPUSet{}, cpu: cpu}
+	p := &pinning{saved: map[int]unix.CPUSet{}, groups: map[int]unix.CPUSet{}, cpu: cpu}
 	var set unix.CPUSet
 	set.Set(cpu)
+	for _, g := range pids {
+		var old unix.CPUSet
+		if g > 0 && unix.SchedGetaffinity(g, &old) == nil {
+			p.groups[g] = old
+		}
+	}
 	tasks := threadsOf(os.Getpid())
 	for _, pid := range groupMembers(pids) {
 		tasks = append(tasks, threadsOf(pid)...)
@@ -45,11 +52,21 @@ func pin(pids []int, cpu int) (*pinning, error) {
 	return p, nil
 }
 
-// unpin restores the masks; threads started while pinned get this
-// process's original mask.
+// unpin restores the masks; threads and processes started while pinned
+// (PostgreSQL forks a backend per connection) get their group's original
+// mask.
 func (p *pinning) unpin() {
 	if p == nil {
 		return
+	}
+	for g, set := range p.groups {
+		for _, pid := range groupMembers([]int{g}) {
+			for _, tid := range threadsOf(pid) {
+				if _, done := p.saved[tid]; !done {
+					_ = unix.SchedSetaffinity(tid, &set)
+				}
+			}
+		}
 	}
 	self := os.Getpid()
 	orig, ok := p.saved[self]

@@ -30,6 +30,7 @@ type servers struct {
 	redis  []*testserver.RedisServer // one standalone node, then the Redlock nodes
 	etcd   *testserver.EtcdClusterServer
 	zk     *testserver.ZooKeeperServer
+	pg     *testserver.PostgresServer
 	failed map[string]error
 }
 
@@ -108,6 +109,23 @@ func (s *servers) zkAddr() (string, error) {
 	return s.zk.Addr, nil
 }
 
+func (s *servers) postgresDSN() (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.failed["postgres"]; err != nil {
+		return "", err
+	}
+	if s.pg == nil {
+		pg, err := startWith(s.tb, func(t testing.TB) *testserver.PostgresServer { return testserver.Postgres(t) })
+		if err != nil {
+			s.failed["postgres"] = fmt.Errorf("postgres: %w", err)
+			return "", s.failed["postgres"]
+		}
+		s.pg = pg
+	}
+	return s.pg.DSN, nil
+}
+
 // pids returns the process ids of the servers of store (0 for a server
 // this program did not start).
 func (s *servers) pids(store string) []int {
@@ -128,6 +146,10 @@ func (s *servers) pids(store string) []int {
 	case "zookeeper":
 		if s.zk != nil {
 			pids = append(pids, s.zk.PID())
+		}
+	case "postgres":
+		if s.pg != nil {
+			pids = append(pids, s.pg.PID())
 		}
 	}
 	return pids
