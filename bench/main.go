@@ -53,8 +53,9 @@ func main() {
 	flag.IntVar(&cfg.shortAttempts, "attempts-short", 50, "contended, wait 200ms / hold 1ms: attempts per goroutine (the seed: 400)")
 	flag.IntVar(&cfg.contendedRounds, "contended-rounds", 1, "rounds of the contended workload")
 	flag.IntVar(&cfg.handoffs, "handoffs", 200, "handoff: repetitions per peer over all rounds")
-	flag.DurationVar(&cfg.handoffBudget, "handoff-budget", 15*time.Second, "handoff: time per peer over all rounds; a slow peer stops early (its n says so)")
-	flag.DurationVar(&cfg.settle, "settle", 2*time.Millisecond, "handoff: pause between the waiter's first attempt (queued, for etcd and ZooKeeper) and the release")
+	flag.DurationVar(&cfg.handoffBudget, "handoff-budget", 10*time.Second, "handoff: time per peer over all rounds; a slow peer stops early (its n says so)")
+	flag.DurationVar(&cfg.settle, "settle", 2*time.Millisecond, "handoff: least pause between the waiter's first attempt (for etcd and ZooKeeper: its key queued) and the release")
+	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "handoff: random extra pause in [0, jitter) before the release, so that it falls at any phase of a waiter's retry timer")
 	flag.IntVar(&cfg.scaleLocks, "scale-locks", 10000, "scale: locks held at once by one process")
 	flag.DurationVar(&cfg.scaleTTL, "scale-ttl", 6*time.Second, "scale: TTL of the held locks (auto-renew extends them every TTL/3)")
 	flag.DurationVar(&cfg.scaleWindow, "scale-window", 6*time.Second, "scale: how long the locks are held while the renewal load is counted")
@@ -116,8 +117,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-goroutines %d, -instances %d and -workers %d must be >= 1", c.parallel, c.instances, c.workers)
 	case c.longAttempts < 0 || c.shortAttempts < 0 || c.handoffs < 1:
 		return fmt.Errorf("-attempts-long %d, -attempts-short %d must be >= 0, -handoffs %d >= 1", c.longAttempts, c.shortAttempts, c.handoffs)
-	case c.ttl <= 0 || c.retry <= 0 || c.settle < 0:
-		return fmt.Errorf("-ttl %v and -retry %v must be > 0, -settle %v >= 0", c.ttl, c.retry, c.settle)
+	case c.ttl <= 0 || c.retry <= 0 || c.settle < 0 || c.jitter < 0:
+		return fmt.Errorf("-ttl %v and -retry %v must be > 0, -settle %v and -jitter %v >= 0", c.ttl, c.retry, c.settle, c.jitter)
 	case c.scaleLocks < 1 || c.scaleGoroutines < 1 || c.scaleTTL <= 0 || c.scaleWindow <= 0:
 		return fmt.Errorf("-scale-locks, -scale-goroutines, -scale-ttl and -scale-window must be > 0")
 	case c.cpu < 0 || c.cpu >= 1024:
@@ -184,6 +185,10 @@ func run(cfg config) error {
 					return err
 				}
 				rep.cycles(w, g[0].store, rs, pinned)
+			case "contended":
+				rep.contended(g[0].store, runContendedAll(ctx, cfg, s, g, log))
+			case "handoff":
+				rep.handoff(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log))
 			}
 		}
 	}

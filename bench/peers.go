@@ -29,8 +29,20 @@ type peer struct {
 	// open returns one instance, as one process would have it: its own
 	// clients, sessions and connections.
 	open func(ctx context.Context, s *servers, o openOpts) (instance, error)
+	// hot, on a hotspot variant, returns the instance with the hotspot
+	// handler registered for key.
+	hot func(ctx context.Context, s *servers, o openOpts, key string) (instance, error)
 	// counters returns the store's request counters (see counts).
 	counters func(ctx context.Context, s *servers) (counts, error)
+}
+
+// openHot opens an instance for a workload on the hot key: with the
+// hotspot handler on the hotspot variants.
+func (p *peer) openHot(ctx context.Context, s *servers, o openOpts, key string) (instance, error) {
+	if p.hot != nil {
+		return p.hot(ctx, s, o, key)
+	}
+	return p.open(ctx, s, o)
 }
 
 // openOpts are the settings a workload asks of an instance.

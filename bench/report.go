@@ -294,3 +294,83 @@ func (r *report) serverVersions(ctx context.Context, s *servers) {
 		}
 	}
 }
+
+// contended adds the contended tables of one store.
+func (r *report) contended(store string, rs []*contendedResult) {
+	if len(rs) == 0 {
+		return
+	}
+	s := r.section("contended", fmt.Sprintf("Contended: %s", store))
+	fmt.Fprintf(&s.b, "The seed workload: %d instances (each with its own clients, as a process) x %d goroutines, every goroutine trying the same key again and again, holding it, releasing it; %d round(s), peers alternating. Round trips per success count every request the clients sent (failed attempts and releases included)",
+		r.cfg.instances, r.cfg.workers, r.cfg.contendedRounds)
+	if store == "redis" {
+		fmt.Fprintf(&s.b, "; server cmds also count the commands run inside scripts")
+	}
+	fmt.Fprintf(&s.b, ". Overlaps (two holders at once) must be 0.\n\n")
+	srvCol := store == "redis"
+	var v variant
+	for _, c := range rs {
+		if c.v != v {
+			v = c.v
+			fmt.Fprintf(&s.b, "\n%s, %d attempts per goroutine:\n\n", v.name, v.attempts)
+			hdr := "| peer | successes | timeouts | errors | overlaps | round trips/success |"
+			sep := "|---|---:|---:|---:|---:|---:|"
+			if srvCol {
+				hdr += " server cmds/success |"
+				sep += "---:|"
+			}
+			fmt.Fprintf(&s.b, "%s wall |\n%s---:|\n", hdr, sep)
+		}
+		errs := fmt.Sprint(c.failures)
+		if c.err != nil {
+			errs += " (" + oneLine(c.err.Error()) + ")"
+		}
+		row := fmt.Sprintf("| %s | %d/%d | %d | %s | %d | %s |", c.p.label(), c.successes, c.attempts, c.timeouts, errs, c.overlaps, f2(per(c.c.rt, c.successes)))
+		if srvCol {
+			row += " " + f2(per(c.c.cmds, c.successes)) + " |"
+		}
+		fmt.Fprintf(&s.b, "%s %v |\n", row, c.wall.Round(10*time.Millisecond))
+	}
+	fmt.Fprintln(&s.b)
+	for _, c := range rs {
+		if c.v == rs[0].v {
+			fmt.Fprintf(&s.b, "- %s: %s\n", c.p.label(), c.p.note)
+		}
+	}
+	fmt.Fprintln(&s.b)
+	// The chart shows store load per success against the reference
+	// (reference / peer: longer is fewer requests).
+	ref := rs[0]
+	for _, c := range rs {
+		if c.p.ref {
+			ref = c
+			continue
+		}
+		if c.v != ref.v {
+			continue
+		}
+		a, b := per(ref.c.rt, ref.successes), per(c.c.rt, c.successes)
+		r.bars = append(r.bars, bar{group: "contended (" + c.v.name + "): " + ref.p.name + " requests per success / peer's", label: store + ": " + c.p.label() + " / " + ref.p.name, ratio: a / b})
+	}
+}
+
+// handoff adds the handoff table of one store.
+func (r *report) handoff(store string, rs []*handoffResult) {
+	s := r.section("handoff", fmt.Sprintf("Handoff: %s", store))
+	fmt.Fprintf(&s.b, "A holder releases at t0 while a waiter (another instance) blocks in its lock call; t1 is when the waiter's call returns holding the lock. The release comes %v plus a random [0, %v) after the waiter has made its first attempt (for etcd and ZooKeeper: once its key is queued), so that it falls at any phase of a retry timer. Up to %d repetitions per peer over %d alternating rounds, at most %v per peer.\n\n",
+		r.cfg.settle, r.cfg.jitter, r.cfg.handoffs, r.cfg.rounds, r.cfg.handoffBudget)
+	ref := rs[0]
+	fmt.Fprintf(&s.b, "| peer | n | p50 ms | p99 ms | p50 vs %s |\n|---|---:|---:|---:|---:|\n", ref.p.name)
+	for _, h := range rs {
+		p50 := ms(quantile(h.lat, 0.5))
+		row := fmt.Sprintf("| %s | %d | %s | %s | %s |", h.p.name, len(h.lat), f2(p50), f2(ms(quantile(h.lat, 0.99))), f2(p50/ms(quantile(ref.lat, 0.5))))
+		if h.err != nil {
+			row += " error: " + oneLine(h.err.Error()) + " |"
+		}
+		fmt.Fprintln(&s.b, row)
+		if h != ref && len(h.lat) > 0 && len(ref.lat) > 0 {
+			r.bars = append(r.bars, bar{group: "handoff: " + "reference p50 / peer's p50", label: store + ": " + h.p.name + " / " + ref.p.name, ratio: ms(quantile(ref.lat, 0.5)) / p50})
+		}
+	}
+	fmt.Fprintln(&s.b)
+}

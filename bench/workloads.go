@@ -35,6 +35,7 @@ type config struct {
 	handoffs      int           // repetitions per peer, over all rounds
 	handoffBudget time.Duration // per peer: stop early when spent
 	settle        time.Duration // after the waiter waits, before the release
+	jitter        time.Duration // random extra before the release
 
 	scaleLocks      int
 	scaleTTL        time.Duration
