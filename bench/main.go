@@ -58,7 +58,7 @@ func main() {
 	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "handoff: random extra pause in [0, jitter) before the release, so that it falls at any phase of a waiter's retry timer")
 	flag.IntVar(&cfg.scaleLocks, "scale-locks", 10000, "scale: locks held at once by one process")
 	flag.DurationVar(&cfg.scaleTTL, "scale-ttl", 6*time.Second, "scale: TTL of the held locks (auto-renew extends them every TTL/3)")
-	flag.DurationVar(&cfg.scaleWindow, "scale-window", 6*time.Second, "scale: how long the locks are held while the renewal load is counted")
+	flag.DurationVar(&cfg.scaleWindow, "scale-window", 4*time.Second, "scale: how long the locks are held while the renewal load is counted")
 	flag.IntVar(&cfg.scaleGoroutines, "scale-goroutines", 1000, "scale: goroutines contending for one key with the hotspot handler")
 	flag.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock TTL (uncontended, parallel, contended, handoff)")
 	flag.DurationVar(&cfg.retry, "retry", 10*time.Millisecond, "retry interval of the floor and redislock while waiting")
@@ -189,6 +189,24 @@ func run(cfg config) error {
 				rep.contended(g[0].store, runContendedAll(ctx, cfg, s, g, log))
 			case "handoff":
 				rep.handoff(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log))
+			case "scale":
+				var held []heldResult
+				for _, p := range withoutHotspot(g) {
+					h := runHeld(ctx, cfg, s, p)
+					log.printf("  %s: %d locks held in %v, %.0f B/lock, %.0f requests/s while held, %d lost (err %v)",
+						p.name, h.n, h.acquire.Round(time.Millisecond), h.bytesPerLock, h.renewPerSec, h.lost, h.err)
+					held = append(held, h)
+				}
+				rep.held(g[0].store, held)
+				var hot []contendedResult
+				for _, p := range g {
+					if p.hotspot {
+						h := runHotKey(ctx, cfg, s, p)
+						log.printf("  %s: %d/%d held, %.2f round trips per success, %v", p.label(), h.successes, h.attempts, per(h.c.rt, h.successes), h.wall.Round(time.Millisecond))
+						hot = append(hot, h)
+					}
+				}
+				rep.hotKey(g[0].store, hot)
 			}
 		}
 	}

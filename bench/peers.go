@@ -23,6 +23,9 @@ type peer struct {
 	ref bool
 	// note says how the peer is configured, for the tables' footnotes.
 	note string
+	// renewal says how held locks stay alive ("" when they do not: the
+	// lock lives for its TTL only).
+	renewal string
 	// hotspot is set on the distlock variant with the hotspot handler: it
 	// runs only in the contended and scale workloads.
 	hotspot bool

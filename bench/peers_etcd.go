@@ -18,12 +18,14 @@ func init() {
 	register(&peer{
 		name: "concurrency.Mutex", store: "etcd", ref: true,
 		note:     "go.etcd.io/etcd/client/v3/concurrency: one Session (lease kept alive) per instance, and per goroutine in the contended run; Mutex per key",
+		renewal:  "the Session's one lease, kept alive by the client",
 		open:     openEtcdMutex,
 		counters: etcdCounters,
 	})
 	register(&peer{
 		name: "distlock", store: "etcd",
-		note: "etcd.New, WithAutoRenew: a lease per lock (grant, create-if-absent txn, revoke on release)",
+		note:    "etcd.New, WithAutoRenew: a lease per lock (grant, create-if-absent txn, revoke on release)",
+		renewal: "a keep-alive per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o)
 		},
@@ -31,7 +33,8 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock-shared", store: "etcd",
-		note: "etcd.New with WithSharedLease, WithAutoRenew: one lease per TTL kept alive by the resource, as a Session",
+		note:    "etcd.New with WithSharedLease, WithAutoRenew: one lease per TTL kept alive by the resource, as a Session",
+		renewal: "one shared lease kept alive, plus the refresh per lock every TTL/3 (WithAutoRenew)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o, etcd.WithSharedLease())
 		},

@@ -104,7 +104,8 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock", store: "redis",
-		note: "redis.New: one script (SET NX PX + INCR fence) per attempt, release script PUBLISHes a notice that wakes waiters; WithSpin 10ms+[0,10ms)",
+		note:    "redis.New, defaults: one script (SET NX PX + INCR fence) per attempt, a release script that PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms); no auto-renew except in the scale workload",
+		renewal: "WithAutoRenew: a refresh script per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openRedisDistlock(s, o)
 		},

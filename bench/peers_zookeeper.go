@@ -20,12 +20,14 @@ func init() {
 	register(&peer{
 		name: "zk.Lock", store: "zookeeper", ref: true,
 		note:     "github.com/go-zookeeper/zk Lock: protected ephemeral sequential znode, watch on the predecessor; no wait limit (Lock blocks until held)",
+		renewal:  "session pings: a lock lives as long as the session",
 		open:     openZKLock,
 		counters: zkCounters,
 	})
 	register(&peer{
 		name: "distlock", store: "zookeeper",
-		note: "zookeeper.New, WithAutoRenew: ephemeral sequential znode, watch on the predecessor, TTL kept by the client",
+		note:    "zookeeper.New, WithAutoRenew: ephemeral sequential znode, watch on the predecessor, TTL kept by the client",
+		renewal: "WithAutoRenew: a refresh per lock every TTL/3, plus session pings",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openZKDistlock(s, o)
 		},

@@ -374,3 +374,45 @@ func (r *report) handoff(store string, rs []*handoffResult) {
 	}
 	fmt.Fprintln(&s.b)
 }
+
+// held adds the "many locks held" table of one store.
+func (r *report) held(store string, rs []heldResult) {
+	s := r.section("scale", fmt.Sprintf("Scale: %s, %d locks held at once by one process", store, r.cfg.scaleLocks))
+	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the store's requests are counted, then releases them. Memory: live heap after GC, less the heap before, per lock (the benchmark's own handle per lock included: a few dozen bytes). Peers that keep locks alive do so with TTL %v; the others get a TTL that outlasts the hold. Lost: locks found gone at release.\n\n",
+		r.cfg.scaleLocks, scaleHoldWorkers, r.cfg.scaleWindow, r.cfg.scaleTTL)
+	fmt.Fprintf(&s.b, "| peer | acquire all | locks/s | heap B/lock | requests/s while held | how locks stay alive | lost | release all |\n|---|---:|---:|---:|---:|---|---:|---:|\n")
+	for _, h := range rs {
+		renewal := h.p.renewal
+		if renewal == "" {
+			renewal = "none: each lock lives its TTL"
+		}
+		row := fmt.Sprintf("| %s | %v | %s | %s | %s | %s | %d | %v |", h.p.name, h.acquire.Round(10*time.Millisecond), f0(float64(h.n)/h.acquire.Seconds()),
+			f0(h.bytesPerLock), f0(h.renewPerSec), renewal, h.lost, h.release.Round(10*time.Millisecond))
+		if h.err != nil {
+			row += " error: " + oneLine(h.err.Error()) + " |"
+		}
+		fmt.Fprintln(&s.b, row)
+	}
+	fmt.Fprintln(&s.b)
+}
+
+// hotKey adds the "many goroutines on one key" table of one store.
+func (r *report) hotKey(store string, rs []contendedResult) {
+	s := r.section("scale", fmt.Sprintf("Scale: %s, %d goroutines on one key", store, r.cfg.scaleGoroutines))
+	if len(rs) == 0 {
+		fmt.Fprintf(&s.b, "Not run: no hotspot variant of distlock on this store in this build.\n\n")
+		return
+	}
+	fmt.Fprintf(&s.b, "%d goroutines spread over %d instances, each locking the key once (wait 60s, hold 1ms). With the hotspot handler only one goroutine per instance reaches the store at a time, so requests per success stay near the number of instances.\n\n",
+		r.cfg.scaleGoroutines, r.cfg.instances)
+	fmt.Fprintf(&s.b, "| peer | successes | timeouts | errors | overlaps | round trips/success | server cmds/success | wall |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range rs {
+		errs := fmt.Sprint(c.failures)
+		if c.err != nil {
+			errs += " (" + oneLine(c.err.Error()) + ")"
+		}
+		fmt.Fprintf(&s.b, "| %s | %d/%d | %d | %s | %d | %s | %s | %v |\n", c.p.label(), c.successes, c.attempts, c.timeouts, errs, c.overlaps,
+			f2(per(c.c.rt, c.successes)), f2(per(c.c.cmds, c.successes)), c.wall.Round(10*time.Millisecond))
+	}
+	fmt.Fprintln(&s.b)
+}
