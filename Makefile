@@ -5,15 +5,22 @@
 
 GO ?= go
 
-.PHONY: test deps vet
+.PHONY: test deps vet bench-check
 
 test:
 	./scripts/install-test-deps.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(MAKE) bench-check
 
 deps:
 	./scripts/install-test-deps.sh
 
 vet:
 	$(GO) vet ./...
+
+# bench/ is its own module (the peers it measures never enter the
+# library's dependencies), so ./... above does not reach it: vet and build
+# it here. Running it is `cd bench && go run .` (see bench/RESULTS.md).
+bench-check:
+	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null .
