@@ -4,8 +4,14 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"slices"
 	"strings"
 )
+
+// chartMax is the right end of the axis: a longer bar is cut there and
+// carries its value, so that a 100x handoff does not flatten the 0.9x
+// that matter.
+const chartMax = 3.0
 
 // chart draws the ratios as horizontal bars, grouped by workload, with a
 // line at 1 (as fast as the reference). Hand-written SVG: no scripts, no
@@ -17,13 +23,17 @@ func chart(bars []bar) string {
 		rowH   = 20
 		top    = 40
 	)
-	maxR := 2.0
+	// Group the bars, groups in order of first appearance.
+	rank := map[string]int{}
 	for _, b := range bars {
-		if !math.IsNaN(b.ratio) && b.ratio > maxR {
-			maxR = math.Ceil(b.ratio)
+		if _, ok := rank[b.group]; !ok {
+			rank[b.group] = len(rank)
 		}
 	}
-	x := func(r float64) float64 { return labelW + r/maxR*plotW }
+	bars = slices.Clone(bars)
+	slices.SortStableFunc(bars, func(a, b bar) int { return rank[a.group] - rank[b.group] })
+	maxR := chartMax
+	x := func(r float64) float64 { return labelW + min(r, maxR)/maxR*plotW }
 	var rows strings.Builder
 	y := top
 	group := ""
@@ -43,12 +53,16 @@ func chart(bars []bar) string {
 				color = "#c0504d"
 			}
 			fmt.Fprintf(&rows, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", labelW, y+3, x(b.ratio)-labelW, rowH-6, color)
-			fmt.Fprintf(&rows, `<text x="%.1f" y="%d">%.2fx</text>`+"\n", x(b.ratio)+4, y+14, b.ratio)
+			cut := ""
+			if b.ratio > maxR {
+				cut = " (cut)"
+			}
+			fmt.Fprintf(&rows, `<text x="%.1f" y="%d">%.2fx%s</text>`+"\n", x(b.ratio)+4, y+14, b.ratio, cut)
 		}
 		y += rowH
 	}
 	h := y + 30
-	w := labelW + plotW + 60
+	w := labelW + plotW + 100
 	var s strings.Builder
 	fmt.Fprintf(&s, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
 	fmt.Fprintf(&s, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")

@@ -288,6 +288,7 @@ func (r *report) serverVersions(ctx context.Context, s *servers) {
 			for line := range strings.SplitSeq(out, "\n") {
 				if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
 					v, _, _ = strings.Cut(v, ",")
+					v, _, _ = strings.Cut(v, "-")
 					r.versions = append(r.versions, "ZooKeeper "+v)
 				}
 			}
@@ -350,7 +351,7 @@ func (r *report) contended(store string, rs []*contendedResult) {
 			continue
 		}
 		a, b := per(ref.c.rt, ref.successes), per(c.c.rt, c.successes)
-		r.bars = append(r.bars, bar{group: "contended (" + c.v.name + "): " + ref.p.name + " requests per success / peer's", label: store + ": " + c.p.label() + " / " + ref.p.name, ratio: a / b})
+		r.bars = append(r.bars, bar{group: "contended, " + c.v.name + ": reference's requests per success / peer's", label: store + ": " + c.p.label() + " / " + ref.p.name, ratio: a / b})
 	}
 }
 
@@ -369,7 +370,7 @@ func (r *report) handoff(store string, rs []*handoffResult) {
 		}
 		fmt.Fprintln(&s.b, row)
 		if h != ref && len(h.lat) > 0 && len(ref.lat) > 0 {
-			r.bars = append(r.bars, bar{group: "handoff: " + "reference p50 / peer's p50", label: store + ": " + h.p.name + " / " + ref.p.name, ratio: ms(quantile(ref.lat, 0.5)) / p50})
+			r.bars = append(r.bars, bar{group: "handoff: reference's p50 / peer's p50", label: store + ": " + h.p.name + " / " + ref.p.name, ratio: ms(quantile(ref.lat, 0.5)) / p50})
 		}
 	}
 	fmt.Fprintln(&s.b)
