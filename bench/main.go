@@ -35,6 +35,7 @@ import (
 var allWorkloads = []string{"uncontended", "parallel", "contended", "handoff", "scale"}
 
 func main() {
+	registerVariants()
 	var cfg config
 	var workloads, stores, peers string
 	var redisAddr, redisNodes, etcdAddr, zkAddr string

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // errNotAcquired is what every peer's lock returns when its wait ran out
@@ -53,6 +56,9 @@ type openOpts struct {
 	ttl       time.Duration
 	autoRenew bool          // distlock: WithAutoRenew (when the backend can)
 	retry     time.Duration // sleep between attempts of peers that retry on a timer
+	// handlers, when set, gives a distlock instance its handlers, made
+	// for its resource (the hotspot variants).
+	handlers func(res backend.RemoteResource) ([]distlock.Handler, error)
 }
 
 // counts are a store's cumulative counters: rt counts requests the
@@ -87,6 +93,17 @@ type locker interface {
 var registry []*peer
 
 func register(p *peer) { registry = append(registry, p) }
+
+// variantHooks derive more peers from the registered ones; they run once,
+// after every init (which registers in file order).
+var variantHooks []func()
+
+func registerVariants() {
+	for _, h := range variantHooks {
+		h()
+	}
+	variantHooks = nil
+}
 
 // storeOrder is the order of the stores in tables.
 var storeOrder = []string{"redis", "etcd", "zookeeper", "postgres", "mysql"}

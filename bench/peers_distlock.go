@@ -32,6 +32,16 @@ func newDLInstance(res backend.RemoteResource, o openOpts, p probe, opts []distl
 		all = append(all, distlock.WithAutoRenew())
 	}
 	all = append(all, opts...)
+	if o.handlers != nil {
+		hs, err := o.handlers(res)
+		if err != nil {
+			for _, c := range closers {
+				_ = c()
+			}
+			return nil, err
+		}
+		all = append(all, distlock.WithHandlers(hs...))
+	}
 	d, err := distlock.New(res, all...)
 	if err != nil {
 		for _, c := range closers {
