@@ -24,6 +24,11 @@ type report struct {
 	notes    []string
 	bars     []bar // the chart's
 	versions []string
+
+	// results kept for the targets table
+	cyc  map[string][]*cycleResult // "uncontended/redis" -> rows
+	hand map[string][]*handoffResult
+	cont map[string][]*contendedResult
 }
 
 type section struct {
@@ -41,7 +46,8 @@ type bar struct {
 }
 
 func newReport(cfg config) *report {
-	return &report{cfg: cfg, start: time.Now(), load0: loadAvg()}
+	return &report{cfg: cfg, start: time.Now(), load0: loadAvg(),
+		cyc: map[string][]*cycleResult{}, hand: map[string][]*handoffResult{}, cont: map[string][]*contendedResult{}}
 }
 
 func (r *report) section(w, title string) *section {
@@ -94,6 +100,7 @@ func per(n int64, d int) float64 {
 // cycles adds the table of the uncontended or parallel workload of one store.
 func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 	ref := rs[0].p.name
+	r.cyc[w+"/"+store] = rs
 	if w == "uncontended" {
 		s := r.section(w, fmt.Sprintf("Uncontended: %s (%s)", store, pinned))
 		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round.\n\n", r.cfg.rounds, r.cfg.slice, ref)
@@ -153,6 +160,7 @@ func (r *report) peerNotes(s *section, rs []*cycleResult) {
 func (r *report) write(stdout io.Writer) error {
 	var b strings.Builder
 	r.header(&b)
+	r.targets(&b)
 	for _, w := range allWorkloads {
 		for _, s := range r.sections {
 			if s.workload == w {
@@ -301,6 +309,7 @@ func (r *report) contended(store string, rs []*contendedResult) {
 	if len(rs) == 0 {
 		return
 	}
+	r.cont[store] = rs
 	s := r.section("contended", fmt.Sprintf("Contended: %s", store))
 	fmt.Fprintf(&s.b, "The seed workload: %d instances (each with its own clients, as a process) x %d goroutines, every goroutine trying the same key again and again, holding it, releasing it; %d round(s), peers alternating. Round trips per success count every request the clients sent (failed attempts and releases included)",
 		r.cfg.instances, r.cfg.workers, r.cfg.contendedRounds)
@@ -357,6 +366,7 @@ func (r *report) contended(store string, rs []*contendedResult) {
 
 // handoff adds the handoff table of one store.
 func (r *report) handoff(store string, rs []*handoffResult) {
+	r.hand[store] = rs
 	s := r.section("handoff", fmt.Sprintf("Handoff: %s", store))
 	fmt.Fprintf(&s.b, "A holder releases at t0 while a waiter (another instance) blocks in its lock call; t1 is when the waiter's call returns holding the lock. The release comes %v plus a random [0, %v) after the waiter has made its first attempt (for etcd and ZooKeeper: once its key is queued), so that it falls at any phase of a retry timer. Up to %d repetitions per peer over %d alternating rounds, at most %v per peer.\n\n",
 		r.cfg.settle, r.cfg.jitter, r.cfg.handoffs, r.cfg.rounds, r.cfg.handoffBudget)
