@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -38,6 +39,9 @@ func pin(pids []int, cpu int) (*pinning, error) {
 	for _, pid := range groupMembers(pids) {
 		tasks = append(tasks, threadsOf(pid)...)
 	}
+	// One CPU, one P: as under taskset, where the runtime sizes GOMAXPROCS
+	// to the CPUs it may use. A second P would only spin against the server.
+	runtime.GOMAXPROCS(1)
 	for _, tid := range tasks {
 		var old unix.CPUSet
 		if err := unix.SchedGetaffinity(tid, &old); err != nil {
@@ -59,6 +63,7 @@ func (p *pinning) unpin() {
 	if p == nil {
 		return
 	}
+	defer runtime.SetDefaultGOMAXPROCS()
 	for g, set := range p.groups {
 		for _, pid := range groupMembers([]int{g}) {
 			for _, tid := range threadsOf(pid) {

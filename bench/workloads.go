@@ -166,7 +166,7 @@ func runCycles(ctx context.Context, cfg config, s *servers, ps []*peer, goroutin
 			return nil, "", err
 		}
 		defer pn.unpin()
-		pinned = fmt.Sprintf("pinned: client and server threads on CPU %d", cfg.cpu)
+		pinned = fmt.Sprintf("pinned: client and server threads on CPU %d, GOMAXPROCS 1", cfg.cpu)
 	}
 	for r := range cfg.rounds {
 		rates := map[*peer]float64{}
