@@ -42,8 +42,8 @@ func main() {
 	flag.StringVar(&workloads, "workload", strings.Join(allWorkloads, ","), "workloads to run, comma separated: "+strings.Join(allWorkloads, ", "))
 	flag.StringVar(&stores, "store", "", "stores to run, comma separated (default all): "+strings.Join(storeOrder, ", "))
 	flag.StringVar(&peers, "peer", "", "peers to run, comma separated (default all; each store's reference always runs): "+peerList())
-	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of the uncontended, parallel and handoff workloads; peers alternate within each (at least 3 for a median)")
-	flag.DurationVar(&cfg.slice, "slice", time.Second, "time per peer per round (uncontended, parallel)")
+	flag.IntVar(&cfg.rounds, "rounds", 5, "rounds of the uncontended, parallel and handoff workloads; peers alternate within each (at least 3 for a median)")
+	flag.DurationVar(&cfg.slice, "slice", 600*time.Millisecond, "time per peer per round (uncontended, parallel)")
 	flag.DurationVar(&cfg.warmup, "warmup", 300*time.Millisecond, "warm-up per peer before the rounds")
 	flag.BoolVar(&cfg.pin, "pin", true, "pin the uncontended workload's client and server threads to one CPU (-cpu)")
 	flag.IntVar(&cfg.cpu, "cpu", 0, "the CPU -pin uses")
@@ -173,7 +173,7 @@ func run(cfg config) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			log.printf("%s: %s (%s)", w, g[0].store, peerNames(g))
+			log.printf("%s: %s (%s), at %v", w, g[0].store, peerNames(g), time.Since(rep.start).Round(time.Second))
 			switch w {
 			case "uncontended", "parallel":
 				n := 1

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -97,16 +98,24 @@ func per(n int64, d int) float64 {
 	return float64(n) / float64(d)
 }
 
+// spread is the lowest and highest of the rounds' ratios.
+func spread(xs []float64) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	return f2(slices.Min(xs)) + "-" + f2(slices.Max(xs))
+}
+
 // cycles adds the table of the uncontended or parallel workload of one store.
 func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 	ref := rs[0].p.name
 	r.cyc[w+"/"+store] = rs
 	if w == "uncontended" {
 		s := r.section(w, fmt.Sprintf("Uncontended: %s (%s)", store, pinned))
-		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round.\n\n", r.cfg.rounds, r.cfg.slice, ref)
+		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round; the range shows how much the rounds disagreed (the machine is shared). Cycles/s is the median over rounds.\n\n", r.cfg.rounds, r.cfg.slice, ref)
 		srvCol := store == "redis"
-		hdr := "| peer | cycles/s | vs " + ref + " | p50 us | p99 us | allocs/cycle | B/cycle | round trips/cycle |"
-		sep := "|---|---:|---:|---:|---:|---:|---:|---:|"
+		hdr := "| peer | cycles/s | vs " + ref + " | rounds' range | p50 us | p99 us | allocs/cycle | B/cycle | round trips/cycle |"
+		sep := "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 		if srvCol {
 			hdr += " server cmds/cycle |"
 			sep += "---:|"
@@ -117,7 +126,7 @@ func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 				fmt.Fprintf(&s.b, "| %s | error: %s |\n", c.p.name, oneLine(c.err.Error()))
 				continue
 			}
-			row := fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s |", c.p.name, f0(c.rate()), f2(c.ratio()),
+			row := fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", c.p.name, f0(c.rate()), f2(c.ratio()), spread(c.ratios),
 				f1(us(quantile(c.lat, 0.5))), f1(us(quantile(c.lat, 0.99))),
 				f1(per(int64(c.mallocs), c.cycles)), f0(per(int64(c.bytes), c.cycles)), f2(per(c.c.rt, c.cycles)))
 			if srvCol {
@@ -133,13 +142,13 @@ func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 	}
 	s := r.section(w, fmt.Sprintf("Parallel: %s (%d goroutines, distinct keys, %s)", store, r.cfg.parallel, pinned))
 	fmt.Fprintf(&s.b, "%d rounds of %v per peer, alternating; one instance per peer shared by the goroutines.\n\n", r.cfg.rounds, r.cfg.slice)
-	fmt.Fprintf(&s.b, "| peer | cycles/s | vs %s | round trips/cycle |\n|---|---:|---:|---:|\n", ref)
+	fmt.Fprintf(&s.b, "| peer | cycles/s | vs %s | rounds' range | round trips/cycle |\n|---|---:|---:|---:|---:|\n", ref)
 	for _, c := range rs {
 		if c.err != nil {
 			fmt.Fprintf(&s.b, "| %s | error: %s |\n", c.p.name, oneLine(c.err.Error()))
 			continue
 		}
-		fmt.Fprintf(&s.b, "| %s | %s | %s | %s |\n", c.p.name, f0(c.rate()), f2(c.ratio()), f2(per(c.c.rt, c.cycles)))
+		fmt.Fprintf(&s.b, "| %s | %s | %s | %s | %s |\n", c.p.name, f0(c.rate()), f2(c.ratio()), spread(c.ratios), f2(per(c.c.rt, c.cycles)))
 		if c.p.name != ref {
 			r.bars = append(r.bars, bar{group: "parallel cycles/s", label: store + ": " + c.p.name + " / " + ref, ratio: c.ratio()})
 		}
