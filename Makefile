@@ -21,6 +21,7 @@ vet:
 
 # bench/ is its own module (the peers it measures never enter the
 # library's dependencies), so ./... above does not reach it: vet and build
-# it here. Running it is `cd bench && go run .` (see bench/RESULTS.md).
+# it here, and test its pure parts (no server). Running it is
+# `cd bench && go run .` (see bench/RESULTS.md).
 bench-check:
-	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null .
+	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null . && $(GO) test -race -count=1 ./...
