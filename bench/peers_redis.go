@@ -21,8 +21,10 @@ import (
 )
 
 // redisSent counts every command (and pipeline) any Redis client of this
-// program sent: the round trips. INFO commandstats, read at the end of a
-// measurement, gives the server's side (commands inside scripts too).
+// program sent: the round trips, with the (un)subscribe calls that INFO
+// commandstats counts (go-redis sends those without its hooks). INFO
+// commandstats also gives the server's side: every command it ran,
+// those inside scripts too.
 var redisSent atomic.Int64
 
 // countHook counts the commands a client sends, in the program's total
@@ -90,8 +92,8 @@ func redisCounters(n int) func(ctx context.Context, s *servers) (counts, error) 
 			return counts{}, err
 		}
 		rt := redisSent.Load()
-		cmds, err := redisCommands(ctx, addrs)
-		return counts{rt: rt, cmds: cmds}, err
+		cmds, subs, err := redisCommands(ctx, addrs)
+		return counts{rt: rt + subs, cmds: cmds}, err
 	}
 }
 

@@ -157,15 +157,13 @@ func (s *servers) pids(store string) []int {
 
 // redisCommands returns, summed over addrs, the calls of every command in
 // INFO commandstats (commands run inside scripts included: that is the
-// server's load), less INFO itself.
-func redisCommands(ctx context.Context, addrs []string) (int64, error) {
-	var total int64
+// server's load), less INFO itself; and, apart, the (un)subscribe calls,
+// which go-redis sends on its pub/sub connections without its hooks.
+func redisCommands(ctx context.Context, addrs []string) (total, subs int64, err error) {
 	for _, a := range addrs {
-		c := goredis.NewClient(&goredis.Options{Addr: a, PoolSize: 1})
-		info, err := c.Info(ctx, "commandstats").Result()
-		c.Close()
-		if err != nil {
-			return 0, fmt.Errorf("INFO commandstats %s: %w", a, err)
+		info, ierr := redisAdmin(a).Info(ctx, "commandstats").Result()
+		if ierr != nil {
+			return 0, 0, fmt.Errorf("INFO commandstats %s: %w", a, ierr)
 		}
 		for line := range strings.SplitSeq(info, "\n") {
 			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -175,12 +173,34 @@ func redisCommands(ctx context.Context, addrs []string) (int64, error) {
 			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
 			n, err := strconv.ParseInt(calls, 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("INFO commandstats %s: line %q: %w", a, line, err)
+				return 0, 0, fmt.Errorf("INFO commandstats %s: line %q: %w", a, line, err)
 			}
 			total += n
+			if strings.HasSuffix(name, "subscribe") {
+				subs += n
+			}
 		}
 	}
-	return total, nil
+	return total, subs, nil
+}
+
+var (
+	adminMu sync.Mutex
+	admins  = map[string]*goredis.Client{}
+)
+
+// redisAdmin returns the client that reads addr's statistics: one per
+// server, kept, so that reading them adds no connection handshakes
+// (HELLO, CLIENT SETINFO) to what is measured.
+func redisAdmin(addr string) *goredis.Client {
+	adminMu.Lock()
+	defer adminMu.Unlock()
+	c := admins[addr]
+	if c == nil {
+		c = goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 1})
+		admins[addr] = c
+	}
+	return c
 }
 
 // etcdRequests returns the gRPC messages the etcd members received
