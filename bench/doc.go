@@ -20,4 +20,9 @@
 // workload: instances x workers x attempts on one key, in two variants),
 // handoff (release to a blocked waiter's acquire), scale (10,000 locks held
 // at once; 1,000 goroutines on one key).
+//
+// This is a module of its own (bench/go.mod, with a replace of the library
+// to ../), so the peers never enter the library's dependencies. Tidy it
+// with `go mod tidy -e`: redsync's own tests import a rueidis version the
+// module proxy no longer serves, which plain tidy cannot resolve.
 package main
