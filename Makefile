@@ -5,12 +5,13 @@
 
 GO ?= go
 
-.PHONY: test deps vet fuzz soak
+.PHONY: test deps vet fuzz soak bench-check
 
 test:
 	./scripts/install-test-deps.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(MAKE) bench-check
 
 deps:
 	./scripts/install-test-deps.sh
@@ -40,3 +41,10 @@ soak:
 	DISTLOCK_SAFETY_SOAK=$(SOAK) DISTLOCK_SAFETY_SEED=$${DISTLOCK_SAFETY_SEED:-$$(date +%s)} \
 	DISTLOCK_SAFETY_REPORT=$(CURDIR)/safety-soak.md \
 		$(GO) test -race -count=1 -timeout 120m -v ./safety/
+
+# bench/ is its own module (the peers it measures never enter the
+# library's dependencies), so ./... above does not reach it: vet and build
+# it here, and test its pure parts (no server). Running it is
+# `cd bench && go run .` (see bench/RESULTS.md).
+bench-check:
+	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null . && $(GO) test -race -count=1 ./...

@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,8 @@ import (
 // over the same server.
 func BenchmarkCycle(b *testing.B) {
 	endpoints := testserver.Etcd(b).Endpoints
-	c := newClient(b, endpoints)
+	var rpcs atomic.Int64 // requests sent by c: reported as rpcs/op
+	c := countingClient(b, endpoints, &rpcs)
 	for _, m := range modes {
 		b.Run("distlock-"+m.name, func(b *testing.B) {
 			d, err := distlock.New(New(c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
@@ -33,6 +35,7 @@ func BenchmarkCycle(b *testing.B) {
 			defer d.Close()
 			key := uniqueKey(b)
 			ctx := context.Background()
+			rpcs.Store(0)
 			for b.Loop() {
 				lk, err := d.TryLock(ctx, key, 0)
 				if err != nil {
@@ -42,6 +45,7 @@ func BenchmarkCycle(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(rpcs.Load())/float64(b.N), "rpcs/op")
 		})
 	}
 	for _, m := range modes {
@@ -50,6 +54,7 @@ func BenchmarkCycle(b *testing.B) {
 			defer r.Close()
 			key := uniqueKey(b)
 			ctx := context.Background()
+			rpcs.Store(0)
 			for b.Loop() {
 				l := &backend.Lease{Key: key, Value: "v", TTL: 10 * time.Second}
 				if err := r.Acquire(ctx, l, time.Time{}); err != nil {
@@ -59,6 +64,7 @@ func BenchmarkCycle(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(rpcs.Load())/float64(b.N), "rpcs/op")
 		})
 	}
 	b.Run("concurrency.Mutex", func(b *testing.B) {
@@ -69,6 +75,7 @@ func BenchmarkCycle(b *testing.B) {
 		defer s.Close()
 		m := concurrency.NewMutex(s, "/bench/"+uniqueKey(b))
 		ctx := context.Background()
+		rpcs.Store(0)
 		for b.Loop() {
 			if err := m.Lock(ctx); err != nil {
 				b.Fatal(err)
@@ -77,6 +84,7 @@ func BenchmarkCycle(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		b.ReportMetric(float64(rpcs.Load())/float64(b.N), "rpcs/op")
 	})
 }
 

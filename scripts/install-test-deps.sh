@@ -94,4 +94,7 @@ command -v java >/dev/null 2>&1 || die "zookeeper is installed but java is not o
 command -v go >/dev/null 2>&1 || die "go is not on PATH: install Go (see go.mod for the version)"
 say "downloading Go modules"
 go mod download
+# bench/ is a module of its own (its peers stay out of the library's
+# dependencies); make test vets and builds it.
+(cd bench && go mod download)
 say "done"

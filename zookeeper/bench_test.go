@@ -36,6 +36,7 @@ func BenchmarkZooKeeper(b *testing.B) {
 		d := newBenchLock(b, addrs)
 		key := uniqueKey(b)
 		ctx := b.Context()
+		before := packets(b, addrs[0])
 		for b.Loop() {
 			lk, err := d.TryLock(ctx, key, time.Minute)
 			if err != nil {
@@ -45,9 +46,11 @@ func BenchmarkZooKeeper(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		reportPackets(b, addrs[0], before)
 	})
 	b.Run("Cycle/zk.NewLock", func(b *testing.B) {
 		l := zk.NewLock(connect(b, addrs), "/bench-zklock/"+uniqueName(b), zk.WorldACL(zk.PermAll))
+		before := packets(b, addrs[0])
 		for b.Loop() {
 			if err := l.Lock(); err != nil {
 				b.Fatal(err)
@@ -56,6 +59,7 @@ func BenchmarkZooKeeper(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		reportPackets(b, addrs[0], before)
 	})
 
 	b.Run("Cycle/interleaved", func(b *testing.B) {

@@ -1,0 +1,28 @@
+// Command bench measures distlock against the lock libraries users would
+// pick instead, side by side in one run: same servers, same machine, the
+// peers alternating round by round so that machine noise hits all alike.
+// It writes a markdown table per workload (bench/RESULTS.md) and an SVG
+// chart of the ratios against each store's reference.
+//
+//	cd bench && go run . -workload uncontended,handoff -store redis
+//	cd bench && go run . -out RESULTS.md -svg ratios.svg    # the default run, a few minutes
+//
+// Servers are started through internal/testserver, the tests' own
+// starters (redis-server, ZooKeeper from Debian's package, etcd in a
+// process of its own), on free 127.0.0.1 ports, and stopped at the end. To
+// use running servers instead, set the testserver variables
+// (DISTLOCK_TEST_REDIS, DISTLOCK_TEST_REDIS_NODES, DISTLOCK_TEST_ETCD_CLUSTER,
+// DISTLOCK_TEST_ZOOKEEPER), or the -redis, -redis-nodes, -etcd and
+// -zookeeper flags, which set them.
+//
+// Workloads: uncontended (one goroutine, lock+unlock cycles on one key,
+// pinned), parallel (16 goroutines, distinct keys), contended (the seed
+// workload: instances x workers x attempts on one key, in two variants),
+// handoff (release to a blocked waiter's acquire), scale (10,000 locks held
+// at once; 1,000 goroutines on one key).
+//
+// This is a module of its own (bench/go.mod, with a replace of the library
+// to ../), so the peers never enter the library's dependencies. Tidy it
+// with `go mod tidy -e`: redsync's own tests import a rueidis version the
+// module proxy no longer serves, which plain tidy cannot resolve.
+package main

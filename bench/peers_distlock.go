@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+)
+
+// probe tells the handoff workload when a waiter is waiting.
+type probe interface {
+	mark(key string) int64
+	waiting(ctx context.Context, key string, mark int64) bool
+}
+
+// dlInstance is one distlock.DistributeLock over one backend resource.
+type dlInstance struct {
+	probe
+	d       *distlock.DistributeLock
+	closers []func() error // run after d.Close, in order
+}
+
+// cycleWait is the wait of the uncontended cycle: a blocking lock, as the
+// peers' Lock calls are. Uncontended, it is never used up.
+const cycleWait = 10 * time.Second
+
+func newDLInstance(res backend.RemoteResource, o openOpts, p probe, opts []distlock.Option, closers ...func() error) (*dlInstance, error) {
+	all := []distlock.Option{distlock.WithDefaultTTL(o.ttl)}
+	if o.autoRenew {
+		all = append(all, distlock.WithAutoRenew())
+	}
+	all = append(all, opts...)
+	if o.handlers != nil {
+		hs, err := o.handlers(res)
+		if err != nil {
+			for _, c := range closers {
+				_ = c()
+			}
+			return nil, err
+		}
+		all = append(all, distlock.WithHandlers(hs...))
+	}
+	d, err := distlock.New(res, all...)
+	if err != nil {
+		for _, c := range closers {
+			_ = c()
+		}
+		return nil, err
+	}
+	return &dlInstance{probe: p, d: d, closers: closers}, nil
+}
+
+func (i *dlInstance) cycle(ctx context.Context, key string) error {
+	lk, err := i.d.TryLock(ctx, key, cycleWait)
+	if err != nil {
+		return err
+	}
+	return lk.Unlock(ctx)
+}
+
+func (i *dlInstance) worker(context.Context) (locker, error) { return i, nil }
+
+func (i *dlInstance) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+	lk, err := i.d.TryLock(ctx, key, wait)
+	if errors.Is(err, distlock.ErrNotAcquired) && ctx.Err() == nil {
+		return nil, errNotAcquired
+	}
+	if err != nil {
+		return nil, err
+	}
+	return lk.Unlock, nil
+}
+
+func (i *dlInstance) close() error {
+	errs := []error{i.d.Close()}
+	for _, c := range i.closers {
+		errs = append(errs, c())
+	}
+	return errors.Join(errs...)
+}

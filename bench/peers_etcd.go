@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/etcd"
+)
+
+func init() {
+	register(&peer{
+		name: "concurrency.Mutex", store: "etcd", ref: true,
+		note:     "go.etcd.io/etcd/client/v3/concurrency: one Session (lease kept alive) per instance, and per goroutine in the contended run; Mutex per key",
+		renewal:  "the Session's one lease, kept alive by the client",
+		open:     openEtcdMutex,
+		counters: etcdCounters,
+	})
+	register(&peer{
+		name: "distlock", store: "etcd",
+		note:    "etcd.New, WithAutoRenew: a lease per lock (grant, create-if-absent txn, revoke on release)",
+		renewal: "a keep-alive per lock every TTL/3",
+		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
+			return openEtcdDistlock(s, o)
+		},
+		counters: etcdCounters,
+	})
+	register(&peer{
+		name: "distlock-shared", store: "etcd",
+		note:    "etcd.New with WithSharedLease, WithAutoRenew: one lease per TTL kept alive by the resource, as a Session",
+		renewal: "one shared lease kept alive, plus the refresh per lock every TTL/3 (WithAutoRenew)",
+		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
+			return openEtcdDistlock(s, o, etcd.WithSharedLease())
+		},
+		counters: etcdCounters,
+	})
+}
+
+func etcdCounters(ctx context.Context, s *servers) (counts, error) {
+	eps, err := s.etcdEndpoints()
+	if err != nil {
+		return counts{}, err
+	}
+	n, err := etcdRequests(ctx, eps)
+	return counts{rt: n, cmds: n}, err
+}
+
+func newEtcdClient(s *servers) (*clientv3.Client, error) {
+	eps, err := s.etcdEndpoints()
+	if err != nil {
+		return nil, err
+	}
+	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+}
+
+// etcdProbe: a waiter waits once its key is queued behind the holder's.
+type etcdProbe struct {
+	count func(ctx context.Context, key string) (int, error)
+}
+
+func (etcdProbe) mark(string) int64 { return 0 }
+
+func (p etcdProbe) waiting(ctx context.Context, key string, _ int64) bool {
+	n, err := p.count(ctx, key)
+	return err == nil && n >= 2
+}
+
+func openEtcdDistlock(s *servers, o openOpts, opts ...etcd.Option) (instance, error) {
+	c, err := newEtcdClient(s)
+	if err != nil {
+		return nil, err
+	}
+	res := etcd.New(c, opts...)
+	p := etcdProbe{count: func(ctx context.Context, key string) (int, error) {
+		keys, err := res.Leftovers(ctx, key)
+		return len(keys), err
+	}}
+	o.autoRenew = true
+	return newDLInstance(res, o, p, []distlock.Option{}, c.Close)
+}
+
+// --- concurrency.Mutex ---
+
+const mutexPrefix = "/bench-mutex/"
+
+type etcdMutex struct {
+	etcdProbe
+	c   *clientv3.Client
+	s   *concurrency.Session
+	ttl int
+
+	mu       sync.Mutex
+	mutexes  map[string]*concurrency.Mutex // cycle's, reused per key
+	sessions []*concurrency.Session        // the workers'
+}
+
+func ttlSeconds(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
+
+func openEtcdMutex(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	c, err := newEtcdClient(s)
+	if err != nil {
+		return nil, err
+	}
+	ttl := ttlSeconds(o.ttl)
+	sess, err := concurrency.NewSession(c, concurrency.WithTTL(ttl), concurrency.WithContext(context.Background()))
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	m := &etcdMutex{c: c, s: sess, ttl: ttl, mutexes: map[string]*concurrency.Mutex{}}
+	m.etcdProbe = etcdProbe{count: func(ctx context.Context, key string) (int, error) {
+		resp, err := c.Get(ctx, mutexPrefix+key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, err
+		}
+		return int(resp.Count), nil
+	}}
+	return m, nil
+}
+
+func (m *etcdMutex) cycle(ctx context.Context, key string) error {
+	m.mu.Lock()
+	mu := m.mutexes[key]
+	if mu == nil {
+		mu = concurrency.NewMutex(m.s, mutexPrefix+key)
+		m.mutexes[key] = mu
+	}
+	m.mu.Unlock()
+	if err := mu.Lock(ctx); err != nil {
+		return err
+	}
+	return mu.Unlock(ctx)
+}
+
+// worker gives the goroutine a session of its own: Mutexes on one session
+// and one key share their queue key, so two goroutines of one session
+// would both believe they hold the lock.
+func (m *etcdMutex) worker(ctx context.Context) (locker, error) {
+	s, err := concurrency.NewSession(m.c, concurrency.WithTTL(m.ttl), concurrency.WithContext(context.Background()))
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	m.sessions = append(m.sessions, s)
+	m.mu.Unlock()
+	return mutexLocker{s}, nil
+}
+
+type mutexLocker struct{ s *concurrency.Session }
+
+func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+	mu := concurrency.NewMutex(l.s, mutexPrefix+key)
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := mu.Lock(wctx); err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, errNotAcquired
+		}
+		return nil, err
+	}
+	return mu.Unlock, nil
+}
+
+func (m *etcdMutex) close() error {
+	m.mu.Lock()
+	ss := append(m.sessions, m.s)
+	m.mu.Unlock()
+	var errs []error
+	for _, s := range ss {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(append(errs, m.c.Close())...)
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// targets writes the targets next to what this run measured, so
+// that a regression shows at the top of RESULTS.md.
+func (r *report) targets(b *strings.Builder) {
+	type row struct{ target, got string }
+	var rows []row
+	add := func(target, got string, ok bool, known bool) {
+		mark := ""
+		switch {
+		case !known:
+			got, mark = "not measured", ""
+		case ok:
+			mark = " ✓"
+		default:
+			mark = " ✗"
+		}
+		rows = append(rows, row{target, got + mark})
+	}
+	cyc := func(store, name string) *cycleResult {
+		for _, c := range r.cyc["uncontended/"+store] {
+			if c.p.name == name && c.err == nil && len(c.rounds) > 0 {
+				return c
+			}
+		}
+		return nil
+	}
+	// vs is the median over rounds of a's rate / b's rate, same round.
+	vs := func(a, b *cycleResult) float64 {
+		if a == nil || b == nil {
+			return math.NaN()
+		}
+		var rs []float64
+		for i := range min(len(a.rounds), len(b.rounds)) {
+			rs = append(rs, a.rounds[i]/b.rounds[i])
+		}
+		return median(rs)
+	}
+	known := func(x float64) bool { return !math.IsNaN(x) }
+	hand := func(store, name string) float64 {
+		for _, h := range r.hand[store] {
+			if h.p.name == name && len(h.lat) > 0 {
+				return ms(quantile(h.lat, 0.5))
+			}
+		}
+		return math.NaN()
+	}
+	cont := func(store, name string, v string) *contendedResult {
+		for _, c := range r.cont[store] {
+			if c.p.name == name && c.v.name == v && c.successes > 0 {
+				return c
+			}
+		}
+		return nil
+	}
+
+	dl, floor := cyc("redis", "distlock"), cyc("redis", "floor")
+	x := vs(dl, floor)
+	add("Redis cycle >= 0.9x the floor", f2(x)+"x", x >= 0.9, known(x))
+	for _, peer := range []string{"redislock", "redsync-1"} {
+		x := vs(dl, cyc("redis", peer))
+		add("Redis cycle >= 1.0x "+peer, f2(x)+"x", x >= 1.0, known(x))
+	}
+	if dl != nil && floor != nil {
+		a, f := per(int64(dl.mallocs), dl.cycles), per(int64(floor.mallocs), floor.cycles)
+		add("Redis allocations per cycle <= the floor's", fmt.Sprintf("%s vs %s", f1(a), f1(f)), a <= f, true)
+	} else {
+		add("Redis allocations per cycle <= the floor's", "-", false, false)
+	}
+	h := hand("redis", "distlock")
+	add("Redis handoff p50 <= 2ms (with wake-up)", f2(h)+"ms", h <= 2, known(h))
+	x = vs(cyc("etcd", "distlock"), cyc("etcd", "concurrency.Mutex"))
+	add("etcd cycle >= 0.9x concurrency.Mutex (lease per lock)", f2(x)+"x", x >= 0.9, known(x))
+	x = vs(cyc("etcd", "distlock-shared"), cyc("etcd", "concurrency.Mutex"))
+	add("etcd cycle >= 0.9x concurrency.Mutex (WithSharedLease)", f2(x)+"x", x >= 0.9, known(x))
+	h = hand("etcd", "distlock")
+	add("etcd handoff p50 <= 5ms", f2(h)+"ms", h <= 5, known(h))
+	x = vs(cyc("zookeeper", "distlock"), cyc("zookeeper", "zk.Lock"))
+	add("ZooKeeper cycle >= 0.9x zk.Lock", f2(x)+"x", x >= 0.9, known(x))
+	x = hand("zookeeper", "distlock") / hand("zookeeper", "zk.Lock")
+	add("ZooKeeper handoff p50 within 1.2x of zk.Lock's", f2(x)+"x", x <= 1.2, known(x))
+	const short = "wait 200ms, hold 1ms"
+	for _, name := range []string{"distlock+hotspot+yield", "distlock+hotspot"} {
+		c := cont("redis", name, short)
+		if c == nil {
+			add("Redis contended, "+short+", "+name+": <= 4 requests per success, 0 timeouts", "-", false, false)
+			continue
+		}
+		rt := per(c.c.rt, c.successes)
+		add("Redis contended, "+short+", "+name+": <= 4 requests per success, 0 timeouts",
+			fmt.Sprintf("%s per success, %d timeouts", f2(rt), c.timeouts), rt <= 4 && c.timeouts == 0, true)
+	}
+	if c := cont("redis", "floor", short); c != nil {
+		rows = append(rows, row{"(the floor, 10ms retry, same variant)", fmt.Sprintf("%s per success, %d timeouts of %d", f2(per(c.c.rt, c.successes)), c.timeouts, c.attempts)})
+	}
+
+	fmt.Fprintf(b, "## Targets\n\n| target | this run |\n|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "| %s | %s |\n", r.target, r.got)
+	}
+	fmt.Fprintln(b)
+}
