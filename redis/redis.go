@@ -119,24 +119,28 @@ type handle struct {
 	key   string    // the user's key, to detect a foreign Handle
 	value string    // the owner value the commands were built from
 	ms    int64     // the TTL in acq
-	keys  [2]string // lock, fence
-	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
+	keys  [3]string // lock, dead (the value's tombstone), fence
+	acq   [8]any    // EVALSHA acquire 3 lock dead fence value ms
+	cln   [8]any    // EVALSHA cleanup 2 lock dead value ms publish
 	rel   [6]any    // EVALSHA release 1 lock value publish
 }
 
 // Script digests, boxed once.
 var (
 	acquireSHA any = redisscript.Acquire.Hash()
+	cleanupSHA any = redisscript.Cleanup.Hash()
 	releaseSHA any = redisscript.Release.Hash()
 	extendSHA  any = redisscript.Extend.Hash()
 )
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
-	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	lock, value := any(h.keys[0]), any(l.Value)
-	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, h.ms}
-	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
+	lock, fence := redisscript.Layout(r.prefix, l.Key)
+	h.keys = [3]string{lock, redisscript.DeadKey(lock, l.Value), fence}
+	var k0, k1, value, ms any = lock, h.keys[1], l.Value, h.ms
+	h.acq = [8]any{"evalsha", acquireSHA, 3, k0, k1, fence, value, ms}
+	h.cln = [8]any{"evalsha", cleanupSHA, 2, k0, k1, value, ms, r.publish}
+	h.rel = [6]any{"evalsha", releaseSHA, 1, k0, value, r.publish}
 	return h
 }
 
@@ -177,8 +181,12 @@ func (r *Resource) ValidateKey(key string) error {
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
 // the holder's remaining time. On any error it deletes the key again if it
-// holds l.Value (the request may have run before its reply was lost), then
-// returns the error wrapped with op and key.
+// holds l.Value (the request may have run before its reply was lost) and,
+// in the same script, writes l.Value's tombstone for one TTL, so that the
+// request sets nothing should it reach Redis only after that (delayed on
+// the network); then it returns the error wrapped with op and key. l.Value
+// is given up then: an attempt with it fails until the tombstone expires
+// (the facade never makes one: an error ends its acquisition).
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if r.c == nil {
 		return false, 0, errNilClient
@@ -245,7 +253,7 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
 	pipe := c.Pipeline()
-	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
+	acq := run(ctx, pipe, h.keys[:], h.acq[6:]...)
 	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
 	if v, err = acq.Int64(); err != nil || v <= 0 {
@@ -255,12 +263,14 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 	return v, acked, err
 }
 
-// cleanup deletes h's key if it still holds h's value, with a fresh
-// context: ctx may be the reason the acquire failed.
+// cleanup deletes h's key if it still holds h's value, and writes the
+// value's tombstone so that the acquire request, should it reach Redis
+// only now, sets nothing (redisscript.Cleanup). It uses a fresh context:
+// ctx may be the reason the acquire failed.
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:2], h.cln[:])
 	return err
 }
 
@@ -291,11 +301,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	ms := h.acq[6]
+	ms := h.acq[7]
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[6], ms})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

@@ -199,10 +199,11 @@ func (r *Resource) timeout(ttl, validity time.Duration) time.Duration {
 type handle struct {
 	key, value string
 	ms         int64
-	keys       [1]string // the lock key, for EVAL after NOSCRIPT
+	keys       [2]string // lock key, the value's tombstone: for EVAL after NOSCRIPT
 	argv       [2]any    // value, ttl ms: the scripts' ARGV
 
-	acquire [6]any // EVALSHA acquire 1 lock value ms
+	acquire [7]any // EVALSHA acquire 2 lock dead value ms
+	cleanup [7]any // EVALSHA cleanup 2 lock dead value ms
 	release [5]any // EVALSHA release 1 lock value
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
@@ -220,14 +221,17 @@ var (
 	acquireSHA any = redisscript.Acquire.Hash()
 	extendSHA  any = redisscript.Extend.Hash()
 	releaseSHA any = redisscript.Release.Hash()
+	cleanupSHA any = redisscript.Cleanup.Hash()
 )
 
 func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: ms}
 	h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
-	var lock, value, px any = h.keys[0], l.Value, ms
+	h.keys[1] = redisscript.DeadKey(h.keys[0], l.Value)
+	var lock, dead, value, px any = h.keys[0], h.keys[1], l.Value, ms
 	h.argv = [2]any{value, px}
-	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
+	h.acquire = [7]any{"evalsha", acquireSHA, 2, lock, dead, value, px}
+	h.cleanup = [7]any{"evalsha", cleanupSHA, 2, lock, dead, value, px}
 	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
 	return h
 }
@@ -327,11 +331,18 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return true, 0, nil
 	}
 
-	cerr := r.cleanup(ctx, rd, timeout)
+	// Contention (a majority answered, too few said yes) is no error: the
+	// spin loop tries again with the same value, so its cleanup must not
+	// bury the value. Every other outcome is an error that ends the
+	// acquisition, and its cleanup writes the value's tombstone: a request
+	// still on its way to a node then sets nothing there.
+	ctxErr := ctx.Err()
+	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
+	cerr := r.cleanup(ctx, rd, timeout, !contended)
 	var err error
 	switch {
-	case ctx.Err() != nil:
-		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctx.Err())
+	case ctxErr != nil:
+		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctxErr)
 	case yes >= r.quorum:
 		err = fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes set it in %v; the TTL %v minus drift leaves %v",
 			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
@@ -352,10 +363,17 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // cleanup deletes the key of a failed acquire round on every node, with a
 // fresh context: ctx may be why the round failed. Nodes that refused the
 // key are not spared: a request go-redis retried after a lost reply says
-// "held" when its first try set our value. cleanup returns an error only
-// when a node that said it set the key could not delete it.
-func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
-	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout, 0, acq)
+// "held" when its first try set our value. With bury, it also writes the
+// value's tombstone on every node (redisscript.Cleanup), for a round that
+// ends the acquisition: an acquire request that reaches a node only after
+// the delete then sets nothing there. cleanup returns an error only when a
+// node that said it set the key could not delete it.
+func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration, bury bool) error {
+	o, args := opRelease, acq.h.release[:]
+	if bury {
+		o, args = opCleanup, acq.h.cleanup[:]
+	}
+	rd := r.start(context.WithoutCancel(ctx), o, acq.h, args, timeout, 0, acq)
 	rd.wait()
 	rd.mu.Lock()
 	rd.over = true
@@ -446,7 +464,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	start := time.Now()
 	// Built per call, not kept in the handle: refreshes are rare (every
 	// TTL/3 at most), acquisitions are not.
-	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5]}
+	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[5], h.acquire[6]}
 	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil)
 	rd.wait()
 	extended, failed := rd.decide()

@@ -1,12 +1,25 @@
 -- acquire: take the lock if free, in one round trip.
--- KEYS[1] lock key, KEYS[2] fence counter (optional; same hash slot)
+-- KEYS[1] lock key
+-- KEYS[2] the tombstone of ARGV[1] (DeadKey; same hash slot), written by
+--         cleanup.lua
+-- KEYS[3] fence counter (optional; same hash slot)
 -- ARGV[1] owner value, ARGV[2] TTL in milliseconds
--- Returns > 0 when acquired: the fencing token (INCR of KEYS[2]), or 1 when
+-- Returns > 0 when acquired: the fencing token (INCR of KEYS[3]), or 1 when
 -- no fence key was given. Returns <= 0 when another owner holds the lock:
 -- minus the holder's remaining milliseconds (0 when unknown).
+-- Returns the error DEAD, and leaves the lock as it was, when the tombstone
+-- of ARGV[1] exists: this request was overtaken by its own clean-up (it was
+-- delayed on the way), and its owner has given the value up. Scripts run
+-- one at a time, so of a request and its clean-up the second sees the
+-- first. The tombstone is looked up only once SET succeeded: a contended
+-- attempt pays nothing for it.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if KEYS[2] then
-    return redis.call('INCR', KEYS[2])
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('DEL', KEYS[1])
+    return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
+  end
+  if KEYS[3] then
+    return redis.call('INCR', KEYS[3])
   end
   return 1
 end

@@ -9,17 +9,32 @@
 //
 //	p{E(k)}        the lock: a string holding the owner value, with a PX expiry
 //	p{E(k)}:fence  the fence counter: INCR'd on every acquisition, never expires
+//	p{E(k)}:dead:v the tombstone of owner value v, written by [Cleanup] and
+//	               living one lease TTL: [Acquire] of v does not take the lock
+//	               while it exists
 //	p{E(k)}        also the name of the release notice channel (channels and
 //	               keys are separate namespaces)
 //
 // E is [EscapeTag]: it removes '{' and '}' from k injectively, so the braces
 // we add are the hash tag Redis Cluster sees, whatever k contains. [Layout]
-// builds both names.
+// builds the first two names, [DeadKey] the tombstone's.
+//
+// # Tombstones
+//
+// A request whose reply is lost may still run on the server, and it may
+// run late: delayed on the network, it can reach Redis after the
+// compare-and-delete its sender issued to clean up (on another
+// connection). [Cleanup] therefore writes the value's tombstone in the
+// same script as its compare-and-delete, and [Acquire] does not set the
+// lock while its value's tombstone exists. Redis runs scripts one at a
+// time, so whichever of the two runs second sees the first: a late acquire
+// leaves nothing behind, as long as it arrives within one lease TTL (the
+// tombstone's life) of its clean-up.
 //
 // # Scripts
 //
-// [Acquire], [Release] and [Extend] are [goredis.Script] values; run them with
-// Script.Run, which tries EVALSHA and falls back to EVAL once per server that
-// lacks the script. Each script's file documents its KEYS, ARGV and reply;
+// [Acquire], [Release], [Cleanup] and [Extend] are [goredis.Script] values;
+// run them with Script.Run, which tries EVALSHA and falls back to EVAL once
+// per server that lacks the script. Each script's file documents its KEYS, ARGV and reply;
 // [DecodeAcquire] reads Acquire's reply.
 package redisscript

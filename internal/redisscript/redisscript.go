@@ -15,12 +15,27 @@ var (
 	releaseSrc string
 	//go:embed extend.lua
 	extendSrc string
+	//go:embed cleanup.lua
+	cleanupSrc string
 )
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token; when the lock is held it returns minus the
-// holder's remaining milliseconds. KEYS: lock [, fence]. ARGV: value, ttl ms.
+// holder's remaining milliseconds. It fails with a DEAD error (see
+// [IsDead]) and sets nothing when the value's tombstone exists. KEYS: lock,
+// [DeadKey] [, fence]. ARGV: value, ttl ms.
 var Acquire = goredis.NewScript(acquireSrc)
+
+// Cleanup undoes a failed acquire: it writes the value's tombstone for ttl
+// ms, so that an [Acquire] of the value still on its way (a request
+// delayed past its clean-up) sets nothing, then deletes the lock if it
+// holds the value, as [Release]. KEYS: lock, [DeadKey]. ARGV: value, ttl
+// ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+//
+// The value is dead afterwards, until the tombstone expires: use it only
+// for an acquisition that has been given up, never for one that will try
+// again with the same value.
+var Cleanup = goredis.NewScript(cleanupSrc)
 
 // Release deletes the lock if it holds the value and optionally publishes a
 // release notice on the channel named like the lock key. KEYS: lock. ARGV:
@@ -40,6 +55,24 @@ const (
 
 // FenceSuffix is appended to the lock key to name the fence counter.
 const FenceSuffix = ":fence"
+
+// DeadInfix comes between the lock key and an owner value in the name of
+// the value's tombstone: see [DeadKey].
+const DeadInfix = ":dead:"
+
+// DeadKey returns the name of the tombstone [Cleanup] writes for value on
+// the lock key lock (from [Layout]): lock + [DeadInfix] + value. It shares
+// lock's hash tag, so it lives in the lock's Cluster slot, and it is never
+// the name of another lock or fence key.
+func DeadKey(lock, value string) string {
+	return lock + DeadInfix + value
+}
+
+// IsDead reports whether err is [Acquire]'s DEAD error: the owner value's
+// tombstone exists, so the value was given up by a failed acquire.
+func IsDead(err error) bool {
+	return err != nil && goredis.HasErrorPrefix(err, "DEAD")
+}
 
 const (
 	escapeChar      = '%'
