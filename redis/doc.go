@@ -29,7 +29,14 @@
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
-// before returning the error: a failed attempt leaves no orphan.
+// before returning the error. The request may also still be on its way (a
+// cancelled acquire's packets delayed on the network reach Redis after the
+// clean-up, sent on another connection): the clean-up therefore writes,
+// in the same script, a tombstone for the owner value, prefix{k'}:dead:value
+// living one lease TTL, and the acquire script does not take the lock for a
+// value whose tombstone exists. Scripts run one at a time, so whichever of
+// the two comes second sees the first: a failed attempt leaves no orphan,
+// unless its request is delayed by more than the TTL.
 //
 // # Keys
 //

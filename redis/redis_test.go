@@ -308,7 +308,7 @@ func TestRoundTrips(t *testing.T) {
 		delta  map[string]int64
 		inside []string
 	}{
-		{"acquire", statsDelta(before, mid), []string{"set", "incr"}},
+		{"acquire", statsDelta(before, mid), []string{"set", "exists", "incr"}},
 		{"release", statsDelta(mid, after), []string{"get", "del", "publish"}},
 	} {
 		want := map[string]int64{"evalsha": 1}
