@@ -21,11 +21,17 @@
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
-//     and return it as the token; on failure return the holder's PTTL, so the
-//     spin loop never sleeps past the holder's expiry;
-//   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
-//     release notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE.
+//     and return it as the token; on failure set the waited marker
+//     prefix{k'}:waited to expire with the holder's lock, and return the
+//     holder's PTTL, so the spin loop never sleeps past the holder's expiry;
+//   - release: compare-and-delete of the lock and the marker (one DEL) and,
+//     only when the marker existed, PUBLISH (SPUBLISH on Cluster) a release
+//     notice on the key's channel;
+//   - refresh: compare-and-PEXPIRE, of the marker too.
+//
+// An uncontended cycle thus runs five commands besides its two EVALSHAs
+// (SET, EXISTS of the tombstone below, INCR; GET, DEL) and publishes
+// nothing.
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -87,7 +93,10 @@
 // key's channel only while a waiter in this process waits for it. When
 // Redis confirms a subscription (the first time, or again after a
 // reconnect) the waiters retry once too, so a release that came before the
-// subscription is not slept through. Notices are hints: a lost or failed
+// subscription is not slept through. A release publishes only when the
+// waited marker exists; a waiter's failed attempt sets it in the same
+// script that found the lock held, before the release could run, so no
+// waiter that tried misses the notice. Notices are hints: a lost or failed
 // subscription costs only latency, as the spin loop keeps retrying on its
 // own.
 //

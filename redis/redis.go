@@ -116,13 +116,15 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 // and the script commands, built and boxed once per acquisition and reused
 // by every attempt, refresh and release (go-redis only reads them).
 type handle struct {
-	key   string    // the user's key, to detect a foreign Handle
-	value string    // the owner value the commands were built from
-	ms    int64     // the TTL in acq
-	keys  [3]string // lock, dead (the value's tombstone), fence
-	acq   [8]any    // EVALSHA acquire 3 lock dead fence value ms
-	cln   [8]any    // EVALSHA cleanup 2 lock dead value ms publish
-	rel   [6]any    // EVALSHA release 1 lock value publish
+	key     string    // the user's key, to detect a foreign Handle
+	value   string    // the owner value the commands were built from
+	ms      int64     // the TTL in acq
+	acqKeys [4]string // lock, dead (the value's tombstone), fence, waited
+	clnKeys [3]string // lock, dead, waited
+	relKeys [2]string // lock, waited: release's and refresh's
+	acq     [9]any    // EVALSHA acquire 4 lock dead fence waited value ms
+	cln     [9]any    // EVALSHA cleanup 3 lock dead waited value ms publish
+	rel     [7]any    // EVALSHA release 2 lock waited value publish
 }
 
 // Script digests, boxed once.
@@ -135,12 +137,14 @@ var (
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
-	lock, fence := redisscript.Layout(r.prefix, l.Key)
-	h.keys = [3]string{lock, redisscript.DeadKey(lock, l.Value), fence}
-	var k0, k1, value, ms any = lock, h.keys[1], l.Value, h.ms
-	h.acq = [8]any{"evalsha", acquireSHA, 3, k0, k1, fence, value, ms}
-	h.cln = [8]any{"evalsha", cleanupSHA, 2, k0, k1, value, ms, r.publish}
-	h.rel = [6]any{"evalsha", releaseSHA, 1, k0, value, r.publish}
+	lk, fc, wt, dd := redisscript.Names(r.prefix, l.Key, l.Value)
+	h.acqKeys = [4]string{lk, dd, fc, wt}
+	h.clnKeys = [3]string{lk, dd, wt}
+	h.relKeys = [2]string{lk, wt}
+	var lock, dead, fence, waited, value, ms any = lk, dd, fc, wt, l.Value, h.ms
+	h.acq = [9]any{"evalsha", acquireSHA, 4, lock, dead, fence, waited, value, ms}
+	h.cln = [9]any{"evalsha", cleanupSHA, 3, lock, dead, waited, value, ms, r.publish}
+	h.rel = [7]any{"evalsha", releaseSHA, 2, lock, waited, value, r.publish}
 	return h
 }
 
@@ -180,7 +184,8 @@ func (r *Resource) ValidateKey(key string) error {
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
-// the holder's remaining time. On any error it deletes the key again if it
+// the holder's remaining time, and marks the key as waited-on, so that the
+// holder's release publishes a notice. On any error it deletes the key again if it
 // holds l.Value (the request may have run before its reply was lost) and,
 // in the same script, writes l.Value's tombstone for one TTL, so that the
 // request sets nothing should it reach Redis only after that (delayed on
@@ -214,7 +219,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
 		}
 	} else {
-		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
+		v, err = r.run(ctx, redisscript.Acquire, h.acqKeys[:], h.acq[:])
 	}
 	if err != nil {
 		if cerr := r.cleanup(ctx, h); cerr != nil {
@@ -235,7 +240,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, err error) {
 	var c goredis.Cmdable = r.c
 	if r.cluster != nil {
-		m, err := r.cluster.MasterForKey(ctx, h.keys[0])
+		m, err := r.cluster.MasterForKey(ctx, h.acqKeys[0])
 		if err != nil {
 			return 0, 0, err
 		}
@@ -253,7 +258,7 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
 	pipe := c.Pipeline()
-	acq := run(ctx, pipe, h.keys[:], h.acq[6:]...)
+	acq := run(ctx, pipe, h.acqKeys[:], h.acq[7:]...)
 	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
 	if v, err = acq.Int64(); err != nil || v <= 0 {
@@ -270,20 +275,21 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:2], h.cln[:])
+	_, err := r.run(ctx, redisscript.Cleanup, h.clnKeys[:], h.cln[:])
 	return err
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
-// the key if it holds l.Value and publish a release notice on the key's
-// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
-// key is gone or holds another value.
+// the key if it holds l.Value and, when an attempt found the lock held
+// while l held it (the waited marker exists), publish a release notice on
+// the key's channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld]
+// when the key is gone or holds another value.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	n, err := r.run(ctx, redisscript.Release, h.relKeys[:], h.rel[:])
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
 	}
@@ -294,18 +300,19 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 // Refresh implements [backend.Refresher] with one script call: reset the
-// key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
-// when the key is gone or holds another value.
+// key's expiry to l.TTL, and the waited marker's with it, if it holds
+// l.Value. It returns [backend.ErrNotHeld] when the key is gone or holds
+// another value.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	ms := h.acq[7]
+	ms := h.acq[8]
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[6], ms})
+	n, err := r.run(ctx, redisscript.Extend, h.relKeys[:], []any{"evalsha", extendSHA, 2, h.rel[3], h.rel[4], h.rel[5], ms})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

@@ -3,10 +3,14 @@
 -- KEYS[2] the tombstone of ARGV[1] (DeadKey; same hash slot), written by
 --         cleanup.lua
 -- KEYS[3] fence counter (optional; same hash slot)
+-- KEYS[4] waited marker (optional, after KEYS[3]; same hash slot)
 -- ARGV[1] owner value, ARGV[2] TTL in milliseconds
 -- Returns > 0 when acquired: the fencing token (INCR of KEYS[3]), or 1 when
 -- no fence key was given. Returns <= 0 when another owner holds the lock:
--- minus the holder's remaining milliseconds (0 when unknown).
+-- minus the holder's remaining milliseconds (0 when unknown); with KEYS[4],
+-- it then also sets the waited marker, expiring with the holder's lock, so
+-- that the holder's release publishes a notice (release.lua): this attempt
+-- ran before that release, so the release sees the marker.
 -- Returns the error DEAD, and leaves the lock as it was, when the tombstone
 -- of ARGV[1] exists: this request was overtaken by its own clean-up (it was
 -- delayed on the way), and its owner has given the value up. Scripts run
@@ -24,7 +28,10 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
 local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
+if ttl <= 0 then
   return 0
+end
+if KEYS[4] then
+  redis.call('SET', KEYS[4], '1', 'PX', ttl)
 end
 return -ttl

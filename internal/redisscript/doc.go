@@ -9,6 +9,9 @@
 //
 //	p{E(k)}        the lock: a string holding the owner value, with a PX expiry
 //	p{E(k)}:fence  the fence counter: INCR'd on every acquisition, never expires
+//	p{E(k)}:waited the waited marker: set by a contended [Acquire], expiring
+//	               with the holder's lock; [Release] publishes only when it
+//	               exists
 //	p{E(k)}:dead:v the tombstone of owner value v, written by [Cleanup] and
 //	               living one lease TTL: [Acquire] of v does not take the lock
 //	               while it exists
@@ -17,7 +20,7 @@
 //
 // E is [EscapeTag]: it removes '{' and '}' from k injectively, so the braces
 // we add are the hash tag Redis Cluster sees, whatever k contains. [Layout]
-// builds the first two names, [DeadKey] the tombstone's.
+// builds the first two names, [DeadKey] the tombstone's, [Names] all four.
 //
 // # Tombstones
 //
@@ -30,6 +33,17 @@
 // time, so whichever of the two runs second sees the first: a late acquire
 // leaves nothing behind, as long as it arrives within one lease TTL (the
 // tombstone's life) of its clean-up.
+//
+// # Release notices
+//
+// A release notice is needed only when someone waits, and a waiter always
+// tried first: [Acquire], finding the lock held, sets the waited marker in
+// the same script (when given its key), with the holder's remaining time
+// as its expiry, and [Extend] extends it with the lock. [Release] (and
+// [Cleanup]) delete the marker with the lock in one DEL and publish only
+// when it existed. An attempt that found the lock held ran before the
+// release, so the release sees its marker: no waiter that tried misses the
+// notice, and an uncontended release publishes nothing.
 //
 // # Scripts
 //
