@@ -116,15 +116,13 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 // and the script commands, built and boxed once per acquisition and reused
 // by every attempt, refresh and release (go-redis only reads them).
 type handle struct {
-	key     string    // the user's key, to detect a foreign Handle
-	value   string    // the owner value the commands were built from
-	ms      int64     // the TTL in acq
-	acqKeys [4]string // lock, dead (the value's tombstone), fence, waited
-	clnKeys [3]string // lock, dead, waited
-	relKeys [2]string // lock, waited: release's and refresh's
-	acq     [9]any    // EVALSHA acquire 4 lock dead fence waited value ms
-	cln     [9]any    // EVALSHA cleanup 3 lock dead waited value ms publish
-	rel     [7]any    // EVALSHA release 2 lock waited value publish
+	key   string    // the user's key, to detect a foreign Handle
+	value string    // the owner value the commands were built from
+	ms    int64     // the TTL in acq
+	keys  [2]string // lock, fence
+	acq   [8]any    // EVALSHA acquire 2 lock fence value ms mark
+	cln   [7]any    // EVALSHA cleanup 1 lock value ms publish
+	rel   [6]any    // EVALSHA release 1 lock value publish
 }
 
 // Script digests, boxed once.
@@ -137,14 +135,11 @@ var (
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
-	lk, fc, wt, dd := redisscript.Names(r.prefix, l.Key, l.Value)
-	h.acqKeys = [4]string{lk, dd, fc, wt}
-	h.clnKeys = [3]string{lk, dd, wt}
-	h.relKeys = [2]string{lk, wt}
-	var lock, dead, fence, waited, value, ms any = lk, dd, fc, wt, l.Value, h.ms
-	h.acq = [9]any{"evalsha", acquireSHA, 4, lock, dead, fence, waited, value, ms}
-	h.cln = [9]any{"evalsha", cleanupSHA, 3, lock, dead, waited, value, ms, r.publish}
-	h.rel = [7]any{"evalsha", releaseSHA, 2, lock, waited, value, r.publish}
+	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
+	var lock, value, ms any = h.keys[0], l.Value, h.ms
+	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, redisscript.Mark}
+	h.cln = [7]any{"evalsha", cleanupSHA, 1, lock, value, ms, r.publish}
+	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
 	return h
 }
 
@@ -219,7 +214,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
 		}
 	} else {
-		v, err = r.run(ctx, redisscript.Acquire, h.acqKeys[:], h.acq[:])
+		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
 	}
 	if err != nil {
 		if cerr := r.cleanup(ctx, h); cerr != nil {
@@ -240,7 +235,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, err error) {
 	var c goredis.Cmdable = r.c
 	if r.cluster != nil {
-		m, err := r.cluster.MasterForKey(ctx, h.acqKeys[0])
+		m, err := r.cluster.MasterForKey(ctx, h.keys[0])
 		if err != nil {
 			return 0, 0, err
 		}
@@ -258,7 +253,7 @@ func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, 
 func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
 	pipe := c.Pipeline()
-	acq := run(ctx, pipe, h.acqKeys[:], h.acq[7:]...)
+	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
 	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
 	if v, err = acq.Int64(); err != nil || v <= 0 {
@@ -275,7 +270,7 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.run(ctx, redisscript.Cleanup, h.clnKeys[:], h.cln[:])
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], h.cln[:])
 	return err
 }
 
@@ -289,7 +284,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	n, err := r.run(ctx, redisscript.Release, h.relKeys[:], h.rel[:])
+	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
 	}
@@ -308,11 +303,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return errNilClient
 	}
 	h := r.handleOf(l)
-	ms := h.acq[8]
+	ms := h.acq[6]
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.relKeys[:], []any{"evalsha", extendSHA, 2, h.rel[3], h.rel[4], h.rel[5], ms})
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms, redisscript.Mark})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

@@ -199,11 +199,11 @@ func (r *Resource) timeout(ttl, validity time.Duration) time.Duration {
 type handle struct {
 	key, value string
 	ms         int64
-	keys       [2]string // lock key, the value's tombstone: for EVAL after NOSCRIPT
+	keys       [1]string // the lock key, for EVAL after NOSCRIPT
 	argv       [2]any    // value, ttl ms: the scripts' ARGV
 
-	acquire [7]any // EVALSHA acquire 2 lock dead value ms
-	cleanup [7]any // EVALSHA cleanup 2 lock dead value ms
+	acquire [6]any // EVALSHA acquire 1 lock value ms
+	cleanup [6]any // EVALSHA cleanup 1 lock value ms
 	release [5]any // EVALSHA release 1 lock value
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
@@ -227,11 +227,10 @@ var (
 func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: ms}
 	h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
-	h.keys[1] = redisscript.DeadKey(h.keys[0], l.Value)
-	var lock, dead, value, px any = h.keys[0], h.keys[1], l.Value, ms
+	var lock, value, px any = h.keys[0], l.Value, ms
 	h.argv = [2]any{value, px}
-	h.acquire = [7]any{"evalsha", acquireSHA, 2, lock, dead, value, px}
-	h.cleanup = [7]any{"evalsha", cleanupSHA, 2, lock, dead, value, px}
+	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
+	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, value, px}
 	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
 	return h
 }
@@ -464,7 +463,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	start := time.Now()
 	// Built per call, not kept in the handle: refreshes are rare (every
 	// TTL/3 at most), acquisitions are not.
-	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[5], h.acquire[6]}
+	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5]}
 	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil)
 	rd.wait()
 	extended, failed := rd.decide()

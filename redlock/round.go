@@ -34,18 +34,18 @@ const (
 	opCleanup // a release that also writes the value's tombstone
 )
 
-// script returns op's script and how many of the handle's KEYS and ARGV it
-// takes, for EVAL when a node does not have the script cached.
-func (o op) script() (s *goredis.Script, nkeys, nargv int) {
+// script returns op's script and how many of the handle's ARGV it takes,
+// for EVAL when a node does not have the script cached.
+func (o op) script() (*goredis.Script, int) {
 	switch o {
 	case opAcquire:
-		return redisscript.Acquire, 2, 2
+		return redisscript.Acquire, 2
 	case opExtend:
-		return redisscript.Extend, 1, 2
+		return redisscript.Extend, 2
 	case opCleanup:
-		return redisscript.Cleanup, 2, 2
+		return redisscript.Cleanup, 2
 	}
-	return redisscript.Release, 1, 1
+	return redisscript.Release, 1
 }
 
 // reply is one node's answer in a round: the script's reply v when err is
@@ -301,8 +301,8 @@ func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, e
 	_ = nd.c.Process(ctx, cmd)
 	v, err := cmd.Int64()
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		s, nkeys, nargv := o.script()
-		v, err = s.Eval(ctx, nd.c, h.keys[:nkeys], h.argv[:nargv]...).Int64()
+		s, nargv := o.script()
+		v, err = s.Eval(ctx, nd.c, h.keys[:], h.argv[:nargv]...).Int64()
 	}
 	return v, err
 }

@@ -20,7 +20,12 @@
 //
 // E is [EscapeTag]: it removes '{' and '}' from k injectively, so the braces
 // we add are the hash tag Redis Cluster sees, whatever k contains. [Layout]
-// builds the first two names, [DeadKey] the tombstone's, [Names] all four.
+// builds the first two names, [DeadKey] the tombstone's. The scripts build
+// the marker's and the tombstone's names from the lock key themselves
+// rather than take them among their KEYS, so that a request is no larger
+// than one without them; Redis (Cluster included) lets a script touch
+// undeclared keys in the slot of its declared ones, and the shared hash tag
+// keeps them there.
 //
 // # Tombstones
 //
@@ -38,7 +43,7 @@
 //
 // A release notice is needed only when someone waits, and a waiter always
 // tried first: [Acquire], finding the lock held, sets the waited marker in
-// the same script (when given its key), with the holder's remaining time
+// the same script (when given [Mark]), with the holder's remaining time
 // as its expiry, and [Extend] extends it with the lock. [Release] (and
 // [Cleanup]) delete the marker with the lock in one DEL and publish only
 // when it existed. An attempt that found the lock held ran before the
@@ -49,6 +54,6 @@
 //
 // [Acquire], [Release], [Cleanup] and [Extend] are [goredis.Script] values;
 // run them with Script.Run, which tries EVALSHA and falls back to EVAL once
-// per server that lacks the script. Each script's file documents its KEYS, ARGV and reply;
-// [DecodeAcquire] reads Acquire's reply.
+// per server that lacks the script. Each script's file documents its KEYS,
+// ARGV and reply; [DecodeAcquire] reads Acquire's reply.
 package redisscript

@@ -65,25 +65,6 @@ func TestLayoutAllocs(t *testing.T) {
 	if n != 1 {
 		t.Errorf("Layout allocs = %v; want 1", n)
 	}
-	n = testing.AllocsPerRun(100, func() { Names("distlock:", "some-key", "0123456789abcdef") })
-	if n != 1 {
-		t.Errorf("Names allocs = %v; want 1", n)
-	}
-}
-
-func TestNames(t *testing.T) {
-	for _, tc := range []struct{ prefix, key, value string }{
-		{"distlock:", "k", "v"},
-		{"p{x}", "a{b}%", "{}"},
-		{"", "}", ""},
-	} {
-		lock, fence, waited, dead := Names(tc.prefix, tc.key, tc.value)
-		l, f := Layout(tc.prefix, tc.key)
-		if lock != l || fence != f || waited != l+WaitedSuffix || dead != DeadKey(l, tc.value) {
-			t.Errorf("Names(%q, %q, %q) = %q, %q, %q, %q; want %q, %q, %q, %q", tc.prefix, tc.key, tc.value,
-				lock, fence, waited, dead, l, f, l+WaitedSuffix, DeadKey(l, tc.value))
-		}
-	}
 }
 
 func TestMillis(t *testing.T) {
@@ -151,8 +132,8 @@ func FuzzLayout(f *testing.F) {
 		// A tombstone (any value: try the key and the prefix) shares the
 		// slot and is no lock or fence name: those end with the tag's '}'
 		// or with FenceSuffix right after it.
-		if _, _, waited, _ := Names(prefix, key, ""); waited != lock+WaitedSuffix || hashSlot(waited) != hashSlot(lock) {
-			t.Fatalf("Names(%q, %q): waited %q; want %q in the lock's slot", prefix, key, waited, lock+WaitedSuffix)
+		if waited := lock + WaitedSuffix; hashSlot(waited) != hashSlot(lock) {
+			t.Fatalf("waited marker %q: slot %d; want %d", waited, hashSlot(waited), hashSlot(lock))
 		}
 		for _, v := range []string{key, prefix, ""} {
 			dead := DeadKey(lock, v)
