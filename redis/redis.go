@@ -121,7 +121,6 @@ type handle struct {
 	ms    int64     // the TTL in acq
 	keys  [2]string // lock, fence
 	acq   [8]any    // EVALSHA acquire 2 lock fence value ms mark
-	cln   [7]any    // EVALSHA cleanup 1 lock value ms publish
 	rel   [6]any    // EVALSHA release 1 lock value publish
 }
 
@@ -138,7 +137,6 @@ func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
 	var lock, value, ms any = h.keys[0], l.Value, h.ms
 	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, redisscript.Mark}
-	h.cln = [7]any{"evalsha", cleanupSHA, 1, lock, value, ms, r.publish}
 	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
 	return h
 }
@@ -270,7 +268,9 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], h.cln[:])
+	// Built here, not kept in the handle: clean-ups are rare.
+	cmd := []any{"evalsha", cleanupSHA, 1, h.acq[3], h.acq[5], h.acq[6], r.publish}
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], cmd)
 	return err
 }
 
