@@ -73,6 +73,16 @@
 // token: remember the highest it has seen and refuse writes carrying a lower
 // one. Without that check the lock is an efficiency hint, not a guarantee.
 //
+// The fence counter must survive a crash. A Redis server without
+// persistence (no AOF, as a cache node is often run) restarts empty: the
+// lock is gone and so is the counter, which starts again at 1, so tokens go
+// backwards. The fault suite (docs/SAFETY.md) showed it: after a SIGKILL and
+// restart a holder from before the crash overlapped the new holders, whose
+// lower tokens the fenced resource refused (30 writes), and the history was
+// not linearizable. Run Redis with appendonly yes and appendfsync always
+// where tokens matter (appendfsync everysec can lose the last second of
+// INCRs, and an RDB snapshot everything since it was taken).
+//
 // # Failover
 //
 // Redis replicates asynchronously. If a master fails after granting a lock
@@ -81,7 +91,12 @@
 // and may even get a token already handed out. [WithWaitReplicas] narrows
 // the window (WAIT after the acquire, an error when too few replicas
 // acknowledged) but does not close it: WAIT does not make Redis a consensus
-// system. Where that matters, check tokens and prefer a store with
+// system. In the fault suite a failover to a replica that lagged behind the
+// grant let a second owner take the lock with the same token in 3 of 3
+// trials (a resource checking only token >= last accepts both holders'
+// writes, so refuse an equal token from another owner too), while
+// WithWaitReplicas(1, 200ms) turned all 3 into ErrNotReplicated, with no
+// double grant. Where that matters, check tokens and prefer a store with
 // consensus (etcd, ZooKeeper).
 //
 // # Wake-up
