@@ -9,7 +9,9 @@
 -- it then also sets the waited marker KEYS[1]..':waited', expiring with the
 -- holder's lock, so that the holder's release publishes a notice
 -- (release.lua): this attempt ran before that release, so the release sees
--- the marker.
+-- the marker. NX: a marker that exists was set during this holder's tenure
+-- (a release deletes it, and it expires with the lock it was set against),
+-- and leaving it as it is makes a contended attempt a read, not a write.
 -- Returns the error DEAD, and leaves the lock as it was, when the tombstone
 -- of ARGV[1], KEYS[1]..':dead:'..ARGV[1], exists (cleanup.lua): this request
 -- was overtaken by its own clean-up (it was delayed on the way), and its
@@ -34,6 +36,6 @@ if ttl <= 0 then
   return 0
 end
 if ARGV[3] == '1' then
-  redis.call('SET', KEYS[1] .. ':waited', '1', 'PX', ttl)
+  redis.call('SET', KEYS[1] .. ':waited', '1', 'PX', ttl, 'NX')
 end
 return -ttl

@@ -48,7 +48,11 @@
 // [Cleanup]) delete the marker with the lock in one DEL and publish only
 // when it existed. An attempt that found the lock held ran before the
 // release, so the release sees its marker: no waiter that tried misses the
-// notice, and an uncontended release publishes nothing.
+// notice, and an uncontended release publishes nothing. A contended attempt
+// that finds the marker leaves it as it is (SET NX): it was set during the
+// same holder's tenure. The exception is a marker left by a lock deleted
+// from outside (an operator's DEL): it may expire before the next holder's
+// release, whose waiters then fall back to their spin.
 //
 // # Scripts
 //
