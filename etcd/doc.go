@@ -36,8 +36,11 @@
 // concurrency.Mutex's do: a handoff takes about a millisecond instead of
 // about 100.
 //
-// Release revokes the lease, which deletes our key and nothing else; it
-// returns backend.ErrNotHeld when the lease was already gone. A wait that
+// Release deletes our key in a transaction that compares its create
+// revision with the token, then revokes the lease, which holds nothing
+// more: backend.ErrNotHeld when our key was already gone, whether its
+// lease ended or the key was deleted behind our back (a deleted key leaves
+// its lease alive, so revoking alone could not tell). A wait that
 // ends by deadline, cancellation or error revokes the lease too: nothing is
 // left behind. If the reply to a grant is lost, the lease (whose ID we chose)
 // is revoked all the same.

@@ -218,7 +218,7 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 }
 
 // acquireOwn takes the lock on a lease of its own: grant, create our key,
-// wait; Release revokes the lease.
+// wait; Release deletes our key and revokes the lease.
 func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
 	start := time.Now()
 	id, ttl, err := r.grant(ctx, l.TTL)
@@ -484,9 +484,9 @@ func transient(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-// Release deletes our key if it is still there: with a lease of its own it
-// revokes the lease. ErrNotHeld when the key or lease was already gone (or
-// l was not acquired here).
+// Release deletes our key if it is still the one we made; with a lease of
+// its own it then revokes the lease. ErrNotHeld when the key was already
+// gone (or l was not acquired here).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -498,14 +498,23 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if h.sess != nil {
 		return r.releaseShared(ctx, l, h)
 	}
-	if _, err := r.c.Revoke(ctx, h.lease); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			r.free(h)
-			return backend.ErrNotHeld
-		}
+	// Revoking alone would not do: a key deleted behind our back (by an
+	// operator, or by a tool that cleans up) leaves the lease alive, and
+	// the revoke would succeed on a lock we no longer hold.
+	resp, err := r.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
+	if err != nil {
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
-	r.free(h)
+	r.free(h) // our key is gone either way: only we make keys of its name
+	// The lease now holds no key: revoke it so that it does not linger for
+	// its TTL; one we fail to revoke still expires, and holds nothing.
+	r.revoke(ctx, h.lease)
+	if !resp.Succeeded {
+		return backend.ErrNotHeld
+	}
 	return nil
 }
 
