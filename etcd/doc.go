@@ -51,9 +51,11 @@
 // and the server raises it to its minimum lease TTL (1.5 election timeouts
 // rounded up: 2s with the default 1s election timeout). The effective TTL is
 // what backend.Lease.TTL holds after a successful acquire, and what the
-// facade counts the lock's life from. Refresh (called by the facade under
-// distlock.WithAutoRenew) sends one lease keep-alive and reads our key:
-// backend.ErrNotHeld when either is gone.
+// facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
+// years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
+// third longer than its locks) is refused before any I/O. Refresh (called
+// by the facade under distlock.WithAutoRenew) sends one lease keep-alive
+// and reads our key: backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //

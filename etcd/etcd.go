@@ -31,6 +31,12 @@ const DefaultPrefix = "/distlock/"
 // which stays far below etcd's default request limit (1.5 MiB).
 const MaxKeyLen = 32 << 10
 
+// MaxTTL is the longest lock TTL a [Resource] takes, about 214 years:
+// etcd refuses leases longer than 9e9 seconds, and a shared lease
+// ([WithSharedLease]) lives a third longer than its locks. Acquire refuses
+// a longer TTL before any I/O, in either mode.
+const MaxTTL = 6_750_000_000 * time.Second
+
 // cleanupTimeout bounds the requests that undo a failed or cancelled
 // acquire (revoke our lease, delete our key). They run on a context
 // detached from the caller's, which may already have ended.
@@ -197,10 +203,14 @@ func ttlSeconds(ttl time.Duration) int64 {
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
 // key, l.TTL to the effective TTL and l.Validity, l.Handle (and l.Lost with
-// [WithSharedLease]). On any failure our key and lease are gone.
+// [WithSharedLease]). On any failure our key and lease are gone. A TTL
+// longer than [MaxTTL] is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
+	}
+	if l.TTL > MaxTTL {
+		return fmt.Errorf("etcd: acquire %q: TTL %v is longer than the maximum, %v", l.Key, l.TTL, MaxTTL)
 	}
 	r.mu.Lock()
 	closed := r.closed
