@@ -106,4 +106,8 @@
 // for example "etcd: acquire \"k\": ...". A wait that ends at its deadline
 // returns backend.ErrNotAcquired, one that ends with its context returns
 // ctx.Err(). Keys longer than [MaxKeyLen] bytes are refused before any I/O.
+// Over a client the application has closed, every call fails at once with
+// an error saying so, instead of after the client's retries, seconds later;
+// what it cannot clean up (a key, a lease) expires with its lease, and a
+// shared lease reports itself lost.
 package etcd

@@ -126,6 +126,15 @@ func New(c *clientv3.Client, opts ...Option) *Resource {
 
 var errNilClient = errors.New("etcd: nil client")
 
+// clientClosed reports whether the client was closed (or never opened, as
+// a zero clientv3.Client): every request would fail, and only after the
+// client's retries, seconds later. Calls then fail at once and cleanups
+// are skipped: what they would remove expires with its lease.
+func (r *Resource) clientClosed() bool {
+	ctx := r.c.Ctx()
+	return ctx == nil || ctx.Err() != nil
+}
+
 // ValidateKey reports whether key can be a lock name: at most [MaxKeyLen]
 // bytes. Any bytes are allowed. It does no I/O.
 func (r *Resource) ValidateKey(key string) error {
@@ -217,6 +226,9 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	r.mu.Unlock()
 	if closed {
 		return fmt.Errorf("etcd: acquire %q: resource closed", l.Key)
+	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: acquire %q: client closed", l.Key)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -311,6 +323,9 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 // revoke ends a lease and its keys, best effort: a lease we fail to revoke
 // still expires with its TTL. It reports whether the lease is known gone.
 func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
+	if r.clientClosed() {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := r.c.Revoke(ctx, id)
@@ -505,6 +520,9 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if !ok || h == nil {
 		return backend.ErrNotHeld
 	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: release %q: client closed", l.Key)
+	}
 	if h.sess != nil {
 		return r.releaseShared(ctx, l, h)
 	}
@@ -539,6 +557,9 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	h, ok := l.Handle.(*handle)
 	if !ok || h == nil {
 		return backend.ErrNotHeld
+	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: refresh %q: client closed", l.Key)
 	}
 	if h.sess != nil {
 		return r.refreshShared(ctx, l, h)
