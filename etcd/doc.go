@@ -88,8 +88,8 @@
 // [WithSharedLease] makes locks share one lease per TTL, kept alive by the
 // Resource, like one concurrency.Session: an uncontended acquire is then one
 // transaction and a release one delete, as with concurrency.Mutex, instead
-// of a grant, a transaction and a revoke (about 2.5 times faster, measured
-// by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
+// of a grant and a transaction, then a compare-and-delete and a revoke
+// (about 2.5 times faster, measured by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
 // process, which deletes a lock not refreshed in time; the shared lease
 // lives TTL plus a third of it (at least a second) and is renewed every
 // half of that third, so a lock taken on it is valid for its full TTL, and

@@ -97,7 +97,7 @@ func WithPrefix(prefix string) Option {
 // WithSharedLease makes locks share one lease per TTL (in whole seconds)
 // that the Resource keeps alive, as [concurrency.Session] does, instead of
 // granting and revoking a lease per lock: an uncontended acquire and release
-// cost one round trip each instead of three in all. A lock's TTL is then
+// cost one round trip each instead of two each. A lock's TTL is then
 // kept by a timer in the process, and a lock whose process died stays in
 // etcd up to a third of its TTL (at least a second) longer. See the package
 // documentation. Off by default.
