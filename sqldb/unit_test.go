@@ -112,7 +112,7 @@ func TestErrorClasses(t *testing.T) {
 		{pg("55P03"), true, false},
 		{pg("23505"), false, false},
 		{pg("57014"), false, false},
-		{wrap(context.Canceled), false, false}, // waiting for a pool connection
+		{wrap(context.Canceled), false, true}, // pgx's error for a cancel mid-request
 		{wrap(&pgconn.ConnectError{}), false, false},
 		{wrap(errors.New("read tcp: connection reset")), false, true},
 	}
