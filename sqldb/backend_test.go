@@ -54,6 +54,8 @@ func harness(f fixture) testsuite.Harness {
 		RejectsNUL: f.unit == unitChars,
 		// A text column holds valid UTF-8 only.
 		RejectsInvalidUTF8: f.unit == unitChars,
+		// A pool or *sql.DB the application closed under the resource.
+		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },
 	}
 }
 
