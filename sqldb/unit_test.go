@@ -172,3 +172,23 @@ func TestRetryConflicts(t *testing.T) {
 		}
 	}
 }
+
+func TestStatementContext(t *testing.T) {
+	if ctx := context.Background(); func() context.Context { s, stop := statementContext(ctx); stop(); return s }() != ctx {
+		t.Errorf("statementContext(Background) is a new context; want Background itself")
+	}
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	sctx, stop := statementContext(ctx)
+	cancel()
+	if sctx.Value(key{}) != "v" {
+		t.Errorf("the statement's context lost ctx's values")
+	}
+	if err := sctx.Err(); err != nil {
+		t.Errorf("the statement's context ended with ctx (%v); want it to outlive ctx", err)
+	}
+	stop()
+	if sctx.Err() == nil {
+		t.Errorf("the statement's context outlived stop")
+	}
+}
