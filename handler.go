@@ -33,7 +33,8 @@ type Request struct {
 	// counted from here, so it errs early, never late.
 	Acquired time.Time
 
-	s *lockState // the lock this request belongs to
+	s       *lockState // the lock this request belongs to
+	granted int        // the outermost chain depth whose acquire succeeded
 }
 
 // AcquireFunc is the next step of the chain on acquire: the next handler,
@@ -80,12 +81,34 @@ type LossObserver interface {
 	LockLost(r *Request, cause error)
 }
 
-// chain composes handlers around the innermost steps, first outermost.
-func chain(hs []Handler, acquire AcquireFunc, release ReleaseFunc) (AcquireFunc, ReleaseFunc) {
-	for i := len(hs) - 1; i >= 0; i-- {
-		h, nextA, nextR := hs[i], acquire, release
-		acquire = func(ctx context.Context, r *Request) error { return h.Acquire(ctx, r, nextA) }
-		release = func(ctx context.Context, r *Request) error { return h.Release(ctx, r, nextR) }
+// chain composes handlers around the innermost steps, first outermost. It
+// returns the acquire chain and, for each depth i, the release chain from
+// handler i inward (releaseAt[len(hs)] is the store alone). An acquire that
+// a handler fails after the steps inside it succeeded is given back from
+// the depth of that handler's next step, so the handlers that acquired see
+// their release and the one that failed does not.
+func chain(hs []Handler, acquire AcquireFunc, release ReleaseFunc) (AcquireFunc, []ReleaseFunc) {
+	n := len(hs)
+	releaseAt := make([]ReleaseFunc, n+1)
+	releaseAt[n] = release
+	inner := acquire
+	acquire = func(ctx context.Context, r *Request) error {
+		err := inner(ctx, r)
+		if err == nil {
+			r.granted = n
+		}
+		return err
 	}
-	return acquire, release
+	for i := n - 1; i >= 0; i-- {
+		h, nextA, nextR := hs[i], acquire, releaseAt[i+1]
+		acquire = func(ctx context.Context, r *Request) error {
+			err := h.Acquire(ctx, r, nextA)
+			if err == nil && r.granted == i+1 {
+				r.granted = i
+			}
+			return err
+		}
+		releaseAt[i] = func(ctx context.Context, r *Request) error { return h.Release(ctx, r, nextR) }
+	}
+	return acquire, releaseAt
 }

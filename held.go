@@ -48,20 +48,20 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: nil context", ErrInvalid)
 	}
 	if !l.unlocked.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: %q already unlocked", ErrNotHeld, l.s.req.Key)
+		return fmt.Errorf("%w: %s already unlocked", ErrNotHeld, quote(l.s.req.Key))
 	}
 	s := l.s
 	s.mu.Lock()
 	if s.releasing || s.state == stateReleased {
 		s.mu.Unlock()
-		return fmt.Errorf("%w: %q already released", ErrNotHeld, s.req.Key)
+		return fmt.Errorf("%w: %s already released", ErrNotHeld, quote(s.req.Key))
 	}
 	s.refs--
 	if s.refs > 0 {
 		lost := s.state == stateLost
 		s.mu.Unlock()
 		if lost {
-			return fmt.Errorf("%w: %q was lost", ErrNotHeld, s.req.Key)
+			return fmt.Errorf("%w: %s was lost", ErrNotHeld, quote(s.req.Key))
 		}
 		return nil
 	}
@@ -102,19 +102,21 @@ type lockState struct {
 	timer     *time.Timer   // fires at expiry; armed with done
 	stop      chan struct{} // stops renewal and the loss watch; nil if none run
 	stopped   bool
+	renewal   *time.Timer // runs renew; nil without WithAutoRenew
 }
 
 // held records a successful acquisition whose attempt started at start.
 func (s *lockState) held(start time.Time) {
-	validity := s.lease.Validity
-	if validity <= 0 {
-		validity = s.lease.TTL
-	}
+	validity := safeValidity(s.lease)
 	s.mu.Lock()
 	s.state = stateHeld
 	s.expiry = start.Add(validity)
 	if s.d.cfg.autoRenew || s.lease.Lost != nil {
 		s.stop = make(chan struct{})
+	}
+	if s.d.cfg.autoRenew {
+		interval := max(s.lease.TTL/3, time.Millisecond)
+		s.renewal = time.AfterFunc(interval, func() { s.renew(validity, interval) })
 	}
 	s.mu.Unlock()
 
@@ -122,12 +124,22 @@ func (s *lockState) held(start time.Time) {
 	s.d.held[s] = struct{}{}
 	s.d.mu.Unlock()
 
-	if s.d.cfg.autoRenew {
-		go s.renew(validity)
-	}
 	if s.lease.Lost != nil {
 		go s.watchLost(s.lease.Lost, s.stop)
 	}
+}
+
+// safeValidity is how long after the start of its successful attempt a
+// lock is known held: the backend's validity (or the TTL), less an allowance
+// for timer lateness and clock drift between this process and the store
+// (1% + 2ms, as Redlock's drift, and at most half), so that Done closes
+// before the store can hand the key to someone else.
+func safeValidity(l backend.Lease) time.Duration {
+	v := l.Validity
+	if v <= 0 {
+		v = l.TTL
+	}
+	return v - min(v/100+2*time.Millisecond, v/2)
 }
 
 func (s *lockState) doneChan() <-chan struct{} {
@@ -155,7 +167,7 @@ func (s *lockState) expire() {
 		}
 	}
 	s.mu.Unlock()
-	s.lose(fmt.Errorf("%w: %q: TTL %v ran out", ErrNotHeld, s.req.Key, s.lease.TTL))
+	s.lose(fmt.Errorf("%w: %s: TTL %v ran out", ErrNotHeld, quote(s.req.Key), s.lease.TTL))
 }
 
 // extend moves the expiry after a successful renewal.
@@ -198,16 +210,25 @@ func (s *lockState) stopLocked() {
 	if s.stop != nil && !s.stopped {
 		close(s.stop)
 		s.stopped = true
+		if s.renewal != nil {
+			s.renewal.Stop()
+		}
 	}
 }
 
 // release runs the final release through the handler chain. On success or
 // ErrNotHeld the lock is released for good; on a store error it stays held.
 func (s *lockState) release(ctx context.Context) error {
-	err := s.d.release(ctx, &s.req)
+	err := s.d.releaseAt[0](ctx, &s.req)
 	if err != nil && !errors.Is(err, ErrNotHeld) {
 		return err
 	}
+	s.released()
+	return err
+}
+
+// released records that the lock is gone from the store for good.
+func (s *lockState) released() {
 	s.mu.Lock()
 	if s.state == stateHeld {
 		s.leaveHeldLocked(stateReleased)
@@ -219,28 +240,32 @@ func (s *lockState) release(ctx context.Context) error {
 	s.d.mu.Lock()
 	delete(s.d.held, s)
 	s.d.mu.Unlock()
-	return err
 }
 
-// abandon gives back a lock the store granted but a handler then failed,
-// straight to the store: the handlers saw a failed acquisition.
+// abandon gives back a lock the store granted but a handler then failed:
+// through the handlers inside the one that failed, which saw it acquired.
 func (s *lockState) abandon(ctx context.Context) error {
-	s.mu.Lock()
-	if s.state != stateHeld {
-		s.mu.Unlock()
+	if !s.isHeld() {
 		return nil
 	}
-	s.leaveHeldLocked(stateReleased)
+	s.mu.Lock()
+	s.releasing = true
+	s.stopLocked()
 	s.mu.Unlock()
-	s.d.mu.Lock()
-	delete(s.d.held, s)
-	s.d.mu.Unlock()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease.TTL)
 	defer cancel()
-	if err := s.d.res.Release(rctx, &s.lease); err != nil && !errors.Is(err, ErrNotHeld) {
+	err := s.d.releaseAt[s.req.granted](rctx, &s.req)
+	s.released()
+	if err != nil && !errors.Is(err, ErrNotHeld) {
 		return err
 	}
 	return nil
+}
+
+func (s *lockState) isHeld() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == stateHeld
 }
 
 // releaseAll releases the lock whatever its handles say (Close).
@@ -265,58 +290,64 @@ func (s *lockState) reenter(max int) (*Lock, error) {
 	defer s.mu.Unlock()
 	switch {
 	case s.state == stateLost:
-		return nil, fmt.Errorf("%w: reentering %q, which was lost", ErrNotHeld, s.req.Key)
+		return nil, fmt.Errorf("%w: reentering %s, which was lost", ErrNotHeld, quote(s.req.Key))
 	case s.state != stateHeld || s.releasing || s.refs == 0:
 		return nil, nil
 	case max > 0 && s.refs >= max:
-		return nil, fmt.Errorf("%w: %q is held %d times", ErrReentrancy, s.req.Key, s.refs)
+		return nil, fmt.Errorf("%w: %s is held %d times", ErrReentrancy, quote(s.req.Key), s.refs)
 	}
 	s.refs++
 	return &Lock{s: s}, nil
 }
 
-// renew extends the lock at a third of its TTL until stopped. A renewal
-// that finds the lock gone loses it at once; store errors are retried more
-// often until the lock's expiry has passed, then it is lost.
-func (s *lockState) renew(validity time.Duration) {
-	interval := s.lease.TTL / 3
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-s.stop:
-			return
-		}
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		err := s.d.refresher.Refresh(ctx, &s.lease)
-		cancel()
-		switch {
-		case err == nil:
-			s.extend(start.Add(validity))
-			t.Reset(interval)
-		case errors.Is(err, ErrNotHeld):
-			s.lose(fmt.Errorf("renewing %q: %w", s.req.Key, err))
-			return
-		default:
-			s.mu.Lock()
-			left := time.Until(s.expiry)
-			s.mu.Unlock()
-			if left <= 0 {
-				s.lose(fmt.Errorf("%w: renewing %q failed until its TTL ran out: %w", ErrNotHeld, s.req.Key, err))
-				return
-			}
-			t.Reset(min(interval/4, left))
-		}
+// renew runs on the renewal timer, at a third of the TTL: it extends the
+// lock and arms the timer again, until stopped. A renewal that finds the
+// lock gone loses it at once; store errors are retried more often until the
+// lock's expiry has passed, then it is lost. A timer, not a goroutine per
+// lock, so that thousands of held locks cost little memory.
+func (s *lockState) renew(validity, interval time.Duration) {
+	if s.isStopped() {
+		return
 	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), interval)
+	err := s.d.refresher.Refresh(ctx, &s.lease)
+	cancel()
+	next := interval
+	switch {
+	case err == nil:
+		s.extend(start.Add(validity))
+	case errors.Is(err, ErrNotHeld):
+		s.lose(fmt.Errorf("renewing %s: %w", quote(s.req.Key), err))
+		return
+	default:
+		s.mu.Lock()
+		left := time.Until(s.expiry)
+		s.mu.Unlock()
+		if left <= 0 {
+			s.lose(fmt.Errorf("%w: renewing %s failed until its TTL ran out: %w", ErrNotHeld, quote(s.req.Key), err))
+			return
+		}
+		next = min(interval/4, left)
+	}
+	s.mu.Lock()
+	if !s.stopped {
+		s.renewal.Reset(next)
+	}
+	s.mu.Unlock()
+}
+
+func (s *lockState) isStopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
 }
 
 // watchLost closes Done when the backend reports the loss.
 func (s *lockState) watchLost(lost <-chan struct{}, stop <-chan struct{}) {
 	select {
 	case <-lost:
-		s.lose(fmt.Errorf("%w: %q: the backend reported the lock lost", ErrNotHeld, s.req.Key))
+		s.lose(fmt.Errorf("%w: %s: the backend reported the lock lost", ErrNotHeld, quote(s.req.Key)))
 	case <-stop:
 	}
 }

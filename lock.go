@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,12 +27,14 @@ type DistributeLock struct {
 	cfg       config
 	policy    spin.Policy
 	acquire   AcquireFunc
-	release   ReleaseFunc
+	releaseAt []ReleaseFunc // releaseAt[i]: the release chain from handler i inward
 	observers []LossObserver
 
-	closed atomic.Bool
-	mu     sync.Mutex // guards held
-	held   map[*lockState]struct{}
+	closed  atomic.Bool
+	closing chan struct{} // closed by Close: ends the waits in flight
+	gate    sync.RWMutex  // read-held by acquisitions in flight; Close waits for them
+	mu      sync.Mutex    // guards held
+	held    map[*lockState]struct{}
 }
 
 // New returns a DistributeLock over r, configured by opts. r must implement
@@ -55,10 +58,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		return nil, err
 	}
 	d := &DistributeLock{
-		res:    r,
-		cfg:    cfg,
-		policy: spin.Policy{Min: cfg.spinMin, Random: cfg.spinRandom},
-		held:   make(map[*lockState]struct{}),
+		res:     r,
+		cfg:     cfg,
+		policy:  spin.Policy{Min: cfg.spinMin, Random: cfg.spinRandom},
+		held:    make(map[*lockState]struct{}),
+		closing: make(chan struct{}),
 	}
 	if w, ok := r.(backend.Waiter); ok {
 		d.waiter = w
@@ -78,7 +82,7 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 			d.observers = append(d.observers, o)
 		}
 	}
-	d.acquire, d.release = chain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
+	d.acquire, d.releaseAt = chain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
 	return d, nil
 }
 
@@ -109,9 +113,9 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 	case key == "":
 		return nil, fmt.Errorf("%w: empty key", ErrInvalid)
 	case wait < 0:
-		return nil, fmt.Errorf("%w: negative wait %v for %q", ErrInvalid, wait, key)
+		return nil, fmt.Errorf("%w: negative wait %v for %s", ErrInvalid, wait, quote(key))
 	case ttl <= 0:
-		return nil, fmt.Errorf("%w: TTL %v for %q must be > 0", ErrInvalid, ttl, key)
+		return nil, fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(key))
 	}
 	if d.validator != nil {
 		if err := d.validator.ValidateKey(key); err != nil {
@@ -130,18 +134,34 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 		}
 	}
 
-	if d.closed.Load() {
-		return nil, ErrClosed
-	}
-
 	s := &lockState{d: d, refs: 1}
 	s.req = Request{Key: key, Value: value, TTL: ttl, Wait: wait, s: s}
 	if wait > 0 {
 		s.req.Deadline = time.Now().Add(wait)
 	}
-	if err := d.acquire(ctx, &s.req); err != nil {
+	d.gate.RLock()
+	if d.closed.Load() {
+		d.gate.RUnlock()
+		return nil, ErrClosed
+	}
+	err := d.acquire(ctx, &s.req)
+	if err == nil && !s.isHeld() {
+		err = fmt.Errorf("distlock: a handler returned nil without acquiring %s", quote(key))
+	}
+	if err != nil {
 		if rerr := s.abandon(ctx); rerr != nil {
 			err = errors.Join(err, rerr)
+		}
+	} else if d.closed.Load() { // Close ran meanwhile: it may have missed this lock
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+		_ = s.releaseAll(rctx)
+		cancel()
+		err = ErrClosed
+	}
+	d.gate.RUnlock()
+	if err != nil {
+		if d.closed.Load() && !errors.Is(err, ErrInvalid) {
+			return nil, errors.Join(ErrClosed, err)
 		}
 		if cerr := ctx.Err(); cerr != nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, cerr)) {
 			err = errors.Join(ErrNotAcquired, cerr)
@@ -149,6 +169,16 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 		return nil, err
 	}
 	return &Lock{s: s}, nil
+}
+
+// quote returns key quoted for an error message, cut short when long: a
+// key of a megabyte must not make a megabyte error.
+func quote(key string) string {
+	const max = 64
+	if len(key) <= max {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", key[:max], len(key))
 }
 
 // remoteAcquire is the innermost acquire step: the spin loop or the watch.
@@ -162,10 +192,30 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	var err error
 	if d.waiter != nil {
 		r.RemoteAttempts++
-		err = d.waiter.Acquire(ctx, &s.lease, r.Deadline)
+		wctx := ctx
+		if !r.Deadline.IsZero() { // a wait that Close must be able to end
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithCancel(ctx)
+			stop := make(chan struct{})
+			go func() {
+				select {
+				case <-d.closing:
+					cancel()
+				case <-stop:
+				}
+			}()
+			defer func() { close(stop); cancel() }()
+		}
+		err = d.waiter.Acquire(wctx, &s.lease, r.Deadline)
 		start = time.Now()
+		if err != nil && ctx.Err() == nil && d.closed.Load() {
+			err = ErrClosed
+		}
 	} else {
-		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &s.lease, r.Deadline, &r.RemoteAttempts)
+		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &s.lease, r.Deadline, &r.RemoteAttempts, d.closing)
+		if errors.Is(err, spin.ErrStopped) {
+			err = ErrClosed
+		}
 	}
 	if err != nil {
 		return err
@@ -192,7 +242,7 @@ func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
 func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
 	fn func(ctx context.Context, lk *Lock) error) (err error) {
 	if fn == nil {
-		return fmt.Errorf("%w: nil function for %q", ErrInvalid, key)
+		return fmt.Errorf("%w: nil function for %s", ErrInvalid, quote(key))
 	}
 	lk, err := d.TryLock(ctx, key, wait)
 	if err != nil {
@@ -203,7 +253,7 @@ func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
 	go func() {
 		select {
 		case <-lk.Done():
-			cancel(fmt.Errorf("%w: lock %q lost", ErrNotHeld, key))
+			cancel(fmt.Errorf("%w: lock %s lost", ErrNotHeld, quote(key)))
 		case <-stop:
 		}
 	}()
@@ -226,13 +276,28 @@ func (d *DistributeLock) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	close(d.closing)
+	// Release what is held first: hotspot waiters queue behind holders.
+	errs := d.releaseHeld()
+	// Wait for the acquisitions in flight: the closing channel ends their
+	// waits, and one that won meanwhile releases its lock itself.
+	d.gate.Lock()
+	d.gate.Unlock() //nolint:staticcheck // an empty critical section: a barrier
+	errs = append(errs, d.releaseHeld()...)
+	if c, ok := d.res.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// releaseHeld releases every lock held through d.
+func (d *DistributeLock) releaseHeld() []error {
 	d.mu.Lock()
 	held := make([]*lockState, 0, len(d.held))
 	for s := range d.held {
 		held = append(held, s)
 	}
 	d.mu.Unlock()
-
 	var errs []error
 	for _, s := range held {
 		ctx, cancel := context.WithTimeout(context.Background(), s.req.TTL)
@@ -241,10 +306,7 @@ func (d *DistributeLock) Close() error {
 		}
 		cancel()
 	}
-	if c, ok := d.res.(io.Closer); ok {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // lockLost tells the loss observers.

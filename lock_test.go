@@ -149,15 +149,25 @@ func TestHandlerShortCircuit(t *testing.T) {
 	}
 }
 
+// A handler that fails after the handlers inside it and the store
+// succeeded: the lock is given back through those inner handlers (a local
+// lock they took is freed), and the failing and outer handlers see no
+// release.
 func TestHandlerFailingAfterGrantReleases(t *testing.T) {
 	store := memory.New()
 	boom := errors.New("boom")
-	d := newLock(t, store, distlock.WithHandlers(&named{name: "h1", o: &order{}, fail: boom}))
+	o := &order{}
+	d := newLock(t, store, distlock.WithHandlers(&named{name: "h1", o: o}, &named{name: "h2", o: o, fail: boom}, &named{name: "h3", o: o}))
 	if _, err := d.TryLock(t.Context(), "k", 0); !errors.Is(err, boom) {
 		t.Fatalf("TryLock = %v; want boom", err)
 	}
 	if _, _, held := store.Holder("k"); held {
 		t.Errorf("the store kept a lock whose acquisition failed")
+	}
+	got := strings.Join(o.log, " ")
+	want := "h1> h2> h3> h3<<nil> h2<<nil> h1<boom h3 release> h3 release<"
+	if got != want {
+		t.Errorf("order = %q; want %q", got, want)
 	}
 }
 

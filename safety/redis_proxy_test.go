@@ -232,17 +232,17 @@ func TestKnownBugCancelStormDelayedRequests(t *testing.T) {
 }
 
 // TestKnownBugLossSignalMargin: the local loss signal must come before the
-// server frees the key. It does only by about one client-to-server
-// latency: the facade closes Done at exactly (start of the last
-// successful renewal) + TTL, while the server frees the key at (the
-// renewal's arrival) + TTL; timer and scheduling delay in the client eat
-// that margin, and in about a third of the trials on a loaded machine Done
-// closed after the server had freed the key (up to ~0.2ms after). There is
-// no allowance for clock drift or timer slack (Redlock subtracts one).
+// server frees the key. The facade now closes Done 1% + 2ms before (start
+// of the last successful renewal) + TTL, while the server frees the key at
+// (the renewal's arrival) + TTL: 5ms of margin at this TTL, and 4-8ms
+// measured. On a 2-core machine loaded by other test runs, timer and
+// goroutine wake-up lateness still exceeded it in 2 of 20 trials (Done
+// seen 0.1ms after the key was free). A bigger allowance would only move
+// the line; run it on a quiet machine.
 func TestKnownBugLossSignalMargin(t *testing.T) {
 	if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
-		t.Skip("known bug: the facade closes Done at start+TTL with no drift margin, so the local loss signal " +
-			"can come after the server freed the key (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
+		t.Skip("known limit: under heavy machine load, timer lateness can exceed the facade's 1%+2ms loss-signal " +
+			"margin (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
 	}
 	srv := testserver.Redis(t)
 	_, upper := starvationMargins(t, srv.Addr, 20)

@@ -3,6 +3,7 @@ package spin
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -31,6 +32,9 @@ func (p Policy) next(holderTTL, left time.Duration) time.Duration {
 	return d
 }
 
+// ErrStopped is returned by Acquire when its stop channel closed.
+var ErrStopped = errors.New("spin: stopped")
+
 // Acquire calls s.TryAcquire until it acquires l, the deadline passes, or
 // ctx ends. A zero deadline means exactly one attempt. It never sleeps past
 // the deadline: the last attempt is made at the deadline. Between attempts
@@ -40,9 +44,10 @@ func (p Policy) next(holderTTL, left time.Duration) time.Duration {
 //
 // It returns the start of the successful attempt. On contention it returns
 // backend.ErrNotAcquired; when ctx ends, ctx.Err(); a store error as is.
-// *attempts is incremented for every call of TryAcquire.
+// *attempts is incremented for every call of TryAcquire. When stop closes,
+// the wait ends with ErrStopped before the next attempt.
 func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Policy,
-	l *backend.Lease, deadline time.Time, attempts *int) (time.Time, error) {
+	l *backend.Lease, deadline time.Time, attempts *int, stop <-chan struct{}) (time.Time, error) {
 	var (
 		timer  *time.Timer
 		wake   <-chan struct{}
@@ -87,6 +92,8 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		case <-wake:
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
+		case <-stop:
+			return time.Time{}, ErrStopped
 		}
 	}
 }
