@@ -21,15 +21,28 @@
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
-//     and return it as the token; on failure return the holder's PTTL, so the
-//     spin loop never sleeps past the holder's expiry;
-//   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
-//     release notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE.
+//     and return it as the token; on failure set the waited marker
+//     prefix{k'}:waited to expire with the holder's lock, and return the
+//     holder's PTTL, so the spin loop never sleeps past the holder's expiry;
+//   - release: compare-and-delete of the lock and the marker (one DEL) and,
+//     only when the marker existed, PUBLISH (SPUBLISH on Cluster) a release
+//     notice on the key's channel;
+//   - refresh: compare-and-PEXPIRE, of the marker too.
+//
+// An uncontended cycle thus runs five commands besides its two EVALSHAs
+// (SET, EXISTS of the tombstone below, INCR; GET, DEL) and publishes
+// nothing.
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
-// before returning the error: a failed attempt leaves no orphan.
+// before returning the error. The request may also still be on its way (a
+// cancelled acquire's packets delayed on the network reach Redis after the
+// clean-up, sent on another connection): the clean-up therefore writes,
+// in the same script, a tombstone for the owner value, prefix{k'}:dead:value
+// living one lease TTL, and the acquire script does not take the lock for a
+// value whose tombstone exists. Scripts run one at a time, so whichever of
+// the two comes second sees the first: a failed attempt leaves no orphan,
+// unless its request is delayed by more than the TTL.
 //
 // # Keys
 //
@@ -60,6 +73,16 @@
 // token: remember the highest it has seen and refuse writes carrying a lower
 // one. Without that check the lock is an efficiency hint, not a guarantee.
 //
+// The fence counter must survive a crash. A Redis server without
+// persistence (no AOF, as a cache node is often run) restarts empty: the
+// lock is gone and so is the counter, which starts again at 1, so tokens go
+// backwards. The fault suite (docs/SAFETY.md) showed it: after a SIGKILL and
+// restart a holder from before the crash overlapped the new holders, whose
+// lower tokens the fenced resource refused (30 writes), and the history was
+// not linearizable. Run Redis with appendonly yes and appendfsync always
+// where tokens matter (appendfsync everysec can lose the last second of
+// INCRs, and an RDB snapshot everything since it was taken).
+//
 // # Failover
 //
 // Redis replicates asynchronously. If a master fails after granting a lock
@@ -68,7 +91,12 @@
 // and may even get a token already handed out. [WithWaitReplicas] narrows
 // the window (WAIT after the acquire, an error when too few replicas
 // acknowledged) but does not close it: WAIT does not make Redis a consensus
-// system. Where that matters, check tokens and prefer a store with
+// system. In the fault suite a failover to a replica that lagged behind the
+// grant let a second owner take the lock with the same token in 3 of 3
+// trials (a resource checking only token >= last accepts both holders'
+// writes, so refuse an equal token from another owner too), while
+// WithWaitReplicas(1, 200ms) turned all 3 into ErrNotReplicated, with no
+// double grant. Where that matters, check tokens and prefer a store with
 // consensus (etcd, ZooKeeper).
 //
 // # Wake-up
@@ -80,7 +108,10 @@
 // key's channel only while a waiter in this process waits for it. When
 // Redis confirms a subscription (the first time, or again after a
 // reconnect) the waiters retry once too, so a release that came before the
-// subscription is not slept through. Notices are hints: a lost or failed
+// subscription is not slept through. A release publishes only when the
+// waited marker exists; a waiter's failed attempt sets it in the same
+// script that found the lock held, before the release could run, so no
+// waiter that tried misses the notice. Notices are hints: a lost or failed
 // subscription costs only latency, as the spin loop keeps retrying on its
 // own.
 //

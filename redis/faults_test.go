@@ -66,6 +66,87 @@ func TestLostAcquireReplyCleansUp(t *testing.T) {
 	mustAcquire(t, r, newLease(key, time.Minute))
 }
 
+// holdRequest is a go-redis hook that keeps the next script call (EVALSHA
+// or EVAL) from the server and reports a timeout, keeping its arguments:
+// the test sends them later, as a request delayed on the network that
+// reaches Redis after its sender gave up and cleaned up. A fault a real
+// server cannot be asked to give.
+type holdRequest struct {
+	armed atomic.Bool
+	held  []any
+}
+
+func (h *holdRequest) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *holdRequest) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+func (h *holdRequest) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.armed.CompareAndSwap(true, false) {
+			h.held = cmd.Args()
+			err := &net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestDelayedAcquireAfterCleanup: the acquire request reaches Redis only
+// after TryAcquire gave up and cleaned up. The clean-up's tombstone must
+// make it set nothing, so the next owner is not blocked for the TTL.
+func TestDelayedAcquireAfterCleanup(t *testing.T) {
+	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
+		hook := &holdRequest{}
+		c.AddHook(hook)
+		r := newResource(t, c)
+		ctx := t.Context()
+		key := uniqueKey(t)
+		lock, fence := redisscript.Layout(redis.DefaultPrefix, key)
+		// The held EVALSHA must find the script when it is sent.
+		if err := redisscript.Acquire.Load(ctx, c).Err(); err != nil {
+			t.Fatalf("SCRIPT LOAD: %v", err)
+		}
+
+		hook.armed.Store(true)
+		l := newLease(key, time.Minute)
+		ok, _, err := r.TryAcquire(ctx, l)
+		if ok || err == nil || hook.held == nil {
+			t.Fatalf("TryAcquire with its request held = %v, %v (held %v); want an error", ok, err, hook.held != nil)
+		}
+		dead := redisscript.DeadKey(lock, l.Value)
+		ttl, err := c.PTTL(ctx, dead).Result()
+		if err != nil || ttl <= 0 || ttl > l.TTL {
+			t.Fatalf("tombstone %q PTTL = %v, %v; want in (0, %v]", dead, ttl, err, l.TTL)
+		}
+
+		// The request arrives now.
+		err = c.Do(ctx, hook.held...).Err()
+		if !redisscript.IsDead(err) {
+			t.Errorf("late acquire = %v; want the DEAD error", err)
+		}
+		if exists(t, c, lock) {
+			t.Fatalf("late acquire left lock %q behind", lock)
+		}
+		if n, err := c.Get(ctx, fence).Int64(); n != 0 || !errors.Is(err, goredis.Nil) {
+			t.Errorf("fence counter = %d, %v; want none (the late acquire must not take a token)", n, err)
+		}
+		next := newLease(key, time.Minute)
+		mustAcquire(t, r, next)
+		// Once another owner holds the key, the late request is refused as
+		// contention and leaves the holder alone.
+		if v, err := c.Do(ctx, hook.held...).Int64(); err != nil || v >= 0 {
+			t.Errorf("late acquire while held = %d, %v; want the holder's negative PTTL", v, err)
+		}
+		if got, _ := c.Get(ctx, lock).Result(); got != next.Value {
+			t.Errorf("lock holds %q; want the holder's %q", got, next.Value)
+		}
+		if err := r.Release(ctx, next); err != nil {
+			t.Errorf("Release = %v", err)
+		}
+	})
+}
+
 // TestWaitReplicas runs the acquire with WAIT against a master with one
 // real replica.
 func TestWaitReplicas(t *testing.T) {

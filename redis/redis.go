@@ -120,13 +120,14 @@ type handle struct {
 	value string    // the owner value the commands were built from
 	ms    int64     // the TTL in acq
 	keys  [2]string // lock, fence
-	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
+	acq   [8]any    // EVALSHA acquire 2 lock fence value ms mark
 	rel   [6]any    // EVALSHA release 1 lock value publish
 }
 
 // Script digests, boxed once.
 var (
 	acquireSHA any = redisscript.Acquire.Hash()
+	cleanupSHA any = redisscript.Cleanup.Hash()
 	releaseSHA any = redisscript.Release.Hash()
 	extendSHA  any = redisscript.Extend.Hash()
 )
@@ -134,8 +135,8 @@ var (
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	lock, value := any(h.keys[0]), any(l.Value)
-	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, h.ms}
+	var lock, value, ms any = h.keys[0], l.Value, h.ms
+	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, redisscript.Mark}
 	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
 	return h
 }
@@ -176,9 +177,14 @@ func (r *Resource) ValidateKey(key string) error {
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
-// the holder's remaining time. On any error it deletes the key again if it
-// holds l.Value (the request may have run before its reply was lost), then
-// returns the error wrapped with op and key.
+// the holder's remaining time, and marks the key as waited-on, so that the
+// holder's release publishes a notice. On any error it deletes the key again if it
+// holds l.Value (the request may have run before its reply was lost) and,
+// in the same script, writes l.Value's tombstone for one TTL, so that the
+// request sets nothing should it reach Redis only after that (delayed on
+// the network); then it returns the error wrapped with op and key. l.Value
+// is given up then: an attempt with it fails until the tombstone expires
+// (the facade never makes one: an error ends its acquisition).
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if r.c == nil {
 		return false, 0, errNilClient
@@ -255,19 +261,24 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 	return v, acked, err
 }
 
-// cleanup deletes h's key if it still holds h's value, with a fresh
-// context: ctx may be the reason the acquire failed.
+// cleanup deletes h's key if it still holds h's value, and writes the
+// value's tombstone so that the acquire request, should it reach Redis
+// only now, sets nothing (redisscript.Cleanup). It uses a fresh context:
+// ctx may be the reason the acquire failed.
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	// Built here, not kept in the handle: clean-ups are rare.
+	cmd := []any{"evalsha", cleanupSHA, 1, h.acq[3], h.acq[5], h.acq[6], r.publish}
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], cmd)
 	return err
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
-// the key if it holds l.Value and publish a release notice on the key's
-// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
-// key is gone or holds another value.
+// the key if it holds l.Value and, when an attempt found the lock held
+// while l held it (the waited marker exists), publish a release notice on
+// the key's channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld]
+// when the key is gone or holds another value.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -284,8 +295,9 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 // Refresh implements [backend.Refresher] with one script call: reset the
-// key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
-// when the key is gone or holds another value.
+// key's expiry to l.TTL, and the waited marker's with it, if it holds
+// l.Value. It returns [backend.ErrNotHeld] when the key is gone or holds
+// another value.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -295,7 +307,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms, redisscript.Mark})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

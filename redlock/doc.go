@@ -92,8 +92,13 @@
 // late still counts. When it says the key was set after a delete of it (a
 // release, or the cleanup of a failed acquire) was sent, and that delete
 // found nothing there, the key is deleted once more. A SET that lands
-// later still, unseen (its reply lost or timed out), expires with its TTL:
-// Redis has no way to recall it.
+// later still, unseen (its reply lost or timed out), is caught by a
+// tombstone when the acquire failed with an error: that cleanup also
+// writes, in the same script on each node, a key naming the owner value
+// (living one TTL) that makes the acquire script refuse to set the lock
+// for that value. A contended attempt's cleanup writes none (the spin loop
+// tries again with the same value), nor does a release: a SET that lands
+// unseen after those expires with its TTL.
 //
 // Requests to the nodes run on worker goroutines, per node, that exit
 // after two idle seconds; [Resource.Close] (called by distlock's Close)

@@ -3,11 +3,15 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/redlock"
 )
 
@@ -179,6 +183,18 @@ func TestFailedAcquireLeavesNothing(t *testing.T) {
 			t.Fatalf("TryAcquire = %v, %v; want false, nil", ok, err)
 		}
 		check(t, key, l.Value)
+		// Contention is no error: the spin loop tries again with the same
+		// value, so its cleanup writes no tombstone.
+		if n, err := c.inspect[0].Exists(ctx, redisscript.DeadKey(lockKey(key), l.Value)).Result(); n != 0 || err != nil {
+			t.Errorf("EXISTS tombstone after contention = %d, %v; want 0", n, err)
+		}
+		c.del(t, key, 1, 2, 3)
+		if ok, _, err := r.TryAcquire(ctx, l); !ok || err != nil {
+			t.Fatalf("TryAcquire again with the same value = %v, %v; want true, nil", ok, err)
+		}
+		if err := r.Release(ctx, l); err != nil {
+			t.Errorf("Release = %v", err)
+		}
 	})
 
 	t.Run("nodes down", func(t *testing.T) {
@@ -197,6 +213,93 @@ func TestFailedAcquireLeavesNothing(t *testing.T) {
 		}
 		check(t, l.Key, l.Value)
 	})
+}
+
+// holdRequest is a go-redis hook that keeps the next script call from the
+// node and reports a timeout, keeping its arguments: the test sends them
+// later, as a request delayed on the network that reaches the node after
+// its sender gave up and cleaned up.
+type holdRequest struct {
+	armed atomic.Bool
+	mu    sync.Mutex
+	held  []any
+}
+
+func (h *holdRequest) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *holdRequest) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+func (h *holdRequest) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.armed.CompareAndSwap(true, false) {
+			h.mu.Lock()
+			h.held = cmd.Args()
+			h.mu.Unlock()
+			err := &net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdRequest) args() []any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
+
+// TestDelayedAcquireAfterCleanup: two of three nodes get the acquire
+// request only after the round failed and cleaned up. The cleanup's
+// tombstones make those late requests set nothing, so no node keeps the
+// value until its TTL.
+func TestDelayedAcquireAfterCleanup(t *testing.T) {
+	c := startNodes(t, 3, nil)
+	ctx := t.Context()
+	// No node has the cleanup script cached: it must go by EVAL.
+	for i, cl := range c.inspect {
+		if err := cl.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH on node %d: %v", i, err)
+		}
+	}
+	hooks := []*holdRequest{{}, {}}
+	for i, h := range hooks {
+		c.clients[i].AddHook(h)
+		// The held EVALSHA must find the script when it is sent.
+		if err := redisscript.Acquire.Load(ctx, c.inspect[i]).Err(); err != nil {
+			t.Fatalf("SCRIPT LOAD on node %d: %v", i, err)
+		}
+		h.armed.Store(true)
+	}
+	r := c.newResource(t)
+	l := newLease(uniqueKey(t), time.Minute)
+	ok, _, err := r.TryAcquire(ctx, l)
+	if ok || !errors.Is(err, redlock.ErrNoQuorum) {
+		t.Fatalf("TryAcquire with 2 of 3 requests held = %v, %v; want ErrNoQuorum", ok, err)
+	}
+	dead := redisscript.DeadKey(lockKey(l.Key), l.Value)
+	for i, cl := range c.inspect {
+		if ttl, err := cl.PTTL(ctx, dead).Result(); err != nil || ttl <= 0 || ttl > l.TTL {
+			t.Errorf("node %d: tombstone PTTL = %v, %v; want in (0, %v]", i, ttl, err, l.TTL)
+		}
+	}
+	for i, h := range hooks {
+		if h.args() == nil {
+			t.Fatalf("node %d: no request held", i)
+		}
+		// The request arrives now.
+		if err := c.inspect[i].Do(ctx, h.args()...).Err(); !redisscript.IsDead(err) {
+			t.Errorf("node %d: late acquire = %v; want the DEAD error", i, err)
+		}
+	}
+	c.noneHoldNow(t, l.Key, l.Value)
+	next := newLease(l.Key, time.Minute)
+	if ok, _, err := r.TryAcquire(ctx, next); !ok || err != nil {
+		t.Fatalf("next TryAcquire = %v, %v; want true, nil", ok, err)
+	}
+	if err := r.Release(ctx, next); err != nil {
+		t.Errorf("Release = %v", err)
+	}
 }
 
 // TestClose: idle workers exit on Close, and the Resource still works.

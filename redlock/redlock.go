@@ -203,6 +203,7 @@ type handle struct {
 	argv       [2]any    // value, ttl ms: the scripts' ARGV
 
 	acquire [6]any // EVALSHA acquire 1 lock value ms
+	cleanup [6]any // EVALSHA cleanup 1 lock value ms
 	release [5]any // EVALSHA release 1 lock value
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
@@ -220,6 +221,7 @@ var (
 	acquireSHA any = redisscript.Acquire.Hash()
 	extendSHA  any = redisscript.Extend.Hash()
 	releaseSHA any = redisscript.Release.Hash()
+	cleanupSHA any = redisscript.Cleanup.Hash()
 )
 
 func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
@@ -228,6 +230,7 @@ func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
 	var lock, value, px any = h.keys[0], l.Value, ms
 	h.argv = [2]any{value, px}
 	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
+	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, value, px}
 	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
 	return h
 }
@@ -335,11 +338,18 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return true, 0, nil
 	}
 
-	cerr := r.cleanup(ctx, rd, timeout)
+	// Contention (a majority answered, too few said yes) is no error: the
+	// spin loop tries again with the same value, so its cleanup must not
+	// bury the value. Every other outcome is an error that ends the
+	// acquisition, and its cleanup writes the value's tombstone: a request
+	// still on its way to a node then sets nothing there.
+	ctxErr := ctx.Err()
+	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
+	cerr := r.cleanup(ctx, rd, timeout, !contended)
 	var err error
 	switch {
-	case ctx.Err() != nil:
-		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctx.Err())
+	case ctxErr != nil:
+		err = fmt.Errorf("redlock: acquire %q: %w", l.Key, ctxErr)
 	case yes >= r.quorum:
 		err = fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes set it in %v; the TTL %v minus drift leaves %v",
 			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
@@ -360,10 +370,17 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // cleanup deletes the key of a failed acquire round on every node, with a
 // fresh context: ctx may be why the round failed. Nodes that refused the
 // key are not spared: a request go-redis retried after a lost reply says
-// "held" when its first try set our value. cleanup returns an error only
-// when a node that said it set the key could not delete it.
-func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration) error {
-	rd := r.start(context.WithoutCancel(ctx), opRelease, acq.h, acq.h.release[:], timeout, 0, acq)
+// "held" when its first try set our value. With bury, it also writes the
+// value's tombstone on every node (redisscript.Cleanup), for a round that
+// ends the acquisition: an acquire request that reaches a node only after
+// the delete then sets nothing there. cleanup returns an error only when a
+// node that said it set the key could not delete it.
+func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration, bury bool) error {
+	o, args := opRelease, acq.h.release[:]
+	if bury {
+		o, args = opCleanup, acq.h.cleanup[:]
+	}
+	rd := r.start(context.WithoutCancel(ctx), o, acq.h, args, timeout, 0, acq)
 	rd.wait()
 	rd.mu.Lock()
 	rd.over = true

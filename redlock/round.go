@@ -31,6 +31,7 @@ const (
 	opAcquire op = iota
 	opExtend
 	opRelease
+	opCleanup // a release that also writes the value's tombstone
 )
 
 // script returns op's script and how many of the handle's ARGV it takes,
@@ -41,6 +42,8 @@ func (o op) script() (*goredis.Script, int) {
 		return redisscript.Acquire, 2
 	case opExtend:
 		return redisscript.Extend, 2
+	case opCleanup:
+		return redisscript.Cleanup, 2
 	}
 	return redisscript.Release, 1
 }

@@ -15,21 +15,46 @@ var (
 	releaseSrc string
 	//go:embed extend.lua
 	extendSrc string
+	//go:embed cleanup.lua
+	cleanupSrc string
 )
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token; when the lock is held it returns minus the
-// holder's remaining milliseconds. KEYS: lock [, fence]. ARGV: value, ttl ms.
+// holder's remaining milliseconds and, given [Mark], sets the lock's
+// waited marker to expire with the holder's lock (see [Release]). It fails
+// with a DEAD error (see [IsDead]) and sets nothing when the value's
+// tombstone ([DeadKey]) exists. KEYS: lock [, fence]. ARGV: value, ttl ms
+// [, Mark].
 var Acquire = goredis.NewScript(acquireSrc)
 
-// Release deletes the lock if it holds the value and optionally publishes a
-// release notice on the channel named like the lock key. KEYS: lock. ARGV:
-// value [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// Cleanup undoes a failed acquire: it writes the value's tombstone
+// ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
+// way (a request delayed past its clean-up) sets nothing, then deletes the
+// lock if it holds the value, as [Release]. KEYS: lock. ARGV: value, ttl
+// ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+//
+// The value is dead afterwards, until the tombstone expires: use it only
+// for an acquisition that has been given up, never for one that will try
+// again with the same value.
+var Cleanup = goredis.NewScript(cleanupSrc)
+
+// Release deletes the lock if it holds the value. Given a publish command,
+// it deletes the lock's waited marker with it and, only when the marker
+// existed (an [Acquire] given [Mark] found the lock held), publishes a
+// release notice on the channel named like the lock key: an uncontended
+// release sends nothing. KEYS: lock. ARGV: value [, "PUBLISH" |
+// "SPUBLISH"]. Reply: 1 deleted, 0 not held.
 var Release = goredis.NewScript(releaseSrc)
 
-// Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
-// value, ttl ms. Reply: 1 extended, 0 not held.
+// Extend resets the lock's expiry, and given [Mark] its waited marker's
+// too, if the lock holds the value. KEYS: lock. ARGV: value, ttl ms [,
+// Mark]. Reply: 1 extended, 0 not held.
 var Extend = goredis.NewScript(extendSrc)
+
+// Mark is the last argument of [Acquire] and [Extend] that makes them set
+// and extend the lock's waited marker, for a [Release] that publishes.
+const Mark = "1"
 
 // Publish commands for [Release]'s second argument.
 const (
@@ -40,6 +65,30 @@ const (
 
 // FenceSuffix is appended to the lock key to name the fence counter.
 const FenceSuffix = ":fence"
+
+// WaitedSuffix is appended to the lock key to name the waited marker: a key
+// that exists while the lock's holder has been contended, so that its
+// release publishes a notice. The scripts build the name from the lock key.
+const WaitedSuffix = ":waited"
+
+// DeadInfix comes between the lock key and an owner value in the name of
+// the value's tombstone: see [DeadKey].
+const DeadInfix = ":dead:"
+
+// DeadKey returns the name of the tombstone [Cleanup] writes for value on
+// the lock key lock (from [Layout]): lock + [DeadInfix] + value. The
+// scripts build it themselves; it shares lock's hash tag, so it lives in
+// the lock's Cluster slot, and it is never the name of another lock, fence
+// or marker key.
+func DeadKey(lock, value string) string {
+	return lock + DeadInfix + value
+}
+
+// IsDead reports whether err is [Acquire]'s DEAD error: the owner value's
+// tombstone exists, so the value was given up by a failed acquire.
+func IsDead(err error) bool {
+	return err != nil && goredis.HasErrorPrefix(err, "DEAD")
+}
 
 const (
 	escapeChar      = '%'
