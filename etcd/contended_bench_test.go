@@ -18,7 +18,7 @@ import (
 // countingClient returns a client whose requests are counted in n: one per
 // unary call, one per message sent on a stream (a watch request, a lease
 // keep-alive).
-func countingClient(b *testing.B, endpoints []string, n *atomic.Int64) *clientv3.Client {
+func countingClient(b testing.TB, endpoints []string, n *atomic.Int64) *clientv3.Client {
 	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		n.Add(1)
 		return invoker(ctx, method, req, reply, cc, opts...)

@@ -36,8 +36,11 @@
 // concurrency.Mutex's do: a handoff takes about a millisecond instead of
 // about 100.
 //
-// Release revokes the lease, which deletes our key and nothing else; it
-// returns backend.ErrNotHeld when the lease was already gone. A wait that
+// Release deletes our key in a transaction that compares its create
+// revision with the token, then revokes the lease, which holds nothing
+// more: backend.ErrNotHeld when our key was already gone, whether its
+// lease ended or the key was deleted behind our back (a deleted key leaves
+// its lease alive, so revoking alone could not tell). A wait that
 // ends by deadline, cancellation or error revokes the lease too: nothing is
 // left behind. If the reply to a grant is lost, the lease (whose ID we chose)
 // is revoked all the same.
@@ -48,9 +51,11 @@
 // and the server raises it to its minimum lease TTL (1.5 election timeouts
 // rounded up: 2s with the default 1s election timeout). The effective TTL is
 // what backend.Lease.TTL holds after a successful acquire, and what the
-// facade counts the lock's life from. Refresh (called by the facade under
-// distlock.WithAutoRenew) sends one lease keep-alive and reads our key:
-// backend.ErrNotHeld when either is gone.
+// facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
+// years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
+// third longer than its locks) is refused before any I/O. Refresh (called
+// by the facade under distlock.WithAutoRenew) sends one lease keep-alive
+// and reads our key: backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //
@@ -83,8 +88,8 @@
 // [WithSharedLease] makes locks share one lease per TTL, kept alive by the
 // Resource, like one concurrency.Session: an uncontended acquire is then one
 // transaction and a release one delete, as with concurrency.Mutex, instead
-// of a grant, a transaction and a revoke (about 2.5 times faster, measured
-// by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
+// of a grant and a transaction, then a compare-and-delete and a revoke
+// (about 2.5 times faster, measured by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
 // process, which deletes a lock not refreshed in time; the shared lease
 // lives TTL plus a third of it (at least a second) and is renewed every
 // half of that third, so a lock taken on it is valid for its full TTL, and
@@ -101,4 +106,8 @@
 // for example "etcd: acquire \"k\": ...". A wait that ends at its deadline
 // returns backend.ErrNotAcquired, one that ends with its context returns
 // ctx.Err(). Keys longer than [MaxKeyLen] bytes are refused before any I/O.
+// Over a client the application has closed, every call fails at once with
+// an error saying so, instead of after the client's retries, seconds later;
+// what it cannot clean up (a key, a lease) expires with its lease, and a
+// shared lease reports itself lost.
 package etcd

@@ -31,6 +31,12 @@ const DefaultPrefix = "/distlock/"
 // which stays far below etcd's default request limit (1.5 MiB).
 const MaxKeyLen = 32 << 10
 
+// MaxTTL is the longest lock TTL a [Resource] takes, about 214 years:
+// etcd refuses leases longer than 9e9 seconds, and a shared lease
+// ([WithSharedLease]) lives a third longer than its locks. Acquire refuses
+// a longer TTL before any I/O, in either mode.
+const MaxTTL = 6_750_000_000 * time.Second
+
 // cleanupTimeout bounds the requests that undo a failed or cancelled
 // acquire (revoke our lease, delete our key). They run on a context
 // detached from the caller's, which may already have ended.
@@ -91,7 +97,7 @@ func WithPrefix(prefix string) Option {
 // WithSharedLease makes locks share one lease per TTL (in whole seconds)
 // that the Resource keeps alive, as [concurrency.Session] does, instead of
 // granting and revoking a lease per lock: an uncontended acquire and release
-// cost one round trip each instead of three in all. A lock's TTL is then
+// cost one round trip each instead of two each. A lock's TTL is then
 // kept by a timer in the process, and a lock whose process died stays in
 // etcd up to a third of its TTL (at least a second) longer. See the package
 // documentation. Off by default.
@@ -119,6 +125,15 @@ func New(c *clientv3.Client, opts ...Option) *Resource {
 }
 
 var errNilClient = errors.New("etcd: nil client")
+
+// clientClosed reports whether the client was closed (or never opened, as
+// a zero clientv3.Client): every request would fail, and only after the
+// client's retries, seconds later. Calls then fail at once and cleanups
+// are skipped: what they would remove expires with its lease.
+func (r *Resource) clientClosed() bool {
+	ctx := r.c.Ctx()
+	return ctx == nil || ctx.Err() != nil
+}
 
 // ValidateKey reports whether key can be a lock name: at most [MaxKeyLen]
 // bytes. Any bytes are allowed. It does no I/O.
@@ -197,16 +212,23 @@ func ttlSeconds(ttl time.Duration) int64 {
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
 // key, l.TTL to the effective TTL and l.Validity, l.Handle (and l.Lost with
-// [WithSharedLease]). On any failure our key and lease are gone.
+// [WithSharedLease]). On any failure our key and lease are gone. A TTL
+// longer than [MaxTTL] is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
+	}
+	if l.TTL > MaxTTL {
+		return fmt.Errorf("etcd: acquire %q: TTL %v is longer than the maximum, %v", l.Key, l.TTL, MaxTTL)
 	}
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
 		return fmt.Errorf("etcd: acquire %q: resource closed", l.Key)
+	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: acquire %q: client closed", l.Key)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -218,7 +240,7 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 }
 
 // acquireOwn takes the lock on a lease of its own: grant, create our key,
-// wait; Release revokes the lease.
+// wait; Release deletes our key and revokes the lease.
 func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
 	start := time.Now()
 	id, ttl, err := r.grant(ctx, l.TTL)
@@ -301,6 +323,9 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 // revoke ends a lease and its keys, best effort: a lease we fail to revoke
 // still expires with its TTL. It reports whether the lease is known gone.
 func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
+	if r.clientClosed() {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := r.c.Revoke(ctx, id)
@@ -484,9 +509,9 @@ func transient(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-// Release deletes our key if it is still there: with a lease of its own it
-// revokes the lease. ErrNotHeld when the key or lease was already gone (or
-// l was not acquired here).
+// Release deletes our key if it is still the one we made; with a lease of
+// its own it then revokes the lease. ErrNotHeld when the key was already
+// gone (or l was not acquired here).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -495,17 +520,29 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if !ok || h == nil {
 		return backend.ErrNotHeld
 	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: release %q: client closed", l.Key)
+	}
 	if h.sess != nil {
 		return r.releaseShared(ctx, l, h)
 	}
-	if _, err := r.c.Revoke(ctx, h.lease); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			r.free(h)
-			return backend.ErrNotHeld
-		}
+	// Revoking alone would not do: a key deleted behind our back (by an
+	// operator, or by a tool that cleans up) leaves the lease alive, and
+	// the revoke would succeed on a lock we no longer hold.
+	resp, err := r.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
+	if err != nil {
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
-	r.free(h)
+	r.free(h) // our key is gone either way: only we make keys of its name
+	// The lease now holds no key: revoke it so that it does not linger for
+	// its TTL; one we fail to revoke still expires, and holds nothing.
+	r.revoke(ctx, h.lease)
+	if !resp.Succeeded {
+		return backend.ErrNotHeld
+	}
 	return nil
 }
 
@@ -520,6 +557,9 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	h, ok := l.Handle.(*handle)
 	if !ok || h == nil {
 		return backend.ErrNotHeld
+	}
+	if r.clientClosed() {
+		return fmt.Errorf("etcd: refresh %q: client closed", l.Key)
 	}
 	if h.sess != nil {
 		return r.refreshShared(ctx, l, h)

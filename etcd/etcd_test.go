@@ -598,3 +598,48 @@ func TestNamesReused(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseAfterKeyDeleted deletes the holder's key behind its back, as
+// an operator or a cleanup tool would, leaving its lease alive: Release
+// reports ErrNotHeld, and revokes the lease it had of its own all the same
+// (no orphan lease). With WithSharedLease the shared lease stays, for the
+// other locks on it.
+func TestReleaseAfterKeyDeleted(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			r := newResource(t, endpoints, m.opts...)
+			l := lease(uniqueKey(t), 10*time.Second)
+			if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			h := l.Handle.(*handle)
+			if resp, err := admin.Delete(t.Context(), h.key); err != nil || resp.Deleted != 1 {
+				t.Fatalf("Delete(%s) = %v, %v; want 1 key deleted", h.key, resp, err)
+			}
+			if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+				t.Errorf("Release after the key was deleted = %v; want ErrNotHeld", err)
+			}
+			ttl, err := admin.TimeToLive(t.Context(), h.lease)
+			if err != nil {
+				t.Fatalf("TimeToLive: %v", err)
+			}
+			if gone := ttl.TTL == -1; gone != (h.sess == nil) {
+				t.Errorf("lease %x after Release: TTL %ds; want it revoked only when it was the lock's own", int64(h.lease), ttl.TTL)
+			}
+			// The name is free again: the next acquire reuses it.
+			l2 := lease(l.Key, 10*time.Second)
+			if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := l2.Handle.(*handle).key; got != h.key {
+				t.Errorf("next acquire made %s; want the freed name %s", got, h.key)
+			}
+			if err := r.Release(t.Context(), l2); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+			waitKeys(t, r, l.Key, 0)
+		})
+	}
+}

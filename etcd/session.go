@@ -127,8 +127,8 @@ func (s *session) keepAlive(ctx context.Context) {
 			s.mu.Lock()
 			s.lastSent = sent
 			s.mu.Unlock()
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			return
+		case errors.Is(err, rpctypes.ErrLeaseNotFound), s.r.clientClosed():
+			return // no renewal can succeed any more
 		case time.Since(s.sentAt()) >= s.life:
 			return // expired on the server by now
 		}
@@ -170,6 +170,9 @@ func (s *session) close() error {
 	}
 	s.cancel()
 	<-s.done
+	if s.r.clientClosed() {
+		return fmt.Errorf("etcd: close: client closed: shared lease %x and its locks are left to expire", int64(s.id))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if _, err := s.r.c.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -270,6 +273,9 @@ func (r *Resource) expire(h *handle) {
 // deleteKey deletes h's key if it is still the one we made (best effort,
 // detached from ctx). It reports whether the key is gone.
 func (r *Resource) deleteKey(ctx context.Context, h *handle) bool {
+	if r.clientClosed() {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := r.c.Delete(ctx, h.key)

@@ -282,11 +282,19 @@ func (r *Resource) ValidateKey(key string) error {
 //   - an error wrapping ctx.Err() when ctx ended before the round was
 //     decided, even if a majority had said yes.
 //
-// A TTL no longer than the drift allowance cannot give a lock: TryAcquire
-// then returns an error without I/O.
+// A TTL that would leave less than [MinNodeTimeout] of validity after the
+// drift allowance is rounded up until it leaves that much (about 8ms with
+// the default drift), and l.TTL says so.
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	ms := redisscript.Millis(l.TTL)
 	ttl := time.Duration(ms) * time.Millisecond
+	// A TTL too short to leave a validity of one node timeout after the
+	// drift allowance is rounded up to the shortest that does, as every
+	// store rounds a TTL below its floor up.
+	for i := 0; ttl-r.drift(ttl) < MinNodeTimeout && i < 1000; i++ {
+		ms++
+		ttl += time.Millisecond
+	}
 	validity := ttl - r.drift(ttl)
 	if validity <= 0 {
 		return false, 0, fmt.Errorf("redlock: acquire %q: TTL %v is not longer than the drift allowance %v", l.Key, ttl, r.drift(ttl))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -37,7 +36,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
-	t.Run("CancelStorm", func(t *testing.T) { testSQLCancelStorm(t, tg) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 }
 
 func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
@@ -80,7 +79,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
-	t.Run("CancelStorm", func(t *testing.T) { testSQLCancelStorm(t, tg) })
+	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 }
 
 func mariaTarget(t testing.TB, srv *testserver.MariaDBServer) target {
@@ -147,20 +146,4 @@ func testSQLServerKill(t *testing.T, tg target, srv interface {
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
 	}
-}
-
-// testSQLCancelStorm is a known bug on both SQL backends: when ctx ends
-// while the acquire's INSERT is still running on the server, TryAcquire's
-// clean-up DELETE (on another connection: the driver dropped the one that
-// timed out) can run before that INSERT commits, find nothing, and leave
-// the row, an orphan until its TTL runs out. It shows about one run in
-// three here, with replies delayed 0-20ms (requests are not delayed).
-// PostgreSQL's per-key advisory lock does not help: the clean-up does not
-// take it, and would not suffice if the INSERT had not started yet.
-func testSQLCancelStorm(t *testing.T, tg target) {
-	if os.Getenv("DISTLOCK_SAFETY_KNOWN_BUGS") == "" {
-		t.Skip("known bug: a cancelled SQL acquire's clean-up DELETE can run before the INSERT it cleans up " +
-			"after has committed, leaving an orphan row until the TTL (set DISTLOCK_SAFETY_KNOWN_BUGS=1 to run)")
-	}
-	testCancelStorm(t, tg)
 }

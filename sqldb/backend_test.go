@@ -54,6 +54,8 @@ func harness(f fixture) testsuite.Harness {
 		RejectsNUL: f.unit == unitChars,
 		// A text column holds valid UTF-8 only.
 		RejectsInvalidUTF8: f.unit == unitChars,
+		// A pool or *sql.DB the application closed under the resource.
+		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },
 	}
 }
 
@@ -68,6 +70,61 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("KilledHolderKeepsLockUntilTTL", func(t *testing.T) { testKilledHolder(t, f) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, f.newResource) })
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
+	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
+}
+
+// testCancelWhileRunning cancels an acquire whose statement is waiting on
+// the server (on a lock an admin session holds) and only then lets the
+// statement go on: it inserts the row and commits. A clean-up that did
+// not wait for the statement would find nothing and leave that row behind
+// (the safety suite's CancelStorm found it by chance; here it is staged).
+// TryAcquire must report ctx's error and leave no row.
+func testCancelWhileRunning(t *testing.T, f fixture) {
+	r := f.newResource(t)
+	key := testsuite.Key(t)
+	waiting, release := f.stall(t, key)
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	l := newLease(t, key, time.Minute)
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, _, err := r.TryAcquire(ctx, l)
+		done <- result{ok, err}
+	}()
+	eventually(t, 10*time.Second, "the acquire statement waits on the server", waiting)
+	cancel()
+	// TryAcquire must not return while its statement is pending: it could
+	// not know the outcome. A correct one stays blocked whatever the
+	// window; the window only bounds how long a wrong one has to show it.
+	var res result
+	select {
+	case res = <-done:
+		t.Errorf("TryAcquire returned (%v, %v) while its statement was still waiting on the server", res.ok, res.err)
+		release()
+		released = true
+	case <-time.After(100 * time.Millisecond):
+		release()
+		released = true
+		res = <-done
+	}
+	if res.ok || !errors.Is(res.err, context.Canceled) {
+		t.Errorf("TryAcquire cancelled mid-statement = %v, %v; want false and ctx's error", res.ok, res.err)
+	}
+	eventually(t, 10*time.Second, "the acquire statement has finished", func() (bool, error) {
+		w, err := waiting()
+		return !w, err
+	})
+	wantRows(t, f, key)
 }
 
 func newLease(t *testing.T, key string, ttl time.Duration) *backend.Lease {

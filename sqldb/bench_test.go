@@ -31,6 +31,9 @@ func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // a plain delete, two statements and two round trips. Each reports
 // statements per cycle; "interleaved" alternates the two and reports
 // rate-vs-floor = floor time / distlock time (target >= 0.9).
+// "interleaved-cancellable" does the same with a context that can end,
+// as most callers' are (pgx then watches it, and an acquire arranges to
+// outlive it), for both loops.
 //
 //	go test -run '^$' -bench BenchmarkPostgresCycle -count 5 ./sqldb/
 func BenchmarkPostgresCycle(b *testing.B) {
@@ -39,7 +42,7 @@ func BenchmarkPostgresCycle(b *testing.B) {
 
 	// distlockCycle returns one TryLock+Unlock through distlock, over its
 	// own pool counted by sc.
-	distlockCycle := func(b *testing.B, sc *stmtCounter) func() {
+	distlockCycle := func(ctx context.Context, b *testing.B, sc *stmtCounter) func() {
 		res := pg.resource(b, pg.pool(b, func(c *pgxpool.Config) { c.ConnConfig.Tracer = sc }))
 		d, err := distlock.New(res)
 		if err != nil {
@@ -58,7 +61,7 @@ func BenchmarkPostgresCycle(b *testing.B) {
 	}
 	// bareCycle returns the floor: the same upsert and a plain delete with
 	// pgx on its own pool and table, counted by sc.
-	bareCycle := func(b *testing.B, sc *stmtCounter) func() {
+	bareCycle := func(ctx context.Context, b *testing.B, sc *stmtCounter) func() {
 		pool := pg.pool(b, func(c *pgxpool.Config) { c.ConnConfig.Tracer = sc })
 		if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bare_locks (
   lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
@@ -88,9 +91,9 @@ RETURNING l.token`
 			}
 		}
 	}
-	loop := func(b *testing.B, mk func(*testing.B, *stmtCounter) func()) {
+	loop := func(b *testing.B, mk func(context.Context, *testing.B, *stmtCounter) func()) {
 		sc := &stmtCounter{}
-		cycle := mk(b, sc)
+		cycle := mk(ctx, b, sc)
 		cycle() // prepare the statements on the connection
 		sc.n.Store(0)
 		b.ReportAllocs()
@@ -109,9 +112,9 @@ RETURNING l.token`
 	// cycle times and rate-vs-floor = median floor / median distlock
 	// (distlock's rate relative to the floor). Medians, because on a
 	// shared machine a few cycles stall for milliseconds.
-	b.Run("interleaved", func(b *testing.B) {
+	interleaved := func(ctx context.Context, b *testing.B) {
 		scD, scB := &stmtCounter{}, &stmtCounter{}
-		dc, bc := distlockCycle(b, scD), bareCycle(b, scB)
+		dc, bc := distlockCycle(ctx, b, scD), bareCycle(ctx, b, scB)
 		dc()
 		bc()
 		scD.n.Store(0)
@@ -132,6 +135,12 @@ RETURNING l.token`
 		b.ReportMetric(float64(mb)/float64(md), "rate-vs-floor")
 		b.ReportMetric(float64(scD.n.Load())/float64(n), "distlock-stmts/cycle")
 		b.ReportMetric(float64(scB.n.Load())/float64(n), "floor-stmts/cycle")
+	}
+	b.Run("interleaved", func(b *testing.B) { interleaved(ctx, b) })
+	b.Run("interleaved-cancellable", func(b *testing.B) {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		interleaved(cctx, b)
 	})
 }
 

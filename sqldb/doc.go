@@ -108,10 +108,19 @@
 // Refresh rerun their statement after a serialization failure or deadlock
 // (up to 5 times): sessions in REPEATABLE READ or SERIALIZABLE isolation
 // work. Any other
-// database error is returned wrapped with the operation and key. When an
-// acquire fails after its statement may have reached the server (a broken
-// connection, a cancelled context) the backend deletes the row it may have
-// written (key and owner) before returning the error.
+// database error is returned wrapped with the operation and key.
+//
+// An acquire whose context ends while its statement is in flight does not
+// abandon the statement: the drivers would drop the connection while the
+// server went on to commit, and a clean-up sent over another connection
+// could run first and find nothing. It waits for the reply instead (at
+// most 5s past the context's end); if the statement took the key after
+// all, the row is deleted again and TryAcquire returns the context's
+// error. Only when no reply comes (a broken connection, a lost reply)
+// is the outcome unknown: the backend then deletes the row it may have
+// written (key and owner) before returning the error, best effort, since
+// that delete can overtake a statement the server has yet to finish; such
+// a row expires with its TTL.
 //
 // # Wake-up
 //

@@ -45,6 +45,10 @@ type fixture struct {
 	killable func(t testing.TB) (resource, func())
 	// closed returns a resource whose client is closed: any I/O fails.
 	closed func(t testing.TB) resource
+	// stall makes acquire statements of key wait on the server, on a lock
+	// an admin session holds, until release; waiting polls whether one
+	// is waiting there now.
+	stall func(t testing.TB, key string) (waiting func() (bool, error), release func())
 }
 
 // pgFixture is a PostgreSQL database for one top-level test.
@@ -155,6 +159,33 @@ func (f *pgFixture) fixture() fixture {
 			r := f.resource(t, pool)
 			pool.Close()
 			return r
+		},
+		stall: func(t testing.TB, key string) (func() (bool, error), func()) {
+			// The session-level form of the advisory lock every acquire
+			// of key takes first.
+			ctx := context.Background()
+			c, err := f.admin.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			class := lockClass(DefaultTable)
+			if _, err := c.Exec(ctx, `SELECT pg_advisory_lock($1::int4, hashtext($2::text))`, class, key); err != nil {
+				c.Release()
+				t.Fatalf("pg_advisory_lock: %v", err)
+			}
+			waiting := func() (bool, error) {
+				var n int
+				err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = hashtext($2::text)::oid`,
+					int32(class), key).Scan(&n)
+				return n > 0, err
+			}
+			return waiting, func() {
+				defer c.Release()
+				if _, err := c.Exec(ctx, `SELECT pg_advisory_unlock($1::int4, hashtext($2::text))`, class, key); err != nil {
+					t.Errorf("pg_advisory_unlock: %v", err)
+				}
+			}
 		},
 	}
 }
@@ -271,6 +302,31 @@ func (f *myFixture) fixture() fixture {
 			r := f.resource(t, db)
 			db.Close()
 			return r
+		},
+		stall: func(t testing.TB, key string) (func() (bool, error), func()) {
+			// Every acquire on the table bumps the counter row: lock it.
+			ctx := context.Background()
+			tx, err := f.admin.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tok uint64
+			if err := tx.QueryRowContext(ctx, "SELECT token FROM distlock_locks WHERE lock_key = '' FOR UPDATE").Scan(&tok); err != nil {
+				tx.Rollback()
+				t.Fatalf("lock the counter row: %v", err)
+			}
+			// An acquire statement on the server can only be waiting.
+			// (Not INNODB_TRX: polled often, it is never refreshed.)
+			waiting := func() (bool, error) {
+				var n int
+				err := f.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `distlock_locks`%'").Scan(&n)
+				return n > 0, err
+			}
+			return waiting, func() {
+				if err := tx.Commit(); err != nil {
+					t.Errorf("unlock the counter row: %v", err)
+				}
+			}
 		},
 	}
 }

@@ -161,15 +161,24 @@ func (m *MySQL) validate(l *backend.Lease) error {
 // acquired == false with a nil error: it is contention, and the facade's
 // spin loop retries.
 //
-// When the outcome is unknown (the connection failed or ctx ended after the
-// statement was sent) it deletes l.Value's row, if any, before returning
-// the error. An owner value over 255 bytes is an error, without I/O.
+// The statement is not abandoned when ctx ends: it runs on until its reply
+// comes (at most 5s more), and if it took the key after all, TryAcquire
+// deletes the row again and returns ctx's error. When the outcome stays
+// unknown (the connection failed, or no reply came within those 5s) it
+// deletes l.Value's row, if any, before returning the error; that delete
+// may come too early for a statement the server has yet to finish. (With
+// SetMaxOpenConns, a wait for a free connection also runs on past ctx's
+// end: database/sql has no way to prepare once per connection and pick the
+// connection first.) An owner value over 255 bytes is an error, without
+// I/O.
 func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if err := m.validate(l); err != nil {
 		return false, 0, err
 	}
 	ttl := micros(l.TTL)
-	res, err := m.acq.ExecContext(ctx, l.Key, l.Value, ttl, l.Value, ttl)
+	sctx, stop := statementContext(ctx)
+	res, err := m.acq.ExecContext(sctx, l.Key, l.Value, ttl, l.Value, ttl)
+	stop()
 	var id int64
 	if err == nil {
 		id, err = res.LastInsertId()
@@ -179,11 +188,7 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 			return false, 0, nil
 		}
 		if myAmbiguous(err) {
-			cctx, cancel := cleanupContext(ctx)
-			defer cancel()
-			if _, cerr := m.relAny.ExecContext(cctx, l.Key, l.Value); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
-			}
+			err = m.undo(ctx, l, err)
 		}
 		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, err)
 	}
@@ -194,8 +199,24 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 	if u == 0 {
 		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: the statement returned no token (is the driver passing LAST_INSERT_ID through?)", l.Key)
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up before the reply came: undo, in order
+		// after the statement, which has committed.
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, m.undo(ctx, l, err))
+	}
 	l.Token = u
 	return true, 0, nil
+}
+
+// undo deletes l.Value's row of l.Key, live or expired, after a failed or
+// abandoned acquire, and returns err joined with the delete's error.
+func (m *MySQL) undo(ctx context.Context, l *backend.Lease, err error) error {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, cerr := m.exec(cctx, m.relAny, l.Key, l.Value); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+	}
+	return err
 }
 
 // Release deletes l's row if l.Value still owns l.Key. It returns

@@ -163,19 +163,35 @@ func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitC
 // time as holderTTL (and marks the row so that its release notifies);
 // later ones get 0.
 //
-// When the outcome is unknown (the connection failed or ctx ended after the
-// statement was sent) it deletes l.Value's row, if any, before returning
-// the error.
+// The statement is not abandoned when ctx ends: it runs on until its reply
+// comes (at most 5s more), and if it took the key after all, TryAcquire
+// deletes the row again and returns ctx's error. When the outcome stays
+// unknown (the connection failed, or no reply came within those 5s) it
+// deletes l.Value's row, if any, over another connection before returning
+// the error; that delete may come too early for a statement the server
+// has yet to finish.
 func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return false, 0, err
+	}
+	// Waiting for a connection sends nothing: ctx may end it, no trace.
+	c, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
 	var (
 		ours        bool
 		token, left int64
 	)
-	err := p.pool.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&ours, &token, &left)
+	sctx, stop := statementContext(ctx)
+	err = c.QueryRow(sctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&ours, &token, &left)
+	stop()
+	c.Release() // before any clean-up: the pool may have this one connection only
 	switch {
+	case err == nil && ours && ctx.Err() != nil:
+		// The caller gave up before the reply came: undo, in order
+		// after the statement, which has committed.
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, p.undo(ctx, l, ctx.Err()))
 	case err == nil && ours:
 		l.Token = uint64(token)
 		return true, 0, nil
@@ -187,13 +203,20 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, nil
 	}
 	if pgAmbiguous(err) {
-		cctx, cancel := cleanupContext(ctx)
-		defer cancel()
-		if _, cerr := p.release(cctx, l); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
-		}
+		err = p.undo(ctx, l, err)
 	}
 	return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
+}
+
+// undo deletes l.Value's row of l.Key, live or expired, after a failed or
+// abandoned acquire, and returns err joined with the delete's error.
+func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, cerr := p.release(cctx, l); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+	}
+	return err
 }
 
 // Release deletes l's row if l.Value still owns l.Key, in one statement
@@ -282,7 +305,11 @@ func pgContention(err error) bool {
 
 // pgAmbiguous reports whether a statement that failed with err may have
 // committed: the server did not answer with an error and the request may
-// have been sent.
+// have been sent. The statement ran on a connection already taken from
+// the pool, so a context error is one that interrupted it, possibly after
+// it was sent: pgx returns a bare context.Canceled for a cancellation
+// mid-request (and flags a context that had ended before anything was
+// sent as safe to retry).
 func pgAmbiguous(err error) bool {
 	var (
 		pe *pgconn.PgError
@@ -293,16 +320,6 @@ func pgAmbiguous(err error) bool {
 		return false // the server rejected it; autocommit rolled it back
 	case errors.As(err, &ce), pgconn.SafeToRetry(err):
 		return false // never connected, or pgx knows nothing was sent
-	case !pgconn.Timeout(err) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-		// A bare context error comes from waiting for a pool connection;
-		// pgx wraps one that interrupts a sent request (pgconn.Timeout).
-		return false
 	}
 	return true
-}
-
-// cleanupContext is a context for the compare-and-delete after an
-// ambiguous acquire: it survives the caller's cancellation but not long.
-func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 }

@@ -112,7 +112,7 @@ func TestErrorClasses(t *testing.T) {
 		{pg("55P03"), true, false},
 		{pg("23505"), false, false},
 		{pg("57014"), false, false},
-		{wrap(context.Canceled), false, false}, // waiting for a pool connection
+		{wrap(context.Canceled), false, true}, // pgx's error for a cancel mid-request
 		{wrap(&pgconn.ConnectError{}), false, false},
 		{wrap(errors.New("read tcp: connection reset")), false, true},
 	}
@@ -170,5 +170,25 @@ func TestRetryConflicts(t *testing.T) {
 		if calls != tt.wantCalls || !errors.Is(err, tt.wantErr) {
 			t.Errorf("%s: %d calls, err %v; want %d calls, err %v", tt.name, calls, err, tt.wantCalls, tt.wantErr)
 		}
+	}
+}
+
+func TestStatementContext(t *testing.T) {
+	if ctx := context.Background(); func() context.Context { s, stop := statementContext(ctx); stop(); return s }() != ctx {
+		t.Errorf("statementContext(Background) is a new context; want Background itself")
+	}
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	sctx, stop := statementContext(ctx)
+	cancel()
+	if sctx.Value(key{}) != "v" {
+		t.Errorf("the statement's context lost ctx's values")
+	}
+	if err := sctx.Err(); err != nil {
+		t.Errorf("the statement's context ended with ctx (%v); want it to outlive ctx", err)
+	}
+	stop()
+	if sctx.Err() == nil {
+		t.Errorf("the statement's context outlived stop")
 	}
 }
