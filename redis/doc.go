@@ -22,8 +22,9 @@
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
 //     and return it as the token; on failure set the waited marker
-//     prefix{k'}:waited to expire with the holder's lock, and return the
-//     holder's PTTL, so the spin loop never sleeps past the holder's expiry;
+//     prefix{k'}:waited, unless set, to expire with the holder's lock, and
+//     return the holder's PTTL, so the spin loop never sleeps past the
+//     holder's expiry;
 //   - release: compare-and-delete of the lock and the marker (one DEL) and,
 //     only when the marker existed, PUBLISH (SPUBLISH on Cluster) a release
 //     notice on the key's channel;
@@ -54,8 +55,11 @@
 // sets another; it is escaped the same way, so its braces never make the
 // tag. The fence counter never expires: it is what makes tokens
 // increase across holders, and it costs a few bytes per distinct lock name.
-// The layout and scripts live in internal/redisscript, shared with the
-// Redlock backend.
+// Two more keys come and go in the same slot: prefix{k'}:waited (the waited
+// marker, expiring with the lock it was set against) and
+// prefix{k'}:dead:value (a failed acquire's tombstone, expiring after one
+// lease TTL). The layout and scripts live in internal/redisscript, shared
+// with the Redlock backend.
 //
 // # TTL
 //

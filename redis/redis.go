@@ -178,13 +178,14 @@ func (r *Resource) ValidateKey(key string) error {
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
 // the holder's remaining time, and marks the key as waited-on, so that the
-// holder's release publishes a notice. On any error it deletes the key again if it
-// holds l.Value (the request may have run before its reply was lost) and,
-// in the same script, writes l.Value's tombstone for one TTL, so that the
-// request sets nothing should it reach Redis only after that (delayed on
-// the network); then it returns the error wrapped with op and key. l.Value
-// is given up then: an attempt with it fails until the tombstone expires
-// (the facade never makes one: an error ends its acquisition).
+// holder's release publishes a notice. On any error it deletes the key
+// again if it holds l.Value (the request may have run before its reply was
+// lost) and, in the same script, writes l.Value's tombstone for one TTL, so
+// that the request sets nothing should it reach Redis only after that
+// (delayed on the network); then it returns the error wrapped with op and
+// key. l.Value is given up then: an attempt with it fails until the
+// tombstone expires (the facade never makes one: an error ends its
+// acquisition).
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if r.c == nil {
 		return false, 0, errNilClient
