@@ -21,18 +21,11 @@
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
-//     and return it as the token; on failure set the waited marker
-//     prefix{k'}:waited, unless set, to expire with the holder's lock, and
-//     return the holder's PTTL, so the spin loop never sleeps past the
-//     holder's expiry;
-//   - release: compare-and-delete of the lock and the marker (one DEL) and,
-//     only when the marker existed, PUBLISH (SPUBLISH on Cluster) a release
-//     notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE, of the marker too.
-//
-// An uncontended cycle thus runs five commands besides its two EVALSHAs
-// (SET, EXISTS of the tombstone below, INCR; GET, DEL) and publishes
-// nothing.
+//     and return it as the token; on failure return the holder's PTTL, so the
+//     spin loop never sleeps past the holder's expiry;
+//   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
+//     release notice on the key's channel;
+//   - refresh: compare-and-PEXPIRE.
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -55,11 +48,9 @@
 // sets another; it is escaped the same way, so its braces never make the
 // tag. The fence counter never expires: it is what makes tokens
 // increase across holders, and it costs a few bytes per distinct lock name.
-// Two more keys come and go in the same slot: prefix{k'}:waited (the waited
-// marker, expiring with the lock it was set against) and
-// prefix{k'}:dead:value (a failed acquire's tombstone, expiring after one
-// lease TTL). The layout and scripts live in internal/redisscript, shared
-// with the Redlock backend.
+// A failed acquire's tombstone, prefix{k'}:dead:value, lives in the same
+// slot for one lease TTL. The layout and scripts live in
+// internal/redisscript, shared with the Redlock backend.
 //
 // # TTL
 //
@@ -112,12 +103,12 @@
 // key's channel only while a waiter in this process waits for it. When
 // Redis confirms a subscription (the first time, or again after a
 // reconnect) the waiters retry once too, so a release that came before the
-// subscription is not slept through. A release publishes only when the
-// waited marker exists; a waiter's failed attempt sets it in the same
-// script that found the lock held, before the release could run, so no
-// waiter that tried misses the notice. Notices are hints: a lost or failed
-// subscription costs only latency, as the spin loop keeps retrying on its
-// own.
+// subscription is not slept through. Every release publishes: a waiter may
+// wait without having tried against the current holder (hotspot's
+// WithYield waits for the next notice before it tries), so the release
+// cannot tell that nobody waits; a notice nobody hears costs one PUBLISH
+// with no subscriber. Notices are hints: a lost or failed subscription
+// costs only latency, as the spin loop keeps retrying on its own.
 //
 // # Errors
 //

@@ -120,7 +120,7 @@ type handle struct {
 	value string    // the owner value the commands were built from
 	ms    int64     // the TTL in acq
 	keys  [2]string // lock, fence
-	acq   [8]any    // EVALSHA acquire 2 lock fence value ms mark
+	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
 	rel   [6]any    // EVALSHA release 1 lock value publish
 }
 
@@ -136,7 +136,7 @@ func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
 	var lock, value, ms any = h.keys[0], l.Value, h.ms
-	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, redisscript.Mark}
+	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms}
 	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
 	return h
 }
@@ -177,15 +177,13 @@ func (r *Resource) ValidateKey(key string) error {
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
-// the holder's remaining time, and marks the key as waited-on, so that the
-// holder's release publishes a notice. On any error it deletes the key
-// again if it holds l.Value (the request may have run before its reply was
-// lost) and, in the same script, writes l.Value's tombstone for one TTL, so
-// that the request sets nothing should it reach Redis only after that
-// (delayed on the network); then it returns the error wrapped with op and
-// key. l.Value is given up then: an attempt with it fails until the
-// tombstone expires (the facade never makes one: an error ends its
-// acquisition).
+// the holder's remaining time. On any error it deletes the key again if it
+// holds l.Value (the request may have run before its reply was lost) and,
+// in the same script, writes l.Value's tombstone for one TTL, so that the
+// request sets nothing should it reach Redis only after that (delayed on
+// the network); then it returns the error wrapped with op and key. l.Value
+// is given up then: an attempt with it fails until the tombstone expires
+// (the facade never makes one: an error ends its acquisition).
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if r.c == nil {
 		return false, 0, errNilClient
@@ -276,10 +274,9 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
-// the key if it holds l.Value and, when an attempt found the lock held
-// while l held it (the waited marker exists), publish a release notice on
-// the key's channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld]
-// when the key is gone or holds another value.
+// the key if it holds l.Value and publish a release notice on the key's
+// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
+// key is gone or holds another value.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -296,9 +293,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 // Refresh implements [backend.Refresher] with one script call: reset the
-// key's expiry to l.TTL, and the waited marker's with it, if it holds
-// l.Value. It returns [backend.ErrNotHeld] when the key is gone or holds
-// another value.
+// key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
+// when the key is gone or holds another value.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -308,7 +304,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms, redisscript.Mark})
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

@@ -11,12 +11,9 @@
 -- Returns 1 when deleted, 0 when the key did not hold ARGV[1].
 redis.call('SET', KEYS[1] .. ':dead:' .. ARGV[1], '1', 'PX', ARGV[2])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
   if ARGV[3] and ARGV[3] ~= '' then
-    if redis.call('DEL', KEYS[1], KEYS[1] .. ':waited') == 2 then
-      redis.pcall(ARGV[3], KEYS[1], '')
-    end
-  else
-    redis.call('DEL', KEYS[1])
+    redis.pcall(ARGV[3], KEYS[1], '')
   end
   return 1
 end

@@ -9,9 +9,6 @@
 //
 //	p{E(k)}        the lock: a string holding the owner value, with a PX expiry
 //	p{E(k)}:fence  the fence counter: INCR'd on every acquisition, never expires
-//	p{E(k)}:waited the waited marker: set by a contended [Acquire], expiring
-//	               with the holder's lock; [Release] publishes only when it
-//	               exists
 //	p{E(k)}:dead:v the tombstone of owner value v, written by [Cleanup] and
 //	               living one lease TTL: [Acquire] of v does not take the lock
 //	               while it exists
@@ -21,11 +18,10 @@
 // E is [EscapeTag]: it removes '{' and '}' from k injectively, so the braces
 // we add are the hash tag Redis Cluster sees, whatever k contains. [Layout]
 // builds the first two names, [DeadKey] the tombstone's. The scripts build
-// the marker's and the tombstone's names from the lock key themselves
-// rather than take them among their KEYS, so that a request is no larger
-// than one without them; Redis (Cluster included) lets a script touch
-// undeclared keys in the slot of its declared ones, and the shared hash tag
-// keeps them there.
+// the tombstone's name from the lock key themselves rather than take it
+// among their KEYS, so that a request is no larger than one without it;
+// Redis (Cluster included) lets a script touch undeclared keys in the slot
+// of its declared ones, and the shared hash tag keeps it there.
 //
 // # Tombstones
 //
@@ -38,21 +34,6 @@
 // time, so whichever of the two runs second sees the first: a late acquire
 // leaves nothing behind, as long as it arrives within one lease TTL (the
 // tombstone's life) of its clean-up.
-//
-// # Release notices
-//
-// A release notice is needed only when someone waits, and a waiter always
-// tried first: [Acquire], finding the lock held, sets the waited marker in
-// the same script (when given [Mark]), with the holder's remaining time
-// as its expiry, and [Extend] extends it with the lock. [Release] (and
-// [Cleanup]) delete the marker with the lock in one DEL and publish only
-// when it existed. An attempt that found the lock held ran before the
-// release, so the release sees its marker: no waiter that tried misses the
-// notice, and an uncontended release publishes nothing. A contended attempt
-// that finds the marker leaves it as it is (SET NX): it was set during the
-// same holder's tenure. The exception is a marker left by a lock deleted
-// from outside (an operator's DEL): it may expire before the next holder's
-// release, whose waiters then fall back to their spin.
 //
 // # Scripts
 //

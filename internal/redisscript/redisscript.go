@@ -21,11 +21,9 @@ var (
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token; when the lock is held it returns minus the
-// holder's remaining milliseconds and, given [Mark], sets the lock's
-// waited marker to expire with the holder's lock (see [Release]). It fails
-// with a DEAD error (see [IsDead]) and sets nothing when the value's
-// tombstone ([DeadKey]) exists. KEYS: lock [, fence]. ARGV: value, ttl ms
-// [, Mark].
+// holder's remaining milliseconds. It fails with a DEAD error (see
+// [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
+// KEYS: lock [, fence]. ARGV: value, ttl ms.
 var Acquire = goredis.NewScript(acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
@@ -39,22 +37,14 @@ var Acquire = goredis.NewScript(acquireSrc)
 // again with the same value.
 var Cleanup = goredis.NewScript(cleanupSrc)
 
-// Release deletes the lock if it holds the value. Given a publish command,
-// it deletes the lock's waited marker with it and, only when the marker
-// existed (an [Acquire] given [Mark] found the lock held), publishes a
-// release notice on the channel named like the lock key: an uncontended
-// release sends nothing. KEYS: lock. ARGV: value [, "PUBLISH" |
-// "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// Release deletes the lock if it holds the value and optionally publishes a
+// release notice on the channel named like the lock key. KEYS: lock. ARGV:
+// value [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
 var Release = goredis.NewScript(releaseSrc)
 
-// Extend resets the lock's expiry, and given [Mark] its waited marker's
-// too, if the lock holds the value. KEYS: lock. ARGV: value, ttl ms [,
-// Mark]. Reply: 1 extended, 0 not held.
+// Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
+// value, ttl ms. Reply: 1 extended, 0 not held.
 var Extend = goredis.NewScript(extendSrc)
-
-// Mark is the last argument of [Acquire] and [Extend] that makes them set
-// and extend the lock's waited marker, for a [Release] that publishes.
-const Mark = "1"
 
 // Publish commands for [Release]'s second argument.
 const (
@@ -66,11 +56,6 @@ const (
 // FenceSuffix is appended to the lock key to name the fence counter.
 const FenceSuffix = ":fence"
 
-// WaitedSuffix is appended to the lock key to name the waited marker: a key
-// that exists while the lock's holder has been contended, so that its
-// release publishes a notice. The scripts build the name from the lock key.
-const WaitedSuffix = ":waited"
-
 // DeadInfix comes between the lock key and an owner value in the name of
 // the value's tombstone: see [DeadKey].
 const DeadInfix = ":dead:"
@@ -78,8 +63,8 @@ const DeadInfix = ":dead:"
 // DeadKey returns the name of the tombstone [Cleanup] writes for value on
 // the lock key lock (from [Layout]): lock + [DeadInfix] + value. The
 // scripts build it themselves; it shares lock's hash tag, so it lives in
-// the lock's Cluster slot, and it is never the name of another lock, fence
-// or marker key.
+// the lock's Cluster slot, and it is never the name of another lock or
+// fence key.
 func DeadKey(lock, value string) string {
 	return lock + DeadInfix + value
 }
