@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // countingClient returns a client whose requests are counted in n: one per
@@ -67,32 +67,8 @@ func BenchmarkContended(b *testing.B) {
 				ds = append(ds, d)
 			}
 			key := uniqueKey(b)
-			var (
-				left atomic.Int64
-				wg   sync.WaitGroup
-			)
-			left.Store(int64(b.N))
-			ctx := context.Background()
 			n.Store(0)
-			b.ResetTimer()
-			for i := range 12 {
-				d := ds[i%len(ds)]
-				wg.Go(func() {
-					for left.Add(-1) >= 0 {
-						lk, err := d.TryLock(ctx, key, time.Minute)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						if err := lk.Unlock(ctx); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			b.StopTimer()
+			testsuite.Contend(b, ds, key, 12)
 			b.ReportMetric(float64(n.Load())/float64(b.N), "rpcs/op")
 		})
 	}

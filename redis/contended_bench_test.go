@@ -1,9 +1,6 @@
 package redis_test
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +9,7 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // BenchmarkContended is the seed workload's shape: 3 instances (each a
@@ -36,30 +34,6 @@ func BenchmarkContended(b *testing.B) {
 	}
 	key := uniqueKey(b)
 	before := commandStats(b, admin)
-	var (
-		left atomic.Int64
-		wg   sync.WaitGroup
-	)
-	left.Store(int64(b.N))
-	ctx := context.Background()
-	b.ResetTimer()
-	for i := range 12 {
-		d := ds[i%len(ds)]
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				lk, err := d.TryLock(ctx, key, time.Minute)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	testsuite.Contend(b, ds, key, 12)
 	reportCommands(b, admin, before, "evalsha", "eval")
 }

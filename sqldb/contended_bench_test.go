@@ -1,15 +1,13 @@
 package sqldb
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // BenchmarkPostgresContended is the seed workload's shape: 3 instances
@@ -31,31 +29,7 @@ func BenchmarkPostgresContended(b *testing.B) {
 		ds = append(ds, d)
 	}
 	key := "contended"
-	var (
-		left atomic.Int64
-		wg   sync.WaitGroup
-	)
-	left.Store(int64(b.N))
-	ctx := context.Background()
 	sc.n.Store(0)
-	b.ResetTimer()
-	for i := range 12 {
-		d := ds[i%len(ds)]
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				lk, err := d.TryLock(ctx, key, time.Minute)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	testsuite.Contend(b, ds, key, 12)
 	b.ReportMetric(float64(sc.n.Load())/float64(b.N), "stmts/op")
 }

@@ -294,3 +294,36 @@ func wrapCounting(t *testing.T, r backend.RemoteResource) (backend.RemoteResourc
 }
 
 func describe(v any) string { return fmt.Sprintf("%v", v) }
+
+// Contend is the contended benchmark loop every backend shares: b.N
+// successful TryLock + Unlock cycles of key, shared out among workers
+// goroutines that use the DistributeLocks ds in turn (one per "process").
+// Only the cycles are timed.
+func Contend(b *testing.B, ds []*distlock.DistributeLock, key string, workers int) {
+	b.Helper()
+	var (
+		left atomic.Int64
+		wg   sync.WaitGroup
+	)
+	left.Store(int64(b.N))
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range workers {
+		d := ds[i%len(ds)]
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				lk, err := d.TryLock(ctx, key, time.Minute)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+}

@@ -5,13 +5,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // packets returns the requests the server at addr has received (mntr
@@ -60,31 +59,7 @@ func BenchmarkContended(b *testing.B) {
 		ds = append(ds, newBenchLock(b, []string{addr}))
 	}
 	key := uniqueKey(b)
-	var (
-		left atomic.Int64
-		wg   sync.WaitGroup
-	)
-	left.Store(int64(b.N))
-	ctx := b.Context()
 	before := packets(b, addr)
-	b.ResetTimer()
-	for i := range 12 {
-		d := ds[i%len(ds)]
-		wg.Go(func() {
-			for left.Add(-1) >= 0 {
-				lk, err := d.TryLock(ctx, key, time.Minute)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	testsuite.Contend(b, ds, key, 12)
 	reportPackets(b, addr, before)
 }
