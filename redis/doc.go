@@ -36,7 +36,12 @@
 // living one lease TTL, and the acquire script does not take the lock for a
 // value whose tombstone exists. Scripts run one at a time, so whichever of
 // the two comes second sees the first: a failed attempt leaves no orphan,
-// unless its request is delayed by more than the TTL.
+// unless its request is delayed by more than the TTL. The client itself may
+// resend an acquire whose reply it lost (go-redis retries a command after a
+// read timeout, up to MaxRetries): the acquire script counts a lock that
+// already holds the attempt's own value as acquired, so the resent request
+// takes the lock its first run set, instead of finding it "held" and
+// leaving it to expire unowned.
 //
 // # Keys
 //

@@ -251,3 +251,102 @@ func TestFailoverAfterWait(t *testing.T) {
 		t.Errorf("token after failover %d; want > %d", next.Token, held.Token)
 	}
 }
+
+// dialCount counts the connections a client opens.
+type dialCount struct{ n atomic.Int32 }
+
+func (h *dialCount) DialHook(next goredis.DialHook) goredis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.n.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+func (h *dialCount) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *dialCount) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// busyScript keeps the Redis server busy (it runs one script at a time and
+// serves nobody meanwhile) for ARGV[1] microseconds.
+var busyScript = goredis.NewScript(`
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat
+  t = redis.call('TIME')
+until t[1] * 1000000 + t[2] - start >= tonumber(ARGV[1])
+return 1`)
+
+// TestResentAcquireTakesItsOwnLock: go-redis resends a command whose reply
+// did not come within ReadTimeout. Here the server is busy, so the first
+// acquire request times out unanswered and is resent; when the server is
+// free it runs both, and the first takes the lock. The resent one must
+// report the lock acquired (it holds the attempt's own value), not held by
+// another owner: that would fail the acquisition and leave the lock to
+// expire unowned.
+func TestResentAcquireTakesItsOwnLock(t *testing.T) {
+	srv := testserver.Redis(t)
+	const (
+		busy        = 1500 * time.Millisecond // the server serves nobody
+		readTimeout = 800 * time.Millisecond  // < busy: the first request times out
+	)
+	dials := &dialCount{}
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ReadTimeout: readTimeout, MaxRetries: 1,
+		MinRetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(dials)
+	r := newResource(t, c)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	lock, fence := redisscript.Layout(redis.DefaultPrefix, key)
+	if err := redisscript.Acquire.Load(ctx, c).Err(); err != nil {
+		t.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	if err := busyScript.Load(ctx, c).Err(); err != nil {
+		t.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	dialed := dials.n.Load()
+
+	other := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ReadTimeout: 2 * busy})
+	t.Cleanup(func() { _ = other.Close() })
+	probe := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = probe.Close() })
+	if err := probe.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+	busyDone := make(chan error, 1)
+	started := time.Now()
+	go func() { busyDone <- busyScript.Run(ctx, other, nil, busy.Microseconds()).Err() }()
+	// The server is busy once a PING goes unanswered.
+	waitFor(t, "the busy script to start", func() bool { return probe.Ping(ctx).Err() != nil })
+	if time.Since(started) > busy-readTimeout-100*time.Millisecond {
+		t.Fatalf("the server got busy only after %v: too late for the first request to time out", time.Since(started))
+	}
+
+	l := newLease(key, time.Minute)
+	ok, holder, err := r.TryAcquire(ctx, l)
+	if err := <-busyDone; err != nil {
+		t.Fatalf("busy script: %v", err)
+	}
+	if d := dials.n.Load() - dialed; d < 1 {
+		t.Fatalf("the client opened no new connection: the acquire was not resent (test setup)")
+	}
+	n, ferr := c.Get(ctx, fence).Uint64()
+	if ferr != nil || n != 2 {
+		t.Fatalf("fence counter = %d, %v; want 2: the first request and its resend both ran", n, ferr)
+	}
+	if err != nil || !ok {
+		t.Fatalf("TryAcquire over a resent request = %v (holder TTL %v), %v; want acquired", ok, holder, err)
+	}
+	if l.Token != n {
+		t.Errorf("token = %d; want the latest fence value %d", l.Token, n)
+	}
+	if got, _ := c.Get(ctx, lock).Result(); got != l.Value {
+		t.Errorf("lock holds %q; want the attempt's value %q", got, l.Value)
+	}
+	if err := r.Release(ctx, l); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+	if exists(t, c, lock) {
+		t.Errorf("lock %q left behind", lock)
+	}
+}

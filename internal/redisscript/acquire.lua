@@ -14,11 +14,24 @@
 -- name is built here rather than passed: it shares KEYS[1]'s hash tag, so
 -- it lives in its Cluster slot, and the request stays as small as one
 -- without it.
+-- When the lock already holds ARGV[1], this request is a second run of one
+-- that took it: a client resent it after losing the first reply (go-redis
+-- retries a command after a read timeout). It is acquired then, with a
+-- fresh token, so that the lock is neither reported held by another nor
+-- left to expire unowned. The lock is then as the first run set it: its
+-- expiry was counted from a send after the sender's start, the safe side.
+-- The value check costs a contended attempt one GET.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('EXISTS', KEYS[1] .. ':dead:' .. ARGV[1]) == 1 then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
   end
+  if KEYS[2] then
+    return redis.call('INCR', KEYS[2])
+  end
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   if KEYS[2] then
     return redis.call('INCR', KEYS[2])
   end

@@ -21,7 +21,10 @@ var (
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token; when the lock is held it returns minus the
-// holder's remaining milliseconds. It fails with a DEAD error (see
+// holder's remaining milliseconds. A lock that already holds the value
+// counts as acquired (a fresh token): the request was resent after its
+// first run took the lock and its reply was lost, as go-redis does after a
+// read timeout. It fails with a DEAD error (see
 // [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
 // KEYS: lock [, fence]. ARGV: value, ttl ms.
 var Acquire = goredis.NewScript(acquireSrc)
