@@ -112,10 +112,10 @@ func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 	r.cyc[w+"/"+store] = rs
 	if w == "uncontended" {
 		s := r.section(w, fmt.Sprintf("Uncontended: %s (%s)", store, pinned))
-		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round; the range shows how much the rounds disagreed (the machine is shared). Cycles/s is the median over rounds.\n\n", r.cfg.rounds, r.cfg.slice, ref)
+		fmt.Fprintf(&s.b, "One goroutine, lock + unlock of one key, %d rounds of %v per peer, alternating. Ratio: the median over rounds of cycles/s against %s in the same round; the range shows how much the rounds disagreed (the machine is shared). Cycles/s is the median over rounds. CPU per cycle: time on a CPU, user and kernel, of this program (the client, every thread) and of the store's server processes, from /proc/*/task/*/schedstat over all rounds; pinned, the two add up to about the wall time of a cycle, so they show which side a difference comes from.\n\n", r.cfg.rounds, r.cfg.slice, ref)
 		srvCol := store == "redis"
-		hdr := "| peer | cycles/s | vs " + ref + " | rounds' range | p50 us | p99 us | allocs/cycle | B/cycle | round trips/cycle |"
-		sep := "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+		hdr := "| peer | cycles/s | vs " + ref + " | rounds' range | p50 us | p99 us | client CPU us/cycle | server CPU us/cycle | allocs/cycle | B/cycle | round trips/cycle |"
+		sep := "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 		if srvCol {
 			hdr += " server cmds/cycle |"
 			sep += "---:|"
@@ -126,8 +126,9 @@ func (r *report) cycles(w, store string, rs []*cycleResult, pinned string) {
 				fmt.Fprintf(&s.b, "| %s | error: %s |\n", c.p.name, oneLine(c.err.Error()))
 				continue
 			}
-			row := fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", c.p.name, f0(c.rate()), f2(c.ratio()), spread(c.ratios),
+			row := fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", c.p.name, f0(c.rate()), f2(c.ratio()), spread(c.ratios),
 				f1(us(quantile(c.lat, 0.5))), f1(us(quantile(c.lat, 0.99))),
+				f2(per(int64(c.clientCPU/time.Nanosecond), c.cycles)/1e3), f2(per(int64(c.serverCPU/time.Nanosecond), c.cycles)/1e3),
 				f1(per(int64(c.mallocs), c.cycles)), f0(per(int64(c.bytes), c.cycles)), f2(per(c.c.rt, c.cycles)))
 			if srvCol {
 				row += " " + f2(per(c.c.cmds, c.cycles)) + " |"

@@ -58,6 +58,9 @@ type uncontendedSample struct {
 	mallocs uint64
 	bytes   uint64
 	c       counts
+	// CPU time used during the slice by this program (the client) and by
+	// the store's server processes: see cpuTime.
+	clientCPU, serverCPU time.Duration
 }
 
 // cycleResult is a peer's row in the uncontended or parallel table.
@@ -71,6 +74,9 @@ type cycleResult struct {
 	mallocs uint64
 	bytes   uint64
 	c       counts
+	// CPU time used during the slice by this program (the client) and by
+	// the store's server processes: see cpuTime.
+	clientCPU, serverCPU time.Duration
 }
 
 func (r *cycleResult) rate() float64  { return median(r.rounds) }
@@ -189,6 +195,8 @@ func runCycles(ctx context.Context, cfg config, s *servers, ps []*peer, goroutin
 			cr.bytes += smp.bytes
 			cr.c.rt += smp.c.rt
 			cr.c.cmds += smp.c.cmds
+			cr.clientCPU += smp.clientCPU
+			cr.serverCPU += smp.serverCPU
 		}
 		ref := ps[0]
 		for p, rate := range rates {
@@ -228,6 +236,8 @@ func measureCycles(ctx context.Context, in instance, p *peer, s *servers, keys [
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	procs, self := serverProcs(s, p.store), []int{os.Getpid()}
+	srv0, cli0 := cpuTime(procs), cpuTime(self)
 	start := time.Now()
 	end := start.Add(d)
 	if len(keys) == 1 {
@@ -268,6 +278,7 @@ func measureCycles(ctx context.Context, in instance, p *peer, s *servers, keys [
 		smp.cycles = int(n.Load())
 	}
 	smp.elapsed = time.Since(start)
+	smp.clientCPU, smp.serverCPU = cpuTime(self)-cli0, cpuTime(procs)-srv0
 	runtime.ReadMemStats(&m1)
 	smp.mallocs = m1.Mallocs - m0.Mallocs
 	smp.bytes = m1.TotalAlloc - m0.TotalAlloc
