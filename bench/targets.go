@@ -85,19 +85,25 @@ func (r *report) targets(b *strings.Builder) {
 	add("ZooKeeper cycle >= 0.9x zk.Lock", f2(x)+"x", x >= 0.9, known(x))
 	x = hand("zookeeper", "distlock") / hand("zookeeper", "zk.Lock")
 	add("ZooKeeper handoff p50 within 1.2x of zk.Lock's", f2(x)+"x", x <= 1.2, known(x))
+	// The target is for the hotspot with wake-up across processes: the
+	// release notices wake the other instances' waiters, and WithYield
+	// makes the releasing instance's next waiter wait for its turn. The
+	// plain hotspot variant and the floor are shown beside it, unmarked.
 	const short = "wait 200ms, hold 1ms"
-	for _, name := range []string{"distlock+hotspot+yield", "distlock+hotspot"} {
-		c := cont("redis", name, short)
-		if c == nil {
-			add("Redis contended, "+short+", "+name+": <= 4 requests per success, 0 timeouts", "-", false, false)
-			continue
-		}
+	const target = "Redis contended, " + short + ", distlock+hotspot+yield: <= 4 requests per success, 0 timeouts"
+	if c := cont("redis", "distlock+hotspot+yield", short); c != nil {
 		rt := per(c.c.rt, c.successes)
-		add("Redis contended, "+short+", "+name+": <= 4 requests per success, 0 timeouts",
-			fmt.Sprintf("%s per success, %d timeouts", f2(rt), c.timeouts), rt <= 4 && c.timeouts == 0, true)
+		add(target, fmt.Sprintf("%s per success, %d timeouts", f2(rt), c.timeouts), rt <= 4 && c.timeouts == 0, true)
+	} else {
+		add(target, "-", false, false)
 	}
-	if c := cont("redis", "floor", short); c != nil {
-		rows = append(rows, row{"(the floor, 10ms retry, same variant)", fmt.Sprintf("%s per success, %d timeouts of %d", f2(per(c.c.rt, c.successes)), c.timeouts, c.attempts)})
+	for _, ref := range []struct{ name, label string }{
+		{"distlock+hotspot", "(distlock+hotspot without WithYield, same variant)"},
+		{"floor", "(the floor, 10ms retry, same variant)"},
+	} {
+		if c := cont("redis", ref.name, short); c != nil {
+			rows = append(rows, row{ref.label, fmt.Sprintf("%s per success, %d timeouts of %d", f2(per(c.c.rt, c.successes)), c.timeouts, c.attempts)})
+		}
 	}
 
 	fmt.Fprintf(b, "## Targets\n\n| target | this run |\n|---|---|\n")
