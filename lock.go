@@ -68,7 +68,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		d.waiter = w
 	} else if s, ok := r.(backend.Spinner); ok {
 		d.spinner = s
-		d.notifier, _ = r.(backend.Notifier)
+		if n, ok := r.(backend.Notifier); ok {
+			// Waiters of one key share one subscription: a release
+			// wakes one of them, not all (see spin.Share).
+			d.notifier = spin.Share(n)
+		}
 	} else {
 		return nil, fmt.Errorf("%w: %T implements neither backend.Spinner nor backend.Waiter", ErrInvalid, r)
 	}

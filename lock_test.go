@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,3 +257,73 @@ func (s spinOnly) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.
 	return s.s.TryAcquire(ctx, l)
 }
 func (s spinOnly) Release(ctx context.Context, l *backend.Lease) error { return s.s.Release(ctx, l) }
+
+// counting is the memory store with its attempts and subscriptions
+// counted: instrumentation around the real store, not a stand-in.
+type counting struct {
+	*memory.Store
+	attempts, subs atomic.Int32
+}
+
+func (c *counting) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	c.attempts.Add(1)
+	return c.Store.TryAcquire(ctx, l)
+}
+
+func (c *counting) Subscribe(key string) (<-chan struct{}, func()) {
+	c.subs.Add(1)
+	return c.Store.Subscribe(key)
+}
+
+// TestReleaseWakesOneWaiter: the waiters of one key in a process share one
+// subscription, so each release wakes one of them to try the key, not all
+// (only one could take it). Three waiters, each holding the key briefly
+// when it gets it: 3 first attempts + 1 per release = 6 attempts (waking all
+// would make 3+3+2+1 = 9). The spin sleeps an hour: only notices wake.
+func TestReleaseWakesOneWaiter(t *testing.T) {
+	store := &counting{Store: memory.New()}
+	d, err := distlock.New(store, distlock.WithSpin(longSpin, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := t.Context()
+	holder, err := d.TryLock(ctx, "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	errs := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			lk, err := d.TryLock(ctx, "k", time.Minute)
+			if err == nil {
+				time.Sleep(20 * time.Millisecond) // work under the lock: woken losers would try meanwhile
+				err = lk.Unlock(ctx)
+			}
+			errs <- err
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for store.attempts.Load() < 1+waiters || store.subs.Load() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiters did not all try and subscribe: %d attempts, %d subscriptions", store.attempts.Load(), store.subs.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range waiters {
+		if err := <-errs; err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	}
+	if got, want := store.attempts.Load()-1, int32(2*waiters); got != want {
+		t.Errorf("waiters made %d attempts; want %d (one first attempt each, one per release)", got, want)
+	}
+	if got := store.subs.Load(); got != 1 {
+		t.Errorf("%d subscriptions to the store; want 1 shared by the waiters", got)
+	}
+}
+

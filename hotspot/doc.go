@@ -4,7 +4,9 @@
 //
 // Without it, every goroutine that wants a busy key spins against the store
 // on its own: N goroutines in P processes make N*P calls per spin interval.
-// With it, the goroutines of one process queue on a local lock (FIFO, no
+// (Over a store with release notices the facade wakes one goroutine per
+// process for each release, but every goroutine's fallback sleep still
+// ends in an attempt.) With it, the goroutines of one process queue on a local lock (FIFO, no
 // I/O) and only the winner spins, so the store sees at most P callers. In
 // the reference workload (3 processes x 4 goroutines on one key) this cuts
 // the store's add-if-absent commands by about 70%.
