@@ -327,3 +327,43 @@ func TestReleaseWakesOneWaiter(t *testing.T) {
 	}
 }
 
+// deaf is the memory store whose release notices never arrive: every
+// subscription gets a channel nobody sends on (a fault: notices lost).
+type deaf struct{ counting }
+
+func (d *deaf) Subscribe(key string) (<-chan struct{}, func()) {
+	d.subs.Add(1)
+	return make(chan struct{}), func() {}
+}
+
+// TestSubscribedSpinSleepsLonger: a waiter subscribed to release notices
+// still retries on its own (a notice may be lost), but 4 times less often
+// than the spin policy says: the notices are what wake it. 400ms of
+// waiting with a 10ms spin: about 400/40 = 10 attempts, not 40.
+func TestSubscribedSpinSleepsLonger(t *testing.T) {
+	store := &deaf{counting{Store: memory.New()}}
+	const spin, wait = 10 * time.Millisecond, 400 * time.Millisecond
+	d, err := distlock.New(store, distlock.WithSpin(spin, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	holder, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock(t.Context())
+	before := store.attempts.Load()
+	if _, err := d.TryLock(t.Context(), "k", wait); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLock = %v; want ErrNotAcquired", err)
+	}
+	got := store.attempts.Load() - before
+	// At most one attempt per 4 spins, plus the first and the last (at
+	// the deadline); a loaded machine only makes fewer.
+	if max := int32(wait/(4*spin)) + 3; got > max || got < 3 {
+		t.Errorf("%d attempts in %v subscribed with a %v spin; want 3 to %d", got, wait, spin, max)
+	}
+	if store.subs.Load() != 1 {
+		t.Errorf("%d subscriptions; want 1", store.subs.Load())
+	}
+}

@@ -55,7 +55,9 @@ func WithDefaultTTL(ttl time.Duration) Option {
 // uniformly from [min, min+random), cut short by the deadline, by the
 // holder's remaining TTL when the store reports it, and by a release notice
 // when the store sends them. Random sleeps keep many waiters from waking
-// together. The waiters of one key in a DistributeLock
+// together. A waiter subscribed to release notices sleeps 4 times as long
+// (40-80ms by default): the notices wake it, and the sleep is only the
+// fallback for a lost one. The waiters of one key in a DistributeLock
 // share one subscription, and each notice wakes one of them, the one
 // waiting longest: only one could take the key. Default 10ms, 10ms. Negative values, or min+random == 0, make
 // New fail. Push backends (etcd, ZooKeeper) do not spin.

@@ -4,6 +4,7 @@ package spin
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -16,12 +17,15 @@ type Policy struct {
 	Min, Random time.Duration
 }
 
-// next returns the sleep before the next attempt: the policy's random draw,
-// cut to the holder's remaining TTL when known and to the time left.
-func (p Policy) next(holderTTL, left time.Duration) time.Duration {
+// next returns the sleep before the next attempt: the policy's random draw
+// (times NoticeSpinFactor when subscribed to release notices), cut to the holder's remaining TTL when known and to the time left.
+func (p Policy) next(holderTTL, left time.Duration, subscribed bool) time.Duration {
 	d := p.Min
 	if p.Random > 0 {
 		d += rand.N(p.Random)
+	}
+	if subscribed && d < math.MaxInt64/NoticeSpinFactor {
+		d *= NoticeSpinFactor
 	}
 	if holderTTL > 0 && holderTTL < d {
 		d = holderTTL
@@ -32,6 +36,14 @@ func (p Policy) next(holderTTL, left time.Duration) time.Duration {
 	return d
 }
 
+// NoticeSpinFactor stretches the sleep between attempts while the waiter
+// is subscribed to release notices: the notices wake it when the key is
+// released, and the spin is only the fallback for a lost one (and for a
+// holder that vanished without releasing, which the holder's TTL hint
+// bounds). Waking every 10-20ms anyway, a crowd of waiters would spend an
+// attempt per waiter per sleep on a key that is still held.
+const NoticeSpinFactor = 4
+
 // ErrStopped is returned by Acquire when its stop channel closed.
 var ErrStopped = errors.New("spin: stopped")
 
@@ -40,7 +52,8 @@ var ErrStopped = errors.New("spin: stopped")
 // the deadline: the last attempt is made at the deadline. Between attempts
 // it sleeps as p says, and wakes at once on a release notice when n is not
 // nil (subscribing after the first failed attempt, so an uncontended
-// acquire costs one call).
+// acquire costs one call); subscribed, it sleeps NoticeSpinFactor times as
+// long.
 //
 // It returns the start of the successful attempt. On contention it returns
 // backend.ErrNotAcquired; when ctx ends, ctx.Err(); a store error as is.
@@ -81,7 +94,7 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		if n != nil && cancel == nil {
 			wake, cancel = n.Subscribe(l.Key)
 		}
-		d := p.next(holderTTL, deadline.Sub(now))
+		d := p.next(holderTTL, deadline.Sub(now), wake != nil)
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
