@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -101,7 +103,10 @@ func threadsOf(pid int) []int {
 	return tids
 }
 
-// groupMembers returns the processes whose process group is one of pgids.
+// groupMembers returns the processes whose process group is one of pgids
+// (each server runs in a group of its own, led by the process we started),
+// and their descendants: PostgreSQL's backends call setsid and so leave
+// their postmaster's group.
 func groupMembers(pgids []int) []int {
 	want := map[int]bool{}
 	for _, g := range pgids {
@@ -113,7 +118,8 @@ func groupMembers(pgids []int) []int {
 		return nil
 	}
 	ents, _ := os.ReadDir("/proc")
-	var out []int
+	children := map[int][]int{}
+	in := map[int]bool{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -133,8 +139,24 @@ func groupMembers(pgids []int) []int {
 		if len(f) < 3 {
 			continue
 		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
 		if g, err := strconv.Atoi(f[2]); err == nil && want[g] {
-			out = append(out, pid)
+			in[pid] = true
+		}
+	}
+	var out []int
+	queue := slices.Collect(maps.Keys(in))
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		out = append(out, pid)
+		for _, c := range children[pid] {
+			if !in[c] {
+				in[c] = true
+				queue = append(queue, c)
+			}
 		}
 	}
 	return out

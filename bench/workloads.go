@@ -237,7 +237,7 @@ func measureCycles(ctx context.Context, in instance, p *peer, s *servers, keys [
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	procs, self := serverProcs(s, p.store), []int{os.Getpid()}
-	srv0, cli0 := cpuTime(procs), cpuTime(self)
+	srv0, cli0 := cpuTimes(procs), cpuTimes(self)
 	start := time.Now()
 	end := start.Add(d)
 	if len(keys) == 1 {
@@ -278,7 +278,7 @@ func measureCycles(ctx context.Context, in instance, p *peer, s *servers, keys [
 		smp.cycles = int(n.Load())
 	}
 	smp.elapsed = time.Since(start)
-	smp.clientCPU, smp.serverCPU = cpuTime(self)-cli0, cpuTime(procs)-srv0
+	smp.clientCPU, smp.serverCPU = cpuSpent(cli0, cpuTimes(self)), cpuSpent(srv0, cpuTimes(procs))
 	runtime.ReadMemStats(&m1)
 	smp.mallocs = m1.Mallocs - m0.Mallocs
 	smp.bytes = m1.TotalAlloc - m0.TotalAlloc
