@@ -50,7 +50,7 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock", store: "postgres",
-		note:    "sqldb.NewPostgres, defaults: one upsert per attempt, one delete per release (pg_notify to waiters), LISTEN for wake-up; no auto-renew except in the scale workload",
+		note:    "sqldb.NewPostgres, defaults: one upsert per attempt, one delete per release (a second one, with pg_notify, when a contender waited), LISTEN for wake-up; no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: an UPDATE per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openPGDistlock(ctx, s, o)

@@ -27,12 +27,13 @@ var (
 // Postgres is a lock table in PostgreSQL, reached through a pgx pool. Make
 // one with [NewPostgres]. It is safe for concurrent use.
 type Postgres struct {
-	pool   *pgxpool.Pool
-	table  string // as the user wrote it; also the notification channel
-	ln     *listener
-	sqlAcq string
-	sqlRel string
-	sqlRef string
+	pool       *pgxpool.Pool
+	table      string // as the user wrote it; also the notification channel
+	ln         *listener
+	sqlAcq     string
+	sqlRelFast string
+	sqlRel     string
+	sqlRef     string
 }
 
 // NewPostgres returns a lock backend over pool, creating the lock table if
@@ -86,6 +87,12 @@ SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owne
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
 WHERE l.expires_at <= now() OR NOT l.waited
 RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`,
+		// The common release: our row, live, and no contender marked it
+		// waited. It returns no row and calls no function, which costs
+		// the server and the client markedly less than sqlRel (about 6%
+		// of an uncontended cycle, pinned): when it deletes nothing,
+		// sqlRel follows.
+		sqlRelFast: `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2 AND expires_at > now() AND NOT waited`,
 		// One statement: delete our row, live or expired (no stale rows
 		// left behind), tell whether it was still live, and, if a
 		// contender marked it waited, wake waiters when the transaction
@@ -219,9 +226,11 @@ func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error 
 	return err
 }
 
-// Release deletes l's row if l.Value still owns l.Key, in one statement
-// that also notifies waiters (pg_notify on the table's channel, payload the
-// key) if any contender tried to acquire it meanwhile. It returns
+// Release deletes l's row if l.Value still owns l.Key: in one statement
+// when the lock is live and no contender tried to acquire it meanwhile;
+// otherwise a second statement deletes the row, live or expired, and
+// notifies the waiters (pg_notify on the table's channel, payload the key)
+// if a contender tried. It returns
 // [backend.ErrNotHeld] when another owner holds the key, no row exists, or
 // our row had expired (the stale row is deleted all the same). A
 // serialization failure or deadlock reruns the statement, up to 5 times.
@@ -241,7 +250,14 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
 	err = retryConflicts(pgContention, func() error {
-		err := p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
+		tag, err := p.pool.Exec(ctx, p.sqlRelFast, l.Key, l.Value)
+		if err != nil || tag.RowsAffected() == 1 {
+			live = err == nil
+			return err
+		}
+		// Waited for, expired, or not ours: the full statement, which
+		// notifies the waiters or deletes our stale row.
+		err = p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
