@@ -191,7 +191,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		return err
 	}
 	s := r.s
-	s.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL}
+	s.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
 	var start time.Time
 	var err error
 	if d.waiter != nil {

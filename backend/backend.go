@@ -74,6 +74,13 @@ type Lease struct {
 	// is gone (session expired, lease revoked). The facade then closes the
 	// lock's Done channel.
 	Lost <-chan struct{}
+	// AutoRenew tells the store that the facade will keep the lock alive
+	// (distlock.WithAutoRenew) by calling Refresh every TTL/3 until the
+	// release. A store may then hold it in a cheaper way that lives as
+	// long as the process renews it (etcd: a lease shared by the locks of
+	// one TTL instead of one lease per lock).
+	AutoRenew bool
+
 	// Handle is backend-private state carried from acquire to release and
 	// refresh (an etcd lease ID, a znode path). The facade never reads it.
 	Handle any

@@ -10,8 +10,10 @@
 //
 // # How a lock is taken
 //
-// Each acquisition gets a lease whose TTL is the lock's, and creates, in one
-// transaction and only if absent, the key
+// Each acquisition gets a lease whose TTL is the lock's (under
+// distlock.WithAutoRenew, or with [WithSharedLease]: the Resource's shared
+// lease for that TTL, see Shared leases), and creates, in one transaction
+// and only if absent, the key
 //
 //	<prefix><encoded lock key>/<resource ID>-<slot>
 //
@@ -54,8 +56,9 @@
 // facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
 // years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
 // third longer than its locks) is refused before any I/O. Refresh (called
-// by the facade under distlock.WithAutoRenew) sends one lease keep-alive
-// and reads our key: backend.ErrNotHeld when either is gone.
+// by the facade under distlock.WithAutoRenew) reads our key, after a keep-
+// alive of the lease when its life might fall short of the TTL:
+// backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //
@@ -86,7 +89,9 @@
 // # Shared leases
 //
 // [WithSharedLease] makes locks share one lease per TTL, kept alive by the
-// Resource, like one concurrency.Session: an uncontended acquire is then one
+// Resource, like one concurrency.Session (locks that distlock renews,
+// distlock.WithAutoRenew, always do, option or not: they live while the
+// process renews them either way): an uncontended acquire is then one
 // transaction and a release one delete, as with concurrency.Mutex, instead
 // of a grant and a transaction, then a compare-and-delete and a revoke
 // (about 2.5 times faster, measured by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the

@@ -100,7 +100,9 @@ func WithPrefix(prefix string) Option {
 // cost one round trip each instead of two each. A lock's TTL is then
 // kept by a timer in the process, and a lock whose process died stays in
 // etcd up to a third of its TTL (at least a second) longer. See the package
-// documentation. Off by default.
+// documentation. Off by default, except for locks that distlock renews
+// (distlock.WithAutoRenew): they live while the process renews them either
+// way, and take the shared lease without this option.
 //
 // [concurrency.Session]: https://pkg.go.dev/go.etcd.io/etcd/client/v3/concurrency#Session
 func WithSharedLease() Option {
@@ -233,7 +235,7 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if r.shared {
+	if r.shared || l.AutoRenew {
 		return r.acquireShared(ctx, l, deadline, false)
 	}
 	return r.acquireOwn(ctx, l, deadline)

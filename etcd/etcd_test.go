@@ -643,3 +643,47 @@ func TestReleaseAfterKeyDeleted(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoRenewTakesSharedLease: locks the facade renews
+// (backend.Lease.AutoRenew) share the Resource's lease for their TTL, as
+// with WithSharedLease; others get a lease each.
+func TestAutoRenewTakesSharedLease(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	r := newResource(t, endpoints)
+	before := leases(t, admin)
+	var renewed []*backend.Lease
+	for i := range 2 {
+		l := lease(fmt.Sprintf("%s-%d", uniqueKey(t), i), 5*time.Second)
+		l.AutoRenew = true
+		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if l.Lost == nil {
+			t.Errorf("lock %d on the shared lease has no Lost channel", i)
+		}
+		renewed = append(renewed, l)
+	}
+	shared := leases(t, admin)
+	if got := len(shared) - len(before); got != 1 {
+		t.Fatalf("two renewed locks made %d leases; want 1 shared", got)
+	}
+	own := lease(uniqueKey(t), 5*time.Second)
+	if err := r.Acquire(t.Context(), own, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(leases(t, admin)) - len(shared); got != 1 {
+		t.Errorf("a lock not renewed made %d leases; want its own 1", got)
+	}
+	for _, l := range append(renewed, own) {
+		if err := r.Refresh(t.Context(), l); err != nil {
+			t.Errorf("Refresh %q: %v", l.Key, err)
+		}
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Errorf("Release %q: %v", l.Key, err)
+		}
+	}
+	if got := len(leases(t, admin)); got != len(shared) {
+		t.Errorf("after the releases %d leases; want the shared one left (%d)", got, len(shared))
+	}
+}
