@@ -24,19 +24,19 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock", store: "etcd",
-		note:    "etcd.New, WithAutoRenew: a lease per lock (grant, create-if-absent txn, revoke on release)",
-		renewal: "a keep-alive per lock every TTL/3",
+		note:    "etcd.New, WithAutoRenew: locks the facade renews share the resource's lease for their TTL (one create-if-absent txn to acquire, one delete to release), as a Session",
+		renewal: "one shared lease kept alive, plus a refresh per lock every TTL/3 (a read of its key)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openEtcdDistlock(s, o)
+			return openEtcdDistlock(s, o, true)
 		},
 		counters: etcdCounters,
 	})
 	register(&peer{
-		name: "distlock-shared", store: "etcd",
-		note:    "etcd.New with WithSharedLease, WithAutoRenew: one lease per TTL kept alive by the resource, as a Session",
-		renewal: "one shared lease kept alive, plus the refresh per lock every TTL/3 (WithAutoRenew)",
+		name: "distlock-ttl", store: "etcd",
+		note:    "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
+		renewal: "none: a lock lives its TTL",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openEtcdDistlock(s, o, etcd.WithSharedLease())
+			return openEtcdDistlock(s, o, false)
 		},
 		counters: etcdCounters,
 	})
@@ -71,17 +71,17 @@ func (p etcdProbe) waiting(ctx context.Context, key string, _ int64) bool {
 	return err == nil && n >= 2
 }
 
-func openEtcdDistlock(s *servers, o openOpts, opts ...etcd.Option) (instance, error) {
+func openEtcdDistlock(s *servers, o openOpts, autoRenew bool) (instance, error) {
 	c, err := newEtcdClient(s)
 	if err != nil {
 		return nil, err
 	}
-	res := etcd.New(c, opts...)
+	res := etcd.New(c)
 	p := etcdProbe{count: func(ctx context.Context, key string) (int, error) {
 		keys, err := res.Leftovers(ctx, key)
 		return len(keys), err
 	}}
-	o.autoRenew = true
+	o.autoRenew = autoRenew
 	return newDLInstance(res, o, p, []distlock.Option{}, c.Close)
 }
 
