@@ -56,9 +56,10 @@
 // facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
 // years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
 // third longer than its locks) is refused before any I/O. Refresh (called
-// by the facade under distlock.WithAutoRenew) reads our key, after a keep-
-// alive of the lease when its life might fall short of the TTL:
-// backend.ErrNotHeld when either is gone.
+// by the facade under distlock.WithAutoRenew, so on the shared lease) reads
+// our key, after a keep-alive of the lease when its life might fall short
+// of the TTL; on a lease of its own it sends one keep-alive and reads our
+// key: backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //
