@@ -144,7 +144,9 @@ type Notifier interface {
 	// full is dropped). Notices are hints: a lost one costs only latency,
 	// because the spin loop keeps sleeping in between. cancel ends the
 	// subscription and must be called exactly once. ch is nil when the store
-	// cannot subscribe now.
+	// cannot subscribe now. Subscribe and cancel must not block (no I/O:
+	// the facade calls them under a lock shared by all keys); a store
+	// subscribes in the background.
 	Subscribe(key string) (ch <-chan struct{}, cancel func())
 }
 

@@ -54,17 +54,6 @@ func cpuSpent(before, after map[int]time.Duration) time.Duration {
 }
 
 // serverProcs returns the processes of a store's servers: the processes
-// s started and, since each runs in a process group of its own, the
-// processes they forked (PostgreSQL's backend per connection).
-func serverProcs(s *servers, store string) []int {
-	pids := s.pids(store)
-	seen := map[int]bool{}
-	var out []int
-	for _, p := range append(pids, groupMembers(pids)...) {
-		if p > 0 && !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
-	}
-	return out
-}
+// s started and the ones they forked (PostgreSQL's backend per
+// connection); see groupMembers.
+func serverProcs(s *servers, store string) []int { return groupMembers(s.pids(store)) }

@@ -103,9 +103,9 @@ func threadsOf(pid int) []int {
 	return tids
 }
 
-// groupMembers returns the processes whose process group is one of pgids
-// (each server runs in a group of its own, led by the process we started),
-// and their descendants: PostgreSQL's backends call setsid and so leave
+// groupMembers returns the processes of pgids, those whose process group
+// is one of pgids (each server runs in a group of its own, led by the
+// process we started), and their descendants: PostgreSQL's backends call setsid and so leave
 // their postmaster's group.
 func groupMembers(pgids []int) []int {
 	want := map[int]bool{}
@@ -142,8 +142,8 @@ func groupMembers(pgids []int) []int {
 		if ppid, err := strconv.Atoi(f[1]); err == nil {
 			children[ppid] = append(children[ppid], pid)
 		}
-		if g, err := strconv.Atoi(f[2]); err == nil && want[g] {
-			in[pid] = true
+		if g, err := strconv.Atoi(f[2]); err == nil && want[g] || want[pid] {
+			in[pid] = true // a member, or one of pgids that leads no group
 		}
 	}
 	var out []int

@@ -59,7 +59,7 @@ type uncontendedSample struct {
 	bytes   uint64
 	c       counts
 	// CPU time used during the slice by this program (the client) and by
-	// the store's server processes: see cpuTime.
+	// the store's server processes: see cpuTimes.
 	clientCPU, serverCPU time.Duration
 }
 
@@ -75,7 +75,7 @@ type cycleResult struct {
 	bytes   uint64
 	c       counts
 	// CPU time used during the slice by this program (the client) and by
-	// the store's server processes: see cpuTime.
+	// the store's server processes: see cpuTimes.
 	clientCPU, serverCPU time.Duration
 }
 

@@ -15,7 +15,8 @@ import (
 // behind the others, so they take turns. A nil n gives nil.
 //
 // The subscription of n starts with the key's first subscriber and is
-// cancelled with its last.
+// cancelled with its last. n.Subscribe is called under a lock shared by
+// all keys, as the Notifier contract allows (it must not block).
 func Share(n backend.Notifier) backend.Notifier {
 	if n == nil {
 		return nil

@@ -18,7 +18,8 @@ type Policy struct {
 }
 
 // next returns the sleep before the next attempt: the policy's random draw
-// (times NoticeSpinFactor when subscribed to release notices), cut to the holder's remaining TTL when known and to the time left.
+// (times NoticeSpinFactor when subscribed to release notices), cut to the
+// holder's remaining TTL when known and to the time left.
 func (p Policy) next(holderTTL, left time.Duration, subscribed bool) time.Duration {
 	d := p.Min
 	if p.Random > 0 {
