@@ -28,6 +28,9 @@ func TestPostgres(t *testing.T) {
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
+	t.Run("TableSpellingsTokenOrder", func(t *testing.T) { testSpellingsTokenOrder(t, pg) })
+	t.Run("TableSpellingsNotify", func(t *testing.T) { testSpellingsNotify(t, pg) })
+	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

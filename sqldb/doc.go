@@ -88,11 +88,15 @@
 //
 //   - PostgreSQL draws from the table's sequence (table_token_seq) while
 //     holding a transaction-scoped advisory lock on the key
-//     (pg_advisory_xact_lock(int4, int4): a per-table class and
+//     (pg_advisory_xact_lock(int4, int4): the table's oid and
 //     hashtext(key)), released when the statement commits. Acquires of one
 //     key queue on it for the length of one statement; releases and
 //     refreshes do not take it. A hash collision only makes two keys'
-//     acquires queue for each other.
+//     acquires queue for each other. The lock is keyed by the table's oid,
+//     not its name, so processes that spell the table differently ("t",
+//     "public.t", "t" under another search_path) still queue on one lock:
+//     [NewPostgres] resolves the name once and uses the table it found,
+//     schema-qualified, from then on.
 //   - MySQL bumps the counter row (the empty key), whose row lock every
 //     acquire holds until it commits, so acquires on one MySQL table are
 //     serialized for the length of one statement.
@@ -129,10 +133,10 @@
 // # Wake-up
 //
 // [Postgres] implements backend.Notifier: while this process has waiters
-// it keeps one dedicated connection, opened from the pool's connection
-// config outside the pool, that LISTENs on a channel named like the table;
-// Release notifies with the key as payload when a contender tried the key
-// while it was held. The connection closes about a second after the last
+// it keeps one dedicated connection that LISTENs on the table's channel,
+// distlock_ followed by the table's oid (one channel however the table is
+// spelled); Release notifies with the key as payload when a contender
+// tried the key while it was held. The connection closes about a second after the last
 // waiter leaves, and on [Postgres.Close]. It is made with
 // pgx.ConnectConfig, so pgxpool hooks (BeforeConnect, AfterConnect) do not
 // run for it; behind a transaction-pooling proxy such as PgBouncer it

@@ -168,7 +168,12 @@ func (f *pgFixture) fixture() fixture {
 			if err != nil {
 				t.Fatal(err)
 			}
-			class := lockClass(DefaultTable)
+			var oid uint32
+			if err := f.admin.QueryRow(ctx, `SELECT to_regclass($1)::oid`, DefaultTable).Scan(&oid); err != nil {
+				c.Release()
+				t.Fatalf("the table's oid: %v", err)
+			}
+			class := int32(oid)
 			if _, err := c.Exec(ctx, `SELECT pg_advisory_lock($1::int4, hashtext($2::text))`, class, key); err != nil {
 				c.Release()
 				t.Fatalf("pg_advisory_lock: %v", err)
