@@ -31,6 +31,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("TableSpellingsTokenOrder", func(t *testing.T) { testSpellingsTokenOrder(t, pg) })
 	t.Run("TableSpellingsNotify", func(t *testing.T) { testSpellingsNotify(t, pg) })
 	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
+	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

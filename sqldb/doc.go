@@ -136,11 +136,13 @@
 // it keeps one dedicated connection that LISTENs on the table's channel,
 // distlock_ followed by the table's oid (one channel however the table is
 // spelled); Release notifies with the key as payload when a contender
-// tried the key while it was held. The connection closes about a second after the last
-// waiter leaves, and on [Postgres.Close]. It is made with
-// pgx.ConnectConfig, so pgxpool hooks (BeforeConnect, AfterConnect) do not
-// run for it; behind a transaction-pooling proxy such as PgBouncer it
-// hears nothing. Notices are hints; the spin loop stays the fallback.
+// tried the key while it was held. The connection is taken from the pool,
+// so the pool's hooks (BeforeConnect with dynamic credentials,
+// AfterConnect) ran for it, and then removed from it (it no longer counts
+// against MaxConns); it closes about a second after the last waiter
+// leaves, and on [Postgres.Close]. Behind a transaction-pooling proxy such
+// as PgBouncer it hears nothing. Notices are hints; the spin loop stays
+// the fallback.
 // [MySQL] has no notifications and spins.
 //
 // # Running against an existing database

@@ -3,9 +3,12 @@ package sqldb
 import (
 	"context"
 	"fmt"
+	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock/backend"
@@ -257,5 +260,114 @@ func testSpellingsConcurrency(t *testing.T, pg *pgFixture) {
 				return sp.a.resource(t, pg)
 			})
 		})
+	}
+}
+
+// requirePassword makes the server ask role for its password (SCRAM) on
+// TCP from 127.0.0.1, by a line put in front of pg_hba.conf, until t ends.
+// The test servers trust every connection; a password is checked only
+// where pg_hba.conf says so. It needs the server's hba file to be
+// writable here (a server internal/testserver started is).
+func requirePassword(t *testing.T, pg *pgFixture, role string) {
+	var hba string
+	if err := pg.admin.QueryRow(t.Context(), `SHOW hba_file`).Scan(&hba); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(hba)
+	if err == nil {
+		err = os.WriteFile(hba, append([]byte("host all "+role+" 127.0.0.1/32 scram-sha-256\n"), orig...), 0o600)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("cannot require a password: the server's %s is not writable here: %v", hba, err)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	reload := func() {
+		if _, err := pg.admin.Exec(context.Background(), `SELECT pg_reload_conf()`); err != nil {
+			t.Errorf("pg_reload_conf: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(hba, orig, 0o600); err != nil {
+			t.Errorf("restore %s: %v", hba, err)
+		}
+		reload()
+	})
+	reload()
+	// The postmaster rereads the file when it gets to the signal.
+	cfg, err := pgx.ParseConfig(pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Password = role, ""
+	eventually(t, 10*time.Second, "the server asks "+role+" for a password", func() (bool, error) {
+		c, err := pgx.ConnectConfig(t.Context(), cfg)
+		if err == nil {
+			c.Close(context.Background())
+			return false, nil
+		}
+		return true, nil
+	})
+}
+
+// testListenDynamicCredentials builds a resource over a pool whose config
+// holds no password: its BeforeConnect hook supplies it, as pools with
+// short-lived credentials (IAM tokens, Vault) do. The LISTEN connection
+// must be made the way the pool makes its connections, or it never
+// connects and waiters are never woken.
+func testListenDynamicCredentials(t *testing.T, pg *pgFixture) {
+	role := fmt.Sprintf("dyn_%d", time.Now().UnixNano()%1e9)
+	const password = "s3cret"
+	pg.resource(t, pg.admin) // the table exists
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN PASSWORD '` + password + `'`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ` + DefaultTable + ` TO ` + role,
+		`GRANT USAGE ON SEQUENCE ` + DefaultTable + `_token_seq TO ` + role,
+	} {
+		if _, err := pg.admin.Exec(t.Context(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		pg.admin.Exec(ctx, `REVOKE ALL ON `+DefaultTable+` FROM `+role)
+		pg.admin.Exec(ctx, `REVOKE ALL ON SEQUENCE `+DefaultTable+`_token_seq FROM `+role)
+	})
+	requirePassword(t, pg, role)
+
+	var hooked atomic.Int32
+	pool := pg.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.User, c.ConnConfig.Password = role, ""
+		c.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			hooked.Add(1)
+			cc.Password = password
+			return nil
+		}
+	})
+	waiter := pg.resource(t, pool)
+	holder := pg.resource(t, pg.pool(t, nil))
+	key := testsuite.Key(t)
+	l := newLease(t, key, time.Minute)
+	mustAcquire(t, holder, l)
+	// Through the hooked pool: the pool itself connects.
+	if ok, _, err := waiter.TryAcquire(t.Context(), newLease(t, key, time.Minute)); ok || err != nil {
+		t.Fatalf("contended TryAcquire over the hooked pool = %v, %v; want false, nil", ok, err)
+	}
+	ch, cancel := waiter.Subscribe(key)
+	defer cancel()
+	select { // only a LISTEN that succeeded wakes everyone once
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the LISTEN connection did not come up (BeforeConnect ran %d times)", hooked.Load())
+	}
+	if err := holder.Release(t.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no release notice over the hooked pool's LISTEN connection")
 	}
 }

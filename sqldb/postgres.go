@@ -113,7 +113,7 @@ RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::tex
 	p.sqlRef = `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`
-	p.ln = newListener(pool.Config().ConnConfig, p.channel)
+	p.ln = newListener(pool, p.channel)
 	return p, nil
 }
 
@@ -310,10 +310,12 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 	return nil
 }
 
-// Subscribe asks for release notices of key. The first subscription opens
-// one dedicated connection (from the pool's connection config, not from the
-// pool) that LISTENs on the table's channel; it is closed again shortly
-// after the last subscription is cancelled. Notices are hints; the spin
+// Subscribe asks for release notices of key. The first subscription takes
+// one connection from the pool for good (the pool's hooks, BeforeConnect
+// and AfterConnect among them, ran for it as for any other; once taken it
+// no longer counts against MaxConns) and LISTENs on the table's channel
+// with it; it is closed again shortly after the last subscription is
+// cancelled. Notices are hints; the spin
 // loop stays the fallback. ch is nil after [Postgres.Close].
 func (p *Postgres) Subscribe(key string) (ch <-chan struct{}, cancel func()) {
 	return p.ln.subscribe(key)
