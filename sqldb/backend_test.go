@@ -45,6 +45,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, myNewRes(my)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
 	t.Run("CounterRowDeleted", func(t *testing.T) { testCounterRowDeleted(t, my) })
+	t.Run("KeysDoNotSerialize", func(t *testing.T) { testKeysDoNotSerialize(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {

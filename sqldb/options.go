@@ -96,7 +96,8 @@ const (
 )
 
 // validateKey checks key against the lock_key column: non-empty (the empty
-// key is reserved, on MySQL it names the fencing counter row), at most
+// key is reserved: before the counter rows of one bucket each, MySQL
+// tables had one with the empty key), at most
 // MaxKeyLen in the column's unit and, for a text column, valid UTF-8
 // without NUL bytes. It does no I/O.
 func validateKey(key string, unit keyUnit) error {
