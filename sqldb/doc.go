@@ -98,7 +98,10 @@
 //     not its name, so processes that spell the table differently ("t",
 //     "public.t", "t" under another search_path) still queue on one lock:
 //     [NewPostgres] resolves the name once and uses the table it found,
-//     schema-qualified, from then on.
+//     schema-qualified, from then on. (Older versions keyed the lock, and
+//     named the channel, by the name as written: upgrade every process
+//     using a table at once, or the old and new ones neither order their
+//     draws against each other nor hear each other's release notices.)
 //   - MySQL bumps the key's counter row, one of 1024 (the bucket is
 //     crc32(key) mod 1024, for ever: a key must always draw from the same
 //     counter), whose row lock the acquire holds until it commits. Acquires
