@@ -1,23 +1,61 @@
 # make test is the test command: what the README names and .ci/run calls.
 # It installs the servers the tests start (scripts/install-test-deps.sh),
-# then vets and runs every test with the race detector. Steps run in this
-# order even under make -j.
+# checks that nothing a build makes is tracked and that every go.mod is
+# tidy, then vets and runs every test of every module with the race
+# detector, and checks what an application using one store gets in its
+# build list. Steps run in this order even under make -j.
+#
+# The repository is several modules tied by go.work (see "Modules" in the
+# README). ./... in the root does not reach the nested modules, so the
+# commands name every module's directory: one go command over all of them
+# keeps the packages running in parallel and fails if any module fails.
 
 GO ?= go
 
-.PHONY: test deps vet fuzz soak bench-check
+# Every module of the workspace as a package pattern: /path/to/module/...
+MODULES = $(shell $(GO) list -m -f '{{.Dir}}/...')
+
+.PHONY: test deps check-tracked tidy tidy-check vet deps-table deps-check fuzz soak bench-check
 
 test:
 	./scripts/install-test-deps.sh
-	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	./scripts/check-tracked.sh
+	./scripts/tidy.sh -check
+	$(GO) vet $(MODULES)
+	$(GO) vet scripts/deps.go
+	$(GO) test -race -count=1 $(MODULES)
+	$(GO) run scripts/deps.go -check
 	$(MAKE) bench-check
 
 deps:
 	./scripts/install-test-deps.sh
 
+check-tracked:
+	./scripts/check-tracked.sh
+
+# tidy runs go mod tidy in every module, against the local copies of the
+# others; tidy-check fails if that would change anything, or if the root
+# module requires anything.
+tidy:
+	./scripts/tidy.sh
+
+tidy-check:
+	./scripts/tidy.sh -check
+
 vet:
-	$(GO) vet ./...
+	$(GO) vet $(MODULES)
+	$(GO) vet scripts/deps.go
+
+# deps-table prints, for an application that imports the facade and one
+# store, the modules in its build list and the lines of its go.sum, as if
+# the modules were published as they are here (the README's table).
+# deps-check fails when the Redis store's exceed 20 modules or 45 lines,
+# or when the root module brings any module at all.
+deps-table:
+	$(GO) run scripts/deps.go -v
+
+deps-check:
+	$(GO) run scripts/deps.go -check
 
 # fuzz runs each fuzz target for FUZZTIME (make test runs only their seed
 # corpora). One target per go test call: that is all -fuzz takes.
@@ -42,9 +80,9 @@ soak:
 	DISTLOCK_SAFETY_REPORT=$(CURDIR)/safety-soak.md \
 		$(GO) test -race -count=1 -timeout 120m -v ./safety/
 
-# bench/ is its own module (the peers it measures never enter the
-# library's dependencies), so ./... above does not reach it: vet and build
-# it here, and test its pure parts (no server). Running it is
-# `cd bench && go run .` (see bench/RESULTS.md).
+# bench-check links the programs no test runs: the bench (running it is
+# `cd bench && go run .`, see bench/RESULTS.md), the examples, and
+# testserver's helpers (cmd/container takes the Docker path only). make
+# test has vetted and tested their packages already.
 bench-check:
-	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null . && $(GO) test -race -count=1 ./...
+	$(GO) build -o /dev/null ./bench ./examples/... ./internal/testserver/cmd/...

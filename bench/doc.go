@@ -21,8 +21,7 @@
 // handoff (release to a blocked waiter's acquire), scale (10,000 locks held
 // at once; 1,000 goroutines on one key).
 //
-// This is a module of its own (bench/go.mod, with a replace of the library
-// to ../), so the peers never enter the library's dependencies. Tidy it
-// with `go mod tidy -e`: redsync's own tests import a rueidis version the
-// module proxy no longer serves, which plain tidy cannot resolve.
+// This is a module of its own (bench/go.mod), tied to the library's
+// modules by the repository's go.work, so the peers never enter the
+// library's dependencies. scripts/tidy.sh tidies it with the others.
 package main

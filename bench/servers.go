@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // testserver.Postgres speaks database/sql
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/distlock/internal/testserver"
@@ -73,8 +74,8 @@ func (s *servers) redisAddrs(n int) ([]string, error) {
 }
 
 // etcdEndpoints starts a one-member etcd in a process of its own
-// (testserver.EtcdCluster re-executes this binary), so that its CPU and
-// allocations are not counted as the client's, as for the other stores.
+// (testserver's etcdmember helper), so that its CPU and allocations are
+// not counted as the client's, as for the other stores.
 func (s *servers) etcdEndpoints() ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -8,7 +8,6 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/hotspot"
-	"github.com/distlock/distlock/metrics"
 )
 
 // BenchmarkContended locks one key from GOMAXPROCS*4 goroutines on the
@@ -18,7 +17,7 @@ func BenchmarkContended(b *testing.B) {
 	for _, hot := range []bool{false, true} {
 		b.Run(fmt.Sprintf("hotspot=%v", hot), func(b *testing.B) {
 			key := "bench"
-			met := metrics.New()
+			met := newCounter()
 			hs := []distlock.Handler{met}
 			if hot {
 				hs = append(hs, hotspot.New(key))

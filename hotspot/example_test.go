@@ -9,7 +9,6 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/hotspot"
-	"github.com/distlock/distlock/metrics"
 )
 
 // Eight goroutines lock one hot key 5 times each. The local lock lets one
@@ -17,7 +16,7 @@ import (
 // released: every remote attempt succeeds.
 func Example() {
 	ctx := context.Background()
-	met := metrics.New()
+	met := newCounter()
 	hot := hotspot.New("inventory:sku-1")
 	d, err := distlock.New(memory.New(), distlock.WithHandlers(met, hot))
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/hotspot"
-	"github.com/distlock/distlock/metrics"
 )
 
 // newLock returns a DistributeLock over store with handlers, closed at the
@@ -85,7 +84,7 @@ func TestHotspotCutsRemoteAttempts(t *testing.T) {
 	key := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 	hot := hotspot.New(key + "-hot")
 
-	metHot, metCold := metrics.New(), metrics.New()
+	metHot, metCold := newCounter(), newCounter()
 	dHot := newLock(t, store, metHot, hot)
 	dCold := newLock(t, store, metCold, hot)
 
@@ -115,7 +114,7 @@ func TestHotspotSeveralProcesses(t *testing.T) {
 	const instances, goroutines, n = 3, 4, 10
 	store := memory.New()
 	key := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
-	met := metrics.New()
+	met := newCounter()
 	var wg sync.WaitGroup
 	var total atomic.Int64
 	var counter atomic.Int64
@@ -157,7 +156,7 @@ func TestHotspotSeveralProcesses(t *testing.T) {
 func TestHotspotLocalWaitHonoursBudget(t *testing.T) {
 	store := memory.New()
 	key := t.Name()
-	met := metrics.New()
+	met := newCounter()
 	d := newLock(t, store, met, hotspot.New(key))
 
 	lk, err := d.TryLock(t.Context(), key, 0)
@@ -282,7 +281,7 @@ func TestHotspotReleasesLocalAfterRemote(t *testing.T) {
 	store := memory.New()
 	key := t.Name()
 	p := &probe{}
-	met := metrics.New()
+	met := newCounter()
 	d := newLock(t, store, met, hotspot.New(key), p)
 
 	var during error
@@ -322,7 +321,7 @@ func TestHotspotUnregisterWhileHeld(t *testing.T) {
 	store := memory.New()
 	key := t.Name()
 	hot := hotspot.New(key)
-	met := metrics.New()
+	met := newCounter()
 	d := newLock(t, store, met, hot)
 
 	lk, err := d.TryLock(t.Context(), key, 0)
@@ -405,7 +404,7 @@ func (f *failRelease) Release(ctx context.Context, l *backend.Lease) error {
 func TestHotspotReleaseErrorFreesLocalLock(t *testing.T) {
 	f := &failRelease{Store: memory.New()}
 	key := t.Name()
-	met := metrics.New()
+	met := newCounter()
 	d := newLock(t, f, met, hotspot.New(key))
 	lk, err := d.TryLock(t.Context(), key, 0)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/hotspot"
-	"github.com/distlock/distlock/metrics"
 )
 
 // seed runs instances x workers x n acquisitions of key, each instance a
@@ -17,7 +16,7 @@ import (
 // and returns remote attempts per success.
 func seed(t *testing.T, store *memory.Store, key string, instances, workers, n int, opts ...hotspot.Option) float64 {
 	t.Helper()
-	met := metrics.New()
+	met := newCounter()
 	var wg sync.WaitGroup
 	for range instances {
 		h, err := hotspot.NewWithOptions(append(opts, hotspot.WithKeys(key))...)
@@ -77,7 +76,7 @@ func TestYieldFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	met := metrics.New()
+	met := newCounter()
 	c := &faulty{Store: store} // counts calls; never fails
 	c.failAt.Store(-1)
 	d := newLock(t, c, met, h)

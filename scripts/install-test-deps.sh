@@ -2,8 +2,8 @@
 # install-test-deps.sh installs what the tests need and is not a Go module:
 # the servers internal/testserver starts (Redis, ZooKeeper, PostgreSQL,
 # MariaDB), the network tools fault-injection tests use, and what the race
-# detector and make need. It then downloads the Go modules, so the test run
-# itself needs no network.
+# detector and make need. It then downloads the Go modules of every module
+# in go.work, so the tests themselves need no network.
 #
 # Idempotent: it installs only what is missing, runs apt-get update only
 # then, and says what it did. It uses sudo only when not root. On a system
@@ -92,9 +92,28 @@ fi
 command -v java >/dev/null 2>&1 || die "zookeeper is installed but java is not on PATH"
 
 command -v go >/dev/null 2>&1 || die "go is not on PATH: install Go (see go.mod for the version)"
-say "downloading Go modules"
-go mod download
-# bench/ is a module of its own (its peers stay out of the library's
-# dependencies); make test vets and builds it.
-(cd bench && go mod download)
+# The repository is several modules tied by go.work. Download, for every
+# one of them: the modules its go.mod requires (everything its packages and
+# tests import, tidy says so), then whatever building and testing them
+# together in the workspace selects (go list loads every package and test,
+# testserver's helper programs cmd/etcdmember and cmd/container included).
+# A bare go mod download in the workspace would fetch the whole module
+# graph, modules no package imports included.
+say "downloading Go modules (every module of go.work)"
+mapfile -t patterns < <(go list -m -f '{{.Dir}}/...')
+mapfile -t required < <(for d in $(go list -m -f '{{.Dir}}'); do
+	# "require ( path version ... )" blocks and one-line requires.
+	awk '/^require \(/ { r = 1; next } r && /^\)/ { r = 0; next } r { print $1 "@" $2 } /^require [^(]/ { print $2 "@" $3 }' "$d/go.mod" |
+		grep -v '^github.com/distlock/' || true # the root module requires nothing
+done | sort -u)
+if [ ${#required[@]} -gt 0 ]; then
+	go mod download "${required[@]}"
+fi
+go list -e -deps -test "${patterns[@]}" >/dev/null
+# make test also checks that every go.mod is tidy and measures a user's
+# build list; go mod tidy reads the go.mod files of the dependencies' own
+# tests. Run both once here so that they find all of it in the cache.
+say "warming the module cache for scripts/tidy.sh -check and scripts/deps.go"
+./scripts/tidy.sh -check >/dev/null 2>&1 || true
+go run scripts/deps.go -warm >/dev/null 2>&1 || true
 say "done"

@@ -3,6 +3,8 @@ package sqldb
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +30,10 @@ func TestPostgres(t *testing.T) {
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
+	t.Run("TableSpellingsTokenOrder", func(t *testing.T) { testSpellingsTokenOrder(t, pg) })
+	t.Run("TableSpellingsNotify", func(t *testing.T) { testSpellingsNotify(t, pg) })
+	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
+	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.
@@ -41,6 +47,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, myNewRes(my)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
 	t.Run("CounterRowDeleted", func(t *testing.T) { testCounterRowDeleted(t, my) })
+	t.Run("KeysDoNotSerialize", func(t *testing.T) { testKeysDoNotSerialize(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {
@@ -69,6 +76,7 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("ServerClockRules", func(t *testing.T) { testServerClock(t, f) })
 	t.Run("KilledHolderKeepsLockUntilTTL", func(t *testing.T) { testKilledHolder(t, f) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, f.newResource) })
+	t.Run("ConcurrencyManyKeys", func(t *testing.T) { testConcurrencyManyKeys(t, f.newResource) })
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
 	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
 }
@@ -381,52 +389,84 @@ func testKilledHolder(t *testing.T, f fixture) {
 // testConcurrency runs 3 instances x 4 goroutines on one key through
 // distlock.New: never two holders, tokens strictly increasing, no errors.
 func testConcurrency(t *testing.T, newResource func(t testing.TB) resource) {
-	const instances, workers, rounds = 3, 4, 10
-	key := testsuite.Key(t)
+	testConcurrencyKeys(t, newResource, []string{testsuite.Key(t)}, 10)
+}
+
+// testConcurrencyManyKeys runs the workload over six keys, in pairs that
+// draw their tokens from one MySQL counter row (see counterKey), each
+// goroutine picking a random key per round: per key never two holders and
+// tokens strictly increasing, whatever the other keys on its counter do.
+func testConcurrencyManyKeys(t *testing.T, newResource func(t testing.TB) resource) {
+	var keys []string
+	for range 3 {
+		k := testsuite.Key(t)
+		other := k
+		for i := 0; other == k || counterKey(other) != counterKey(k); i++ {
+			other = fmt.Sprintf("%s-%d", k, i)
+		}
+		keys = append(keys, k, other)
+	}
+	testConcurrencyKeys(t, newResource, keys, 20)
+}
+
+// testConcurrencyKeys runs 3 instances x 4 goroutines through
+// distlock.New, each taking rounds locks on keys picked at random: per key
+// never two holders, tokens strictly increasing, no errors.
+func testConcurrencyKeys(t *testing.T, newResource func(t testing.TB) resource, keys []string, rounds int) {
+	const instances, workers = 3, 4
+	type keyState struct {
+		inside  atomic.Int32
+		mu      sync.Mutex
+		lastTok uint64
+	}
+	state := make(map[string]*keyState)
+	for _, k := range keys {
+		state[k] = &keyState{}
+	}
 	var (
-		inside   atomic.Int32
-		mu       sync.Mutex
-		lastTok  uint64
 		acquired atomic.Int64
 		wg       sync.WaitGroup
 	)
-	for range instances {
+	for i := range instances {
 		d, err := distlock.New(newResource(t), distlock.WithSpin(2*time.Millisecond, 3*time.Millisecond))
 		if err != nil {
 			t.Fatalf("distlock.New: %v", err)
 		}
 		t.Cleanup(func() { d.Close() })
-		for range workers {
+		for w := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(w)))
 				for range rounds {
+					key := keys[rng.IntN(len(keys))]
+					st := state[key]
 					lk, err := d.TryLock(t.Context(), key, time.Minute)
 					if err != nil {
-						t.Errorf("TryLock: %v", err)
+						t.Errorf("TryLock(%q): %v", key, err)
 						return
 					}
-					if n := inside.Add(1); n != 1 {
-						t.Errorf("%d holders at once", n)
+					if n := st.inside.Add(1); n != 1 {
+						t.Errorf("%q: %d holders at once", key, n)
 					}
-					mu.Lock()
-					if lk.Token() <= lastTok {
-						t.Errorf("token %d <= previous holder's %d", lk.Token(), lastTok)
+					st.mu.Lock()
+					if lk.Token() <= st.lastTok {
+						t.Errorf("%q: token %d <= previous holder's %d", key, lk.Token(), st.lastTok)
 					}
-					lastTok = lk.Token()
-					mu.Unlock()
+					st.lastTok = lk.Token()
+					st.mu.Unlock()
 					time.Sleep(time.Millisecond) // a window a second holder would use
-					inside.Add(-1)
+					st.inside.Add(-1)
 					acquired.Add(1)
 					if err := lk.Unlock(context.Background()); err != nil {
-						t.Errorf("Unlock: %v", err)
+						t.Errorf("Unlock(%q): %v", key, err)
 					}
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	if got := acquired.Load(); got != instances*workers*rounds {
+	if got := acquired.Load(); got != int64(instances*workers*rounds) {
 		t.Errorf("acquired %d times; want %d", got, instances*workers*rounds)
 	}
 }

@@ -37,13 +37,15 @@
 //	  expires_at DATETIME(6) NOT NULL   -- UTC
 //	) ENGINE=InnoDB;
 //
-// plus one row with the empty key: the fencing counter (expires in year
-// 9999). Keys are compared byte for byte on both (collation "C",
-// VARBINARY), so "a" and "A" are different locks. A key holds at most
+// plus up to 1024 fencing counter rows (expiring in year 9999), made as
+// keys are first locked, whose keys are the bytes "\x00distlock:token:"
+// and a bucket number. Keys are compared byte for byte on both (collation
+// "C", VARBINARY), so "a" and "A" are different locks. A key holds at most
 // [MaxKeyLen] characters on PostgreSQL (and must be valid UTF-8 without
-// NUL) and [MaxKeyLen] bytes on MySQL; the empty key is never valid. The
-// facade rejects other keys with a clear error before any I/O
-// (ValidateKey). On MySQL the owner value is at most 255 bytes.
+// NUL) and [MaxKeyLen] bytes on MySQL, where keys starting like a counter's
+// are reserved; the empty key is never valid. The facade rejects other
+// keys with a clear error before any I/O (ValidateKey). On MySQL the owner
+// value is at most 255 bytes.
 //
 // # Statements and clock
 //
@@ -55,9 +57,9 @@
 //     .. RETURNING token; when the key is held, the first contender sets
 //     waited on the holder's row and gets the holder's remaining time back
 //     (later contenders change nothing). MySQL: a two-row
-//     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the counter
-//     into LAST_INSERT_ID() and whose second row takes the lock guarded by
-//     expiry; the outcome travels back in the OK packet's insert id, with
+//     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the key's
+//     counter into LAST_INSERT_ID() and whose second row takes the lock
+//     guarded by expiry; the outcome travels back in the OK packet's insert id, with
 //     the holder's remaining time when the lock is held.
 //   - Release deletes the row where key and owner match. An expired row of
 //     ours is deleted too, and Release then returns backend.ErrNotHeld (on
@@ -88,19 +90,37 @@
 //
 //   - PostgreSQL draws from the table's sequence (table_token_seq) while
 //     holding a transaction-scoped advisory lock on the key
-//     (pg_advisory_xact_lock(int4, int4): a per-table class and
+//     (pg_advisory_xact_lock(int4, int4): the table's oid and
 //     hashtext(key)), released when the statement commits. Acquires of one
 //     key queue on it for the length of one statement; releases and
 //     refreshes do not take it. A hash collision only makes two keys'
-//     acquires queue for each other.
-//   - MySQL bumps the counter row (the empty key), whose row lock every
-//     acquire holds until it commits, so acquires on one MySQL table are
-//     serialized for the length of one statement.
+//     acquires queue for each other. The lock is keyed by the table's oid,
+//     not its name, so processes that spell the table differently ("t",
+//     "public.t", "t" under another search_path) still queue on one lock:
+//     [NewPostgres] resolves the name once and uses the table it found,
+//     schema-qualified, from then on. (Older versions keyed the lock, and
+//     named the channel, by the name as written: upgrade every process
+//     using a table at once, or the old and new ones neither order their
+//     draws against each other nor hear each other's release notices.)
+//   - MySQL bumps the key's counter row, one of 1024 (the bucket is
+//     crc32(key) mod 1024, for ever: a key must always draw from the same
+//     counter), whose row lock the acquire holds until it commits. Acquires
+//     of one key, and of the keys that share its bucket, queue on it for
+//     the length of one statement; acquires of other keys do not wait for
+//     them (with a single counter row for the table, as before, every
+//     acquire waited for every other: BenchmarkMariaDBParallelKeys).
 //
-// Failed attempts consume numbers too: tokens have gaps. Should the MySQL
-// counter row be deleted, the next acquire recreates it at the server's
-// time in microseconds since 1970, which is above any realistic count, so
-// tokens keep increasing (unless the server's clock went back too).
+// Failed attempts consume numbers too: tokens have gaps. A MySQL counter
+// row starts, when the first acquire in its bucket makes it, at the
+// server's time in microseconds since 1970 (over 1.7e15), above
+// any realistic count of acquisitions: so should one be deleted, it comes
+// back above every token it gave, and tokens keep increasing (unless the
+// server's clock went back too). A table made by an older version keeps
+// its single counter row (the empty key), which this version ignores: its
+// tokens start above that counter's. Upgrade every process using a table
+// at once: an older process sharing the table draws from the old counter,
+// so its tokens fall below the new ones (fenced resources refuse its
+// writes) and its draws are not ordered with the new processes' draws.
 //
 // # Contention and errors
 //
@@ -129,14 +149,16 @@
 // # Wake-up
 //
 // [Postgres] implements backend.Notifier: while this process has waiters
-// it keeps one dedicated connection, opened from the pool's connection
-// config outside the pool, that LISTENs on a channel named like the table;
-// Release notifies with the key as payload when a contender tried the key
-// while it was held. The connection closes about a second after the last
-// waiter leaves, and on [Postgres.Close]. It is made with
-// pgx.ConnectConfig, so pgxpool hooks (BeforeConnect, AfterConnect) do not
-// run for it; behind a transaction-pooling proxy such as PgBouncer it
-// hears nothing. Notices are hints; the spin loop stays the fallback.
+// it keeps one dedicated connection that LISTENs on the table's channel,
+// distlock_ followed by the table's oid (one channel however the table is
+// spelled); Release notifies with the key as payload when a contender
+// tried the key while it was held. The connection is taken from the pool,
+// so the pool's hooks (BeforeConnect with dynamic credentials,
+// AfterConnect) ran for it, and then removed from it (it no longer counts
+// against MaxConns); it closes about a second after the last waiter
+// leaves, and on [Postgres.Close]. Behind a transaction-pooling proxy such
+// as PgBouncer it hears nothing. Notices are hints; the spin loop stays
+// the fallback.
 // [MySQL] has no notifications and spins.
 //
 // # Running against an existing database
@@ -158,6 +180,8 @@
 // one statement) — no dead end. Rows of keys that are never locked again
 // stay; remove them at leisure, which is safe at any time:
 //
-//	DELETE FROM distlock_locks WHERE expires_at < now();                              -- PostgreSQL
-//	DELETE FROM distlock_locks WHERE lock_key <> '' AND expires_at < UTC_TIMESTAMP(6); -- MySQL
+//	DELETE FROM distlock_locks WHERE expires_at < now();              -- PostgreSQL
+//	DELETE FROM distlock_locks WHERE expires_at < UTC_TIMESTAMP(6);   -- MySQL
+//
+// (The MySQL counter rows expire in year 9999: the statement keeps them.)
 package sqldb

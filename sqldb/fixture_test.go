@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,7 +169,12 @@ func (f *pgFixture) fixture() fixture {
 			if err != nil {
 				t.Fatal(err)
 			}
-			class := lockClass(DefaultTable)
+			var oid uint32
+			if err := f.admin.QueryRow(ctx, `SELECT to_regclass($1)::oid`, DefaultTable).Scan(&oid); err != nil {
+				c.Release()
+				t.Fatalf("the table's oid: %v", err)
+			}
+			class := int32(oid)
 			if _, err := c.Exec(ctx, `SELECT pg_advisory_lock($1::int4, hashtext($2::text))`, class, key); err != nil {
 				c.Release()
 				t.Fatalf("pg_advisory_lock: %v", err)
@@ -262,8 +268,8 @@ func (f *myFixture) fixture() fixture {
 			return out, rows.Err()
 		},
 		evict: func(ctx context.Context, key string) error {
-			if key == "" {
-				return fmt.Errorf("evict: refusing to delete the counter row")
+			if key == "" || strings.HasPrefix(key, counterPrefix) {
+				return fmt.Errorf("evict: refusing to delete a counter row")
 			}
 			_, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks WHERE lock_key = ?", key)
 			return err
@@ -304,14 +310,20 @@ func (f *myFixture) fixture() fixture {
 			return r
 		},
 		stall: func(t testing.TB, key string) (func() (bool, error), func()) {
-			// Every acquire on the table bumps the counter row: lock it.
+			// Every acquire of key first bumps key's counter row: make
+			// it (as the first acquire in its bucket would) and lock it.
 			ctx := context.Background()
+			if _, err := f.admin.ExecContext(ctx, `INSERT INTO distlock_locks (lock_key, owner, token, expires_at)
+VALUES (?, '', TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)), '9999-12-31 23:59:59')
+ON DUPLICATE KEY UPDATE token = token`, counterKey(key)); err != nil {
+				t.Fatalf("make the counter row: %v", err)
+			}
 			tx, err := f.admin.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var tok uint64
-			if err := tx.QueryRowContext(ctx, "SELECT token FROM distlock_locks WHERE lock_key = '' FOR UPDATE").Scan(&tok); err != nil {
+			if err := tx.QueryRowContext(ctx, "SELECT token FROM distlock_locks WHERE lock_key = ? FOR UPDATE", counterKey(key)).Scan(&tok); err != nil {
 				tx.Rollback()
 				t.Fatalf("lock the counter row: %v", err)
 			}

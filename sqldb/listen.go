@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // listenIdle is how long the LISTEN connection stays open after the last
@@ -16,8 +17,14 @@ const listenIdle = time.Second
 // listener owns one dedicated LISTEN connection per [Postgres], open only
 // while the process has subscribers (plus listenIdle), and fans the
 // channel's notifications out to the subscribers of the key in the payload.
+// The connection is taken from the pool and then removed from it
+// (hijacked), so it is made exactly as the pool makes its connections:
+// BeforeConnect (dynamic credentials), AfterConnect and the rest run for
+// it. It then no longer counts against the pool's MaxConns, and it is
+// closed, never returned: a connection that LISTENs would hand
+// notifications to whoever got it next.
 type listener struct {
-	cfg     *pgx.ConnConfig
+	pool    *pgxpool.Pool
 	channel string
 	idle    time.Duration
 
@@ -32,9 +39,9 @@ type listener struct {
 	conns   int // successful LISTENs so far (tests)
 }
 
-func newListener(cfg *pgx.ConnConfig, channel string) *listener {
+func newListener(pool *pgxpool.Pool, channel string) *listener {
 	return &listener{
-		cfg:     cfg,
+		pool:    pool,
 		channel: channel,
 		idle:    listenIdle,
 		subs:    make(map[string]map[*chan struct{}]struct{}),
@@ -142,13 +149,15 @@ func (ln *listener) run(ctx context.Context) {
 	}
 }
 
-// listen connects, LISTENs and delivers notifications until the connection
-// fails or ctx ends. It reports whether it got as far as LISTEN.
+// listen takes a connection from the pool, LISTENs and delivers
+// notifications until the connection fails or ctx ends. It reports whether
+// it got as far as LISTEN.
 func (ln *listener) listen(ctx context.Context) bool {
-	conn, err := pgx.ConnectConfig(ctx, ln.cfg)
+	pc, err := ln.pool.Acquire(ctx)
 	if err != nil {
 		return false
 	}
+	conn := pc.Hijack()
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()

@@ -3,8 +3,11 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +27,24 @@ var (
 // LAST_INSERT_ID() when a live owner holds the key; the low bits are then
 // the holder's remaining microseconds. Tokens never reach 2^63.
 const contendedBit = 1 << 63
+
+// Fencing counters. Each key draws its tokens from one of tokenBuckets
+// counter rows in the lock table, keyed counterPrefix + the bucket number
+// in decimal; the bucket is crc32 (IEEE) of the key modulo tokenBuckets.
+// One counter per key would keep a row per key ever locked; one for the
+// table made every acquire wait for every other's commit. Both the prefix
+// and the bucket function are part of the table's format: a key must map
+// to the same counter in every process, always, or its tokens could go
+// backwards.
+const (
+	counterPrefix = "\x00distlock:token:"
+	tokenBuckets  = 1024
+)
+
+// counterKey returns the lock_key of the counter row key draws from.
+func counterKey(key string) string {
+	return counterPrefix + strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(key))%tokenBuckets), 10)
+}
 
 // MySQL is a lock table in MySQL or MariaDB, reached through database/sql
 // with github.com/go-sql-driver/mysql. Make one with [NewMySQL]. It is
@@ -64,29 +85,35 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 		st, err = db.PrepareContext(ctx, query)
 		return st
 	}
-	// One statement, two rows, in this order. Row 1 is the fencing counter
-	// (key ''): it exists, so it takes the UPDATE branch, bumps the counter
-	// and leaves it in LAST_INSERT_ID(). Should someone delete it, it comes
-	// back at the server's time in microseconds since 1970, above any count
-	// of acquisitions so far, so tokens still increase. Row 2 is the
-	// lock: a new row takes the counter value; an existing row whose lease
-	// ran out by the server's clock is taken over with it; a live row is
-	// left alone and LAST_INSERT_ID() is set to contendedBit | the holder's
-	// remaining microseconds instead. The SET list is evaluated left to
-	// right, so expires_at is assigned last and the conditions before it
-	// read the old value. UTC_TIMESTAMP(6) is fixed for the statement and
-	// independent of the session's time zone. The client reads the outcome
-	// from the OK packet's insert id: no second round trip.
+	// One statement, two rows, in this order. Row 1 is the key's fencing
+	// counter (see counterKey): when it exists it takes the UPDATE branch,
+	// bumps the counter and leaves it in LAST_INSERT_ID(); when it does not
+	// (the bucket's first acquire, or someone deleted it) it is created at
+	// the server's time in microseconds since 1970, above any count of
+	// acquisitions so far, so tokens still increase. Its row lock, held
+	// until the statement commits, orders the token draws of the keys in
+	// its bucket by commit; keys of other buckets do not wait for it. Row 2
+	// is the lock: a new row takes the counter value; an existing row
+	// whose lease ran out by the server's clock is taken over with it; a
+	// live row is left alone and LAST_INSERT_ID() is set to contendedBit |
+	// the holder's remaining microseconds instead. A row is a counter iff
+	// its key starts with counterPrefix (ValidateKey refuses such keys).
+	// The SET list is evaluated left to right, so expires_at is assigned
+	// last and the conditions before it read the old value.
+	// UTC_TIMESTAMP(6) is fixed for the statement and independent of the
+	// session's time zone. The client reads the outcome from the OK
+	// packet's insert id: no second round trip.
+	isCounter := `LEFT(lock_key, ` + strconv.Itoa(len(counterPrefix)) + `) = X'` + hex.EncodeToString([]byte(counterPrefix)) + `'`
 	m.acq = prep(`INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
-  ('', '', LAST_INSERT_ID(UNIX_TIMESTAMP() * 1000000), '9999-12-31 23:59:59'),
+  (?, '', LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))), '9999-12-31 23:59:59'),
   (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
-  owner = IF(lock_key = '' OR expires_at > UTC_TIMESTAMP(6), owner, ?),
-  token = IF(lock_key = '', LAST_INSERT_ID(token + 1),
+  owner = IF(` + isCounter + ` OR expires_at > UTC_TIMESTAMP(6), owner, ?),
+  token = IF(` + isCounter + `, LAST_INSERT_ID(token + 1),
           IF(expires_at > UTC_TIMESTAMP(6),
              token + 0 * LAST_INSERT_ID(9223372036854775808 | TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)),
              LAST_INSERT_ID())),
-  expires_at = IF(lock_key = '' OR expires_at > UTC_TIMESTAMP(6), expires_at,
+  expires_at = IF(` + isCounter + ` OR expires_at > UTC_TIMESTAMP(6), expires_at,
                   UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`)
 	m.rel = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
 	m.relAny = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ?`)
@@ -125,12 +152,9 @@ func (m *MySQL) createTable(ctx context.Context, q string) error {
 	default:
 		return fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)
 	}
-	// The fencing counter row. Never expires; never deleted by us.
-	_, err = m.db.ExecContext(ctx, `INSERT INTO `+q+` (lock_key, owner, token, expires_at)
-VALUES ('', '', 0, '9999-12-31 23:59:59') ON DUPLICATE KEY UPDATE token = token`)
-	if err != nil {
-		return fmt.Errorf("sqldb: mysql: create counter row in %s: %w", m.table, err)
-	}
+	// The fencing counter rows come with the first acquire of a key in
+	// their bucket. (Tables made before them hold one counter row, key '',
+	// that this version neither reads nor deletes.)
 	return nil
 }
 
@@ -138,10 +162,19 @@ VALUES ('', '', 0, '9999-12-31 23:59:59') ON DUPLICATE KEY UPDATE token = token`
 // [DefaultTable]).
 func (m *MySQL) Table() string { return m.table }
 
-// ValidateKey reports whether key fits the lock_key column: non-empty (the
-// empty key names the counter row) and at most [MaxKeyLen] bytes. It does
+// ValidateKey reports whether key fits the lock_key column: non-empty, at
+// most [MaxKeyLen] bytes, and not starting with the bytes
+// "\x00distlock:token:" (such keys name the fencing counter rows). It does
 // no I/O.
-func (m *MySQL) ValidateKey(key string) error { return validateKey(key, unitBytes) }
+func (m *MySQL) ValidateKey(key string) error {
+	if err := validateKey(key, unitBytes); err != nil {
+		return err
+	}
+	if strings.HasPrefix(key, counterPrefix) {
+		return fmt.Errorf("sqldb: key %s is reserved: keys starting with %q name the fencing counters", shortQuote(key), counterPrefix)
+	}
+	return nil
+}
 
 func (m *MySQL) validate(l *backend.Lease) error {
 	if err := m.ValidateKey(l.Key); err != nil {
@@ -154,8 +187,8 @@ func (m *MySQL) validate(l *backend.Lease) error {
 }
 
 // TryAcquire makes one attempt to take l.Key for l.TTL by the database's
-// clock, in one statement. On success it sets l.Token from the table's
-// counter row. When a live owner holds the key it returns acquired ==
+// clock, in one statement. On success it sets l.Token from the key's
+// counter row (one of 1024 in the table, chosen by a hash of the key). When a live owner holds the key it returns acquired ==
 // false, a nil error and the holder's remaining time as holderTTL. A
 // deadlock or lock wait timeout (errors 1213, 1205) is also reported as
 // acquired == false with a nil error: it is contention, and the facade's
@@ -177,7 +210,7 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 	}
 	ttl := micros(l.TTL)
 	sctx, stop := statementContext(ctx)
-	res, err := m.acq.ExecContext(sctx, l.Key, l.Value, ttl, l.Value, ttl)
+	res, err := m.acq.ExecContext(sctx, counterKey(l.Key), l.Key, l.Value, ttl, l.Value, ttl)
 	stop()
 	var id int64
 	if err == nil {

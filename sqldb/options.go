@@ -41,11 +41,12 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // WithTable sets the table the locks live in, "table" or "schema.table"
 // (on MySQL "database.table"); default [DefaultTable]. Each part must be
 // an identifier made of ASCII letters, digits and underscores, not
-// starting with a digit; the whole name at most 53 bytes (it doubles as
-// the PostgreSQL notification channel, and the sequence beside it is named
-// table_token_seq). The name is quoted as given, so it
-// is case-sensitive on PostgreSQL. Any other name makes the constructor
-// return an error before any I/O.
+// starting with a digit; the whole name at most 53 bytes (on PostgreSQL
+// the sequence beside it is named table_token_seq, within the 63-byte
+// identifier limit). The name is quoted as given, so it is case-sensitive
+// on PostgreSQL, and resolved once by the constructor (see
+// [NewPostgres]). Any other name makes the constructor return an error
+// before any I/O.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if len(name) > maxTableLen {
@@ -95,7 +96,8 @@ const (
 )
 
 // validateKey checks key against the lock_key column: non-empty (the empty
-// key is reserved, on MySQL it names the fencing counter row), at most
+// key is reserved: before the counter rows of one bucket each, MySQL
+// tables had one with the empty key), at most
 // MaxKeyLen in the column's unit and, for a text column, valid UTF-8
 // without NUL bytes. It does no I/O.
 func validateKey(key string, unit keyUnit) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -28,7 +27,8 @@ var (
 // one with [NewPostgres]. It is safe for concurrent use.
 type Postgres struct {
 	pool       *pgxpool.Pool
-	table      string // as the user wrote it; also the notification channel
+	table      string // as the user wrote it
+	channel    string // the LISTEN/NOTIFY channel: "distlock_" + the table's oid
 	ln         *listener
 	sqlAcq     string
 	sqlRelFast string
@@ -39,6 +39,15 @@ type Postgres struct {
 // NewPostgres returns a lock backend over pool, creating the lock table if
 // it does not exist. The caller owns pool: [Postgres.Close] does not close
 // it. Options: [WithTable].
+//
+// The table name is resolved once, here, by the pool's search_path, and
+// everything after goes by what it resolved to: the statements name the
+// table and its sequence schema-qualified, and the lock that orders token
+// draws and the notification channel are keyed by the table's oid. So
+// resources that spell one table differently ("t", "public.t", or "t"
+// under different search_paths) share one token order and one wake-up
+// channel. A table dropped and created again under the same name is a new
+// table: resources made before must be made anew.
 //
 // It returns an error for a nil pool or a bad option (before any I/O), and
 // the database's error, wrapped, when the table cannot be checked or
@@ -51,33 +60,34 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	if err != nil {
 		return nil, err
 	}
-	q := pgx.Identifier(c.table).Sanitize()
-	seqParts := append([]string(nil), c.table...)
-	seqParts[len(seqParts)-1] += "_token_seq"
-	seq := pgx.Identifier(seqParts).Sanitize()
-	p := &Postgres{
-		pool:  pool,
-		table: c.tableName(),
-		// One statement: insert our row, or take over a row whose lease
-		// ran out by the server's clock. When a live owner holds the key,
-		// the first contender marks the row waited (so the release will
-		// notify) and learns the holder's remaining time; later contenders
-		// change nothing and get no row. SET expressions read the old row;
-		// RETURNING reads the new one, and owner values are unique per
-		// acquisition, so owner = $2 means we hold it.
-		//
-		// The token is drawn under a transaction-scoped advisory lock on
-		// the key, held until the statement commits, so acquires of one
-		// key draw their tokens in the order they commit. Without it an
-		// acquire could draw a number, stall, and insert it after a later
-		// number's holder came and went: a smaller token for a later
-		// holder. The lock sits in its own key space (the two-int4 form,
-		// first int4 fixed per table) and is never held across
-		// statements. CASE evaluates WHEN before THEN, so the lock comes
-		// first (pg_advisory_xact_lock returns void, which is not null).
-		sqlAcq: `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
+	p := &Postgres{pool: pool, table: c.tableName()}
+	id, err := p.createTable(ctx, c.table)
+	if err != nil {
+		return nil, err
+	}
+	q := pgx.Identifier{id.schema, id.name}.Sanitize()
+	seq := pgx.Identifier{id.schema, id.name + "_token_seq"}.Sanitize()
+	p.channel = "distlock_" + strconv.FormatUint(uint64(id.oid), 10)
+	// One statement: insert our row, or take over a row whose lease ran
+	// out by the server's clock. When a live owner holds the key, the
+	// first contender marks the row waited (so the release will notify)
+	// and learns the holder's remaining time; later contenders change
+	// nothing and get no row. SET expressions read the old row; RETURNING
+	// reads the new one, and owner values are unique per acquisition, so
+	// owner = $2 means we hold it.
+	//
+	// The token is drawn under a transaction-scoped advisory lock on the
+	// key, held until the statement commits, so acquires of one key draw
+	// their tokens in the order they commit. Without it an acquire could
+	// draw a number, stall, and insert it after a later number's holder
+	// came and went: a smaller token for a later holder. The lock sits in
+	// its own key space (the two-int4 form, the first int4 the table's
+	// oid, the same however the table was named) and is never held
+	// across statements. CASE evaluates WHEN before THEN, so the lock
+	// comes first (pg_advisory_xact_lock returns void, which is not null).
+	p.sqlAcq = `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
 VALUES ($1::text, $2::text,
-  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass(c.tableName()))) + `, hashtext($1::text)) IS NOT NULL
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(id.class())) + `, hashtext($1::text)) IS NOT NULL
     THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
   now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key) DO UPDATE
@@ -86,52 +96,61 @@ SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owne
     waited     = l.expires_at > now(),
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
 WHERE l.expires_at <= now() OR NOT l.waited
-RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`,
-		// The common release: our row, live, and no contender marked it
-		// waited. It returns no row and calls no function, which costs
-		// the server and the client markedly less than sqlRel (about 6%
-		// of an uncontended cycle, pinned): when it deletes nothing,
-		// sqlRel follows.
-		sqlRelFast: `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2 AND expires_at > now() AND NOT waited`,
-		// One statement: delete our row, live or expired (no stale rows
-		// left behind), tell whether it was still live, and, if a
-		// contender marked it waited, wake waiters when the transaction
-		// commits. An uncontended release pays no notification. RETURNING
-		// reads the deleted row.
-		sqlRel: `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
-RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::text END`,
-		sqlRef: `UPDATE ` + q + `
+RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`
+	// The common release: our row, live, and no contender marked it
+	// waited. It returns no row and calls no function, which costs the
+	// server and the client markedly less than sqlRel (about 6% of an
+	// uncontended cycle, pinned): when it deletes nothing, sqlRel
+	// follows.
+	p.sqlRelFast = `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2 AND expires_at > now() AND NOT waited`
+	// One statement: delete our row, live or expired (no stale rows left
+	// behind), tell whether it was still live, and, if a contender marked
+	// it waited, wake waiters when the transaction commits. An
+	// uncontended release pays no notification. RETURNING reads the
+	// deleted row.
+	p.sqlRel = `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
+RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::text END`
+	p.sqlRef = `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
-WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`,
-	}
-	if err := p.createTable(ctx, q, seq); err != nil {
-		return nil, err
-	}
-	p.ln = newListener(pool.Config().ConnConfig, p.table)
+WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`
+	p.ln = newListener(pool, p.channel)
 	return p, nil
 }
 
-// lockClass is the first int4 of the advisory lock keys of table: a hash
-// of its name, so two lock tables do not share locks.
-func lockClass(table string) int32 {
-	h := fnv.New32a()
-	h.Write([]byte("distlock:" + table))
-	return int32(h.Sum32())
+// tableID is what a table name resolved to.
+type tableID struct {
+	oid          uint32
+	schema, name string
 }
 
-func (p *Postgres) createTable(ctx context.Context, q, seq string) error {
-	exists := func() (bool, error) {
-		var ok bool
-		err := p.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q).Scan(&ok)
-		return ok, err
+// class is the first int4 of the table's advisory lock keys: its oid, bit
+// for bit.
+func (id tableID) class() int32 { return int32(id.oid) }
+
+// createTable resolves the table named by parts (as written: one or two
+// parts) by the pool's search_path, creating it and its sequence first if
+// it does not exist.
+func (p *Postgres) createTable(ctx context.Context, parts []string) (tableID, error) {
+	q := pgx.Identifier(parts).Sanitize()
+	resolve := func() (id tableID, ok bool, err error) {
+		err = p.pool.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`, q).Scan(&id.oid, &id.schema, &id.name)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return id, false, nil
+		}
+		return id, err == nil, err
 	}
-	ok, err := exists()
+	id, ok, err := resolve()
 	if err != nil {
-		return fmt.Errorf("sqldb: postgres: check table %s: %w", p.table, err)
+		return id, fmt.Errorf("sqldb: postgres: check table %s: %w", p.table, err)
 	}
 	if ok {
-		return nil // an existing table needs no CREATE privilege
+		return id, nil // an existing table needs no CREATE privilege
 	}
+	seqParts := append([]string(nil), parts...)
+	seqParts[len(seqParts)-1] += "_token_seq"
+	seq := pgx.Identifier(seqParts).Sanitize()
 	_, err = p.pool.Exec(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+`;
 CREATE TABLE IF NOT EXISTS `+q+` (
   lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
@@ -141,19 +160,22 @@ CREATE TABLE IF NOT EXISTS `+q+` (
   waited     boolean NOT NULL DEFAULT false
 );
 ALTER SEQUENCE `+seq+` OWNED BY `+q+`.token`)
-	if err != nil {
-		// Two processes creating the table at once: the loser may see a
-		// unique violation in the catalog although the table now exists.
-		if ok, err2 := exists(); err2 == nil && ok {
-			return nil
-		}
-		return fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
+	// Two processes creating the table at once: the loser may see a
+	// unique violation in the catalog although the table now exists.
+	id, ok, err2 := resolve()
+	switch {
+	case err2 == nil && ok:
+		return id, nil
+	case err == nil && err2 != nil:
+		err = err2
+	case err == nil:
+		err = errors.New("not found after CREATE TABLE")
 	}
-	return nil
+	return id, fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
 }
 
 // Table returns the lock table's name as given to [WithTable] (or
-// [DefaultTable]). It is also the LISTEN/NOTIFY channel.
+// [DefaultTable]).
 func (p *Postgres) Table() string { return p.table }
 
 // ValidateKey reports whether key fits the lock_key column: non-empty,
@@ -257,7 +279,7 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 		}
 		// Waited for, expired, or not ours: the full statement, which
 		// notifies the waiters or deletes our stale row.
-		err = p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.table).Scan(&live, nil)
+		err = p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.channel).Scan(&live, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
@@ -288,10 +310,12 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 	return nil
 }
 
-// Subscribe asks for release notices of key. The first subscription opens
-// one dedicated connection (from the pool's connection config, not from the
-// pool) that LISTENs on the table's channel; it is closed again shortly
-// after the last subscription is cancelled. Notices are hints; the spin
+// Subscribe asks for release notices of key. The first subscription takes
+// one connection from the pool for good (the pool's hooks, BeforeConnect
+// and AfterConnect among them, ran for it as for any other; once taken it
+// no longer counts against MaxConns) and LISTENs on the table's channel
+// with it; it is closed again shortly after the last subscription is
+// cancelled. Notices are hints; the spin
 // loop stays the fallback. ch is nil after [Postgres.Close].
 func (p *Postgres) Subscribe(key string) (ch <-chan struct{}, cancel func()) {
 	return p.ln.subscribe(key)

@@ -43,6 +43,34 @@ func TestValidateKey(t *testing.T) {
 	}
 }
 
+// TestMySQLReservedKeys: keys that start like a fencing counter's are
+// refused; a key merely starting with a NUL byte is not.
+func TestMySQLReservedKeys(t *testing.T) {
+	m := &MySQL{}
+	for _, tt := range []struct {
+		key string
+		ok  bool
+	}{
+		{counterKey("k"), false},
+		{counterPrefix, false},
+		{counterPrefix + "x", false},
+		{"\x00distlock:token", true},
+		{"\x00k", true},
+		{"distlock:token:1", true},
+	} {
+		err := m.ValidateKey(tt.key)
+		if (err == nil) != tt.ok {
+			t.Errorf("ValidateKey(%q) = %v; want ok = %v", tt.key, err, tt.ok)
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), "sqldb: key") {
+			t.Errorf("ValidateKey(%q) = %v; want a key error", tt.key, err)
+		}
+	}
+	if !strings.HasPrefix(counterKey("k"), counterPrefix) {
+		t.Errorf("counterKey(%q) = %q; want it under %q", "k", counterKey("k"), counterPrefix)
+	}
+}
+
 func TestWithTable(t *testing.T) {
 	tests := []struct {
 		name string

@@ -6,16 +6,16 @@
 //
 //   - [Redis], [RedisNodes] (independent nodes, for Redlock), [RedisCluster]
 //     (three masters), [RedisReplica] and [RedisSentinel].
-//   - [Etcd], in the test process with go.etcd.io/etcd/server/v3/embed, and
-//     [EtcdCluster], whose members run in processes of their own.
+//   - [Etcd] and [EtcdCluster], each member in a process of its own (the
+//     helper cmd/etcdmember, go.etcd.io/etcd/server/v3/embed).
 //   - [ZooKeeper] and [ZooKeeperEnsemble], from Debian's zookeeper package.
 //   - [Postgres] and [MariaDB], each with a fresh database per call.
 //
 // Every server process a test started (a [RedisServer],
-// [RedisSentinelServer], [ZooKeeperServer], [EtcdMember], [PostgresServer]
-// or [MariaDBServer]) can be stopped, killed (SIGKILL), paused (SIGSTOP
-// until Resume) and restarted on the same address with its data (Redis
-// keeps none); the in-process [EtcdServer] can be stopped and restarted.
+// [RedisSentinelServer], [ZooKeeperServer], [EtcdServer], [EtcdMember],
+// [PostgresServer] or [MariaDBServer]) can be stopped, killed (SIGKILL),
+// paused (SIGSTOP until Resume) and restarted on the same address with its
+// data (Redis keeps none).
 //
 // Start a server once per top-level test and share it among its subtests.
 //
@@ -23,11 +23,10 @@
 //
 // An address in an environment variable wins; else the local binary,
 // installed by scripts/install-test-deps.sh; else, when a Docker engine
-// answers, the official image, run with the docker CLI (testcontainers-go
-// would add the Docker client's dependency tree to the module for a path
-// our machines never take). When none can be had the test skips saying
-// what is missing and how to install it, except when the environment
-// variable CI is set: then it fails.
+// answers, the official image in a container started with
+// testcontainers-go. When none can be had the test skips saying what is
+// missing and how to install it, except when the environment variable CI
+// is set: then it fails.
 //
 // The variables, each a comma-separated list where a starter needs several
 // servers:
@@ -52,7 +51,17 @@
 // Servers run in their own process group with a parent-death signal, so a
 // test binary that crashes takes its servers with it. Stop, Kill and Pause
 // signal only the processes the test started: the server and the
-// processes under it. The members of an [EtcdCluster] are the test binary
-// itself, executed again: an init function in this package turns such a
-// process into an etcd member before any test runs.
+// processes under it.
+//
+// # Dependencies
+//
+// This package imports only the standard library: the modules whose tests
+// import it (every store's) list nothing more in their go.mod for it, and
+// neither does the build list of an application that uses a store.
+// What needs more runs in helper programs under cmd/, built from this
+// module with the go command the first time a test binary needs them:
+// cmd/etcdmember (the etcd server) and cmd/container (testcontainers-go,
+// for the Docker fallback). [Postgres] and [MariaDB] use database/sql with
+// the "pgx" and "mysql" drivers, which the test binary registers (import
+// _ "github.com/jackc/pgx/v5/stdlib" and _ "github.com/go-sql-driver/mysql").
 package testserver

@@ -1,75 +1,111 @@
 package testserver
 
 import (
-	"bytes"
-	"context"
-	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-// The Docker fallback runs the docker CLI instead of testcontainers-go:
-// testcontainers-go would add the Docker client and its dependency tree
-// (dozens of modules) to the library's go.mod, for a path that only
-// machines without the binaries and with a Docker engine take.
+// The Docker fallback runs the helper program cmd/container, which starts
+// the image with testcontainers-go. The helper is built only when a test
+// takes this path, and testcontainers-go is its dependency alone: in this
+// package it would be a dependency of every module whose tests start a
+// server, and so of every application's build list.
+
+// dockerPullTimeout bounds starting a container, pulling its image
+// included.
+const dockerPullTimeout = 5 * time.Minute
 
 // dockerRun starts k's image with env, publishing its port on 127.0.0.1,
 // and returns the host address. The container is removed when t ends; its
 // log is dumped if t failed. The caller waits for the server to answer.
 func dockerRun(t testing.TB, k kind, port int, env []string) string {
 	t.Helper()
-	args := []string{"run", "--detach", "--rm", "--publish", "127.0.0.1::" + strconv.Itoa(port)}
+	exe := helperBinary(t, "container")
+	dir := t.TempDir()
+	addrFile := filepath.Join(dir, "addr")
+	argv := []string{exe, "-image", k.image, "-port", strconv.Itoa(port), "-addr-file", addrFile}
 	for _, e := range env {
-		args = append(args, "--env", e)
+		argv = append(argv, "-env", e)
 	}
-	args = append(args, k.image)
-	id, err := docker(5*time.Minute, args...) // may pull the image
-	if err != nil {
+	p := newProcess(t, k.name+" container ("+k.image+")", filepath.Join(dir, "container.log"), argv...)
+	p.dir = dir
+	if err := p.start(); err != nil {
 		t.Fatalf("testserver: %s in docker: %v", k.name, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			logs, _ := docker(time.Minute, "logs", "--tail", "200", id)
-			t.Logf("testserver: log of %s container %s:\n%s", k.name, id, logs)
+	deadline := time.Now().Add(dockerPullTimeout)
+	for {
+		b, err := os.ReadFile(addrFile)
+		if err == nil {
+			return strings.TrimSpace(string(b))
 		}
-		if _, err := docker(time.Minute, "rm", "--force", id); err != nil {
-			t.Errorf("testserver: remove %s container: %v", k.name, err)
+		if p.hasExited() {
+			t.Fatalf("testserver: %s in docker: the helper exited (%v); log:\n%s", k.name, p.exitErr(), p.tail())
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testserver: %s in docker: no address within %v; log:\n%s", k.name, dockerPullTimeout, p.tail())
+		}
+		time.Sleep(100 * time.Millisecond) // polling with a deadline
+	}
+}
+
+var (
+	dockerOnce sync.Once
+	dockerUp   bool
+)
+
+// dockerAvailable reports whether a Docker engine answers, asked through
+// the helper (testcontainers-go finds the engine as it will when starting
+// a container). The helper is built only when something hints at an
+// engine; the answer is computed once per test binary.
+func dockerAvailable(t testing.TB) bool {
+	t.Helper()
+	dockerOnce.Do(func() {
+		home, _ := os.UserHomeDir()
+		if !dockerHinted(os.Getenv, fileExists, home) {
+			return
+		}
+		exe := helperBinary(t, "container")
+		dockerUp = exec.Command(exe, "-ping").Run() == nil
 	})
-	out, err := docker(time.Minute, "port", id, strconv.Itoa(port)+"/tcp")
-	if err != nil {
-		t.Fatalf("testserver: %s in docker: %v", k.name, err)
-	}
-	addr, err := dockerPortAddr(out)
-	if err != nil {
-		t.Fatalf("testserver: %s in docker: %v", k.name, err)
-	}
-	return addr
+	return dockerUp
 }
 
-// dockerPortAddr picks the IPv4 address from docker port's output
-// ("127.0.0.1:49153", one line per binding).
-func dockerPortAddr(out string) (string, error) {
-	for _, line := range strings.Split(out, "\n") {
-		if line = strings.TrimSpace(line); strings.HasPrefix(line, "127.0.0.1:") {
-			return line, nil
+// dockerHinted reports whether anything points at a Docker engine the way
+// testcontainers-go looks for one: DOCKER_HOST or its override, a
+// testcontainers configuration file, or one of the usual sockets (rootful,
+// rootless, Docker Desktop, Podman). Without any of them there is no
+// engine to ask, and the helper need not be built.
+func dockerHinted(getenv func(string) string, exists func(string) bool, home string) bool {
+	for _, v := range []string{"DOCKER_HOST", "TESTCONTAINERS_HOST_OVERRIDE", "TESTCONTAINERS_DOCKER_SOCKET_OVERRIDE"} {
+		if getenv(v) != "" {
+			return true
 		}
 	}
-	return "", fmt.Errorf("no 127.0.0.1 binding in %q", out)
+	paths := []string{"/var/run/docker.sock", "/run/docker.sock"}
+	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
+		paths = append(paths, filepath.Join(d, "docker.sock"), filepath.Join(d, "podman", "podman.sock"))
+	}
+	if home != "" {
+		paths = append(paths,
+			filepath.Join(home, ".testcontainers.properties"),
+			filepath.Join(home, ".docker", "run", "docker.sock"),
+			filepath.Join(home, ".docker", "desktop", "docker.sock"))
+	}
+	for _, p := range paths {
+		if exists(p) {
+			return true
+		}
+	}
+	return false
 }
 
-// docker runs the docker CLI and returns its trimmed output.
-func docker(timeout time.Duration, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "docker", args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("docker %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return strings.TrimSpace(stdout.String()), nil
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -1,173 +1,104 @@
 package testserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
-	"net/url"
-	"path/filepath"
-	"sync"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 )
 
 var etcdKind = kind{
 	name:    "etcd",
 	envVar:  "DISTLOCK_TEST_ETCD",
-	binary:  "etcd (it runs in the test process)",
-	install: "nothing: etcd is a Go module dependency",
+	binary:  "etcd (built from internal/testserver/cmd/etcdmember with the go command)",
+	install: "nothing: the etcd server is a Go dependency of the helper",
 }
 
-// EtcdServer is a one-member etcd for one test, running inside the test
-// process. Stop and Restart close it and start it again on the same
-// endpoint with the same data; they skip the test for an external server
-// (fail it when CI is set).
+// EtcdServer is a one-member etcd for one test, in a process of its own
+// (see [EtcdCluster]). Stop, Kill, Pause, Resume and Restart control it;
+// Restart starts it again on the same endpoint with the same data. They
+// skip the test for an external server (fail it when CI is set).
 type EtcdServer struct {
 	// Endpoints are the client URLs, e.g. "http://127.0.0.1:2379".
 	Endpoints []string
 
-	t   testing.TB
-	cfg *embed.Config // nil for an external server
-
-	mu sync.Mutex
-	e  *embed.Etcd
+	node
 }
 
-// Etcd starts a one-member etcd inside the test process
-// (go.etcd.io/etcd/server/v3/embed) in a temp dir and stops it when t
+// Etcd starts a one-member etcd for t in a temp dir and stops it when t
 // ends. DISTLOCK_TEST_ETCD=http://host:port[,...] makes it use a running
 // server instead.
 func Etcd(t testing.TB) *EtcdServer {
 	t.Helper()
 	src, env := etcdKind.choose(t, true)
 	if src == sourceEnv {
-		return &EtcdServer{Endpoints: splitList(env), t: t}
+		return &EtcdServer{Endpoints: splitList(env), node: node{t: t, envVar: etcdKind.envVar}}
 	}
-	dir := t.TempDir()
-	logPath := filepath.Join(dir, "etcd.log")
-	s := &EtcdServer{t: t}
-	t.Cleanup(func() {
-		s.Stop()
-		if t.Failed() {
-			p := &process{t: t, name: "etcd", log: logPath}
-			p.dumpLog()
-		}
-	})
-	var lastErr error
-	for range 3 {
-		ports, release, err := reservePorts(2)
-		if err != nil {
-			t.Fatalf("testserver: %v", err)
-		}
-		release()
-		cfg := etcdConfig("default", filepath.Join(dir, "data"), logPath, ports[0], ports[1])
-		cfg.InitialCluster = fmt.Sprintf("default=http://%s", hostPort(ports[1]))
-		s.cfg = cfg
-		if lastErr = s.start(); lastErr == nil {
-			s.Endpoints = []string{"http://" + hostPort(ports[0])}
-			return s
-		}
-	}
-	t.Fatalf("testserver: etcd: %v", lastErr)
-	return nil
+	m := startEtcdMembers(t, 1)[0]
+	return &EtcdServer{Endpoints: []string{m.Endpoint}, node: m.node}
 }
 
-// etcdConfig is the configuration of one member; the caller sets
-// InitialCluster.
-func etcdConfig(name, dataDir, logPath string, clientPort, peerPort int) *embed.Config {
-	cfg := embed.NewConfig()
-	cfg.Name = name
-	cfg.Dir = dataDir
-	cu := url.URL{Scheme: "http", Host: hostPort(clientPort)}
-	pu := url.URL{Scheme: "http", Host: hostPort(peerPort)}
-	cfg.ListenClientUrls = []url.URL{cu}
-	cfg.AdvertiseClientUrls = []url.URL{cu}
-	cfg.ListenPeerUrls = []url.URL{pu}
-	cfg.AdvertisePeerUrls = []url.URL{pu}
-	cfg.LogOutputs = []string{logPath}
-	cfg.LogLevel = "info"
-	cfg.UnsafeNoFsync = true
-	cfg.InitialClusterToken = "distlock-test"
-	return cfg
+// etcdHTTP speaks to etcd's HTTP endpoints (health, and the gRPC gateway's
+// JSON). No keep-alive: no connection, and no goroutine, outlives a call.
+var etcdHTTP = &http.Client{
+	Timeout:   2 * time.Second,
+	Transport: &http.Transport{DisableKeepAlives: true},
 }
 
-func (s *EtcdServer) start() error {
-	e, err := startEmbed(s.cfg)
+// etcdMemberReady succeeds when the member at ep answers and knows a
+// leader: etcd's /health says so.
+func etcdMemberReady(ep string) error {
+	resp, err := etcdHTTP.Get(ep + "/health")
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.e = e
-	s.mu.Unlock()
+	defer resp.Body.Close()
+	var h struct {
+		Health string `json:"health"`
+		Reason string `json:"reason"`
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &h) != nil || h.Health != "true" {
+		return fmt.Errorf("etcd %s: not healthy: %s %s", ep, resp.Status, bytes.TrimSpace(body))
+	}
 	return nil
 }
 
-// startEmbed starts an embedded member and waits until it serves.
-func startEmbed(cfg *embed.Config) (*embed.Etcd, error) {
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-		return e, nil
-	case err := <-e.Err():
-		e.Close()
-		return nil, err
-	case <-time.After(startTimeout):
-		e.Close()
-		return nil, fmt.Errorf("not ready within %v", startTimeout)
-	}
+// etcdStatus is the part of etcd's Maintenance.Status answer testserver
+// reads, from the gRPC gateway's JSON.
+type etcdStatus struct {
+	Header struct {
+		MemberID jsonUint64 `json:"member_id"`
+	} `json:"header"`
+	Leader jsonUint64 `json:"leader"`
 }
 
-// Stop closes the server; its clients see the endpoint refuse connections.
-// Stopping a stopped server does nothing.
-func (s *EtcdServer) Stop() {
-	if s.cfg == nil {
-		s.t.Helper()
-		notControllable(s.t, "stop", etcdKind.envVar)
-	}
-	s.mu.Lock()
-	e := s.e
-	s.e = nil
-	s.mu.Unlock()
-	if e != nil {
-		e.Close()
-	}
-}
+// jsonUint64 is a uint64 that the gateway writes as a string, as proto3's
+// JSON mapping does; a plain number is accepted too.
+type jsonUint64 uint64
 
-// Restart stops the server if it runs and starts it again on the same
-// endpoint with the same data.
-func (s *EtcdServer) Restart() {
-	s.t.Helper()
-	s.Stop()
-	var err error
-	// The old listeners may take a moment to let go of the ports.
-	if perr := pollReady(func() error { err = s.start(); return err }); perr != nil {
-		s.t.Fatalf("testserver: etcd restart: %v", err)
-	}
+func (u *jsonUint64) UnmarshalJSON(b []byte) error {
+	n, err := strconv.ParseUint(strings.Trim(string(b), `"`), 10, 64)
+	*u = jsonUint64(n)
+	return err
 }
 
 // etcdLeader returns the index in endpoints of the member that is leader.
 func etcdLeader(ctx context.Context, endpoints []string) (int, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: nopZap})
-	if err != nil {
-		return -1, err
-	}
-	defer c.Close()
 	var lastErr error
 	for i, ep := range endpoints {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := c.Status(ctx, ep)
-		cancel()
+		st, err := etcdMemberStatus(ctx, ep)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		if st.Leader != 0 && st.Leader == st.Header.MemberId {
+		if st.Leader != 0 && st.Leader == st.Header.MemberID {
 			return i, nil
 		}
 	}
@@ -177,5 +108,27 @@ func etcdLeader(ctx context.Context, endpoints []string) (int, error) {
 	return -1, fmt.Errorf("etcd: no leader among %v: %w", endpoints, lastErr)
 }
 
-// nopZap silences the clients testserver makes for itself.
-var nopZap = zap.NewNop()
+func etcdMemberStatus(ctx context.Context, ep string) (etcdStatus, error) {
+	var st etcdStatus
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep+"/v3/maintenance/status", strings.NewReader("{}"))
+	if err != nil {
+		return st, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := etcdHTTP.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return st, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("etcd %s: status: %s %s", ep, resp.Status, bytes.TrimSpace(body))
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("etcd %s: status: %w", ep, err)
+	}
+	return st, nil
+}

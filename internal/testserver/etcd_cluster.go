@@ -2,28 +2,17 @@ package testserver
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 )
 
-// etcdMemberEnv carries an etcd member's configuration to a re-executed
-// test binary; see init.
-const etcdMemberEnv = "DISTLOCK_TESTSERVER_ETCD_MEMBER"
-
 // EtcdMember is one member of an [EtcdClusterServer]. It runs in a process
-// of its own (the test binary executed again), so it can be stopped,
-// killed, paused and restarted like any server; it keeps its data across a
-// restart and rejoins the cluster.
+// of its own, so it can be stopped, killed, paused and restarted like any
+// server; it keeps its data across a restart and rejoins the cluster.
 type EtcdMember struct {
 	// Endpoint is the member's client URL, "http://127.0.0.1:port".
 	Endpoint string
@@ -53,21 +42,12 @@ func (c *EtcdClusterServer) Leader() (int, error) {
 	return etcdLeader(ctx, c.Endpoints())
 }
 
-// etcdMemberConfig is what a member process needs to start.
-type etcdMemberConfig struct {
-	Name           string
-	Dir            string
-	Log            string
-	ClientPort     int
-	PeerPort       int
-	InitialCluster string
-}
-
 // EtcdCluster starts an etcd cluster of n members (n odd) for t, each in a
 // process of its own, waits until it has a leader and every member
-// answers, and stops it when t ends. The member processes are the test
-// binary itself executed again: etcd is linked into every test binary that
-// imports this package, and nothing needs installing.
+// answers, and stops it when t ends. The members run the helper program
+// cmd/etcdmember, built once per test binary with the go command (see
+// helper.go): the etcd server is the helper's dependency, not the
+// dependency of every module whose tests start etcd.
 // DISTLOCK_TEST_ETCD_CLUSTER=url1,url2,... makes it use a running cluster
 // instead (its members cannot be stopped by the test).
 func EtcdCluster(t testing.TB, n int) *EtcdClusterServer {
@@ -85,10 +65,31 @@ func EtcdCluster(t testing.TB, n int) *EtcdClusterServer {
 		}
 		return c
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatalf("testserver: etcd cluster: %v", err)
+	c.Members = startEtcdMembers(t, n)
+	return c
+}
+
+// startEtcdMembers starts n members of one new cluster and waits until
+// each answers with a leader. A member that exits before it answered
+// (most likely because another process took its port between the
+// reservation and the start) makes it try again with other ports.
+func startEtcdMembers(t testing.TB, n int) []*EtcdMember {
+	t.Helper()
+	exe := helperBinary(t, "etcdmember")
+	var lastErr error
+	for range 3 {
+		ms, err := tryEtcdMembers(t, exe, n)
+		if err == nil {
+			return ms
+		}
+		lastErr = err
 	}
+	t.Fatalf("testserver: etcd: %v", lastErr)
+	return nil
+}
+
+func tryEtcdMembers(t testing.TB, exe string, n int) ([]*EtcdMember, error) {
+	t.Helper()
 	ports, release, err := reservePorts(2 * n)
 	if err != nil {
 		t.Fatalf("testserver: %v", err)
@@ -98,99 +99,41 @@ func EtcdCluster(t testing.TB, n int) *EtcdClusterServer {
 		peers = append(peers, fmt.Sprintf("m%d=http://%s", i, hostPort(ports[2*i+1])))
 	}
 	release()
+	var ms []*EtcdMember
+	var ps []*process
 	for i := range n {
 		dir := t.TempDir()
-		mc := etcdMemberConfig{
-			Name:           fmt.Sprintf("m%d", i),
-			Dir:            filepath.Join(dir, "data"),
-			Log:            filepath.Join(dir, "etcd.log"),
-			ClientPort:     ports[2*i],
-			PeerPort:       ports[2*i+1],
-			InitialCluster: strings.Join(peers, ","),
-		}
-		js, err := json.Marshal(mc)
-		if err != nil {
-			t.Fatalf("testserver: %v", err)
-		}
-		ep := "http://" + hostPort(mc.ClientPort)
-		p := newProcess(t, "etcd "+mc.Name+" "+ep, mc.Log, exe)
+		name := fmt.Sprintf("m%d", i)
+		ep := "http://" + hostPort(ports[2*i])
+		logPath := filepath.Join(dir, "etcd.log")
+		p := newProcess(t, "etcd "+name+" "+ep, logPath, exe,
+			"-name", name,
+			"-dir", filepath.Join(dir, "data"),
+			"-log", logPath,
+			"-client-port", strconv.Itoa(ports[2*i]),
+			"-peer-port", strconv.Itoa(ports[2*i+1]),
+			"-initial-cluster", strings.Join(peers, ","))
 		p.dir = dir
-		p.env = append(os.Environ(), etcdMemberEnv+"="+string(js))
-		m := &EtcdMember{Endpoint: ep, node: node{t: t, proc: p, ready: func() error { return etcdMemberReady(ep) }}}
-		c.Members = append(c.Members, m)
+		ms = append(ms, &EtcdMember{Endpoint: ep, node: node{t: t, proc: p, ready: func() error { return etcdMemberReady(ep) }}})
+		ps = append(ps, p)
 	}
-	t.Cleanup(func() {
-		var ps []*process
-		for _, m := range c.Members {
-			ps = append(ps, m.proc)
-		}
-		killAll(ps)
-	})
-	for _, m := range c.Members {
-		if err := m.proc.start(); err != nil {
+	// Members shut down gracefully would wait for each other (a leader
+	// tries for seconds to hand its leadership over): kill them together.
+	t.Cleanup(func() { killAll(ps) })
+	for _, p := range ps {
+		if err := p.start(); err != nil {
 			t.Fatalf("testserver: %v", err)
 		}
 	}
-	for _, m := range c.Members {
+	for _, m := range ms {
 		if err := m.proc.waitReady(m.ready); err != nil {
-			t.Fatalf("testserver: etcd cluster: %v", err)
+			exited := m.proc.hasExited()
+			killAll(ps)
+			if exited {
+				return nil, err
+			}
+			t.Fatalf("testserver: etcd: %v", err)
 		}
 	}
-	return c
-}
-
-// etcdMemberReady succeeds when the member at ep answers and knows a
-// leader.
-func etcdMemberReady(ep string) error {
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 2 * time.Second, Logger: nopZap})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	st, err := c.Status(ctx, ep)
-	if err != nil {
-		return err
-	}
-	if st.Leader == 0 {
-		return fmt.Errorf("etcd %s: no leader", ep)
-	}
-	return nil
-}
-
-// init turns a test binary started by EtcdCluster into an etcd member: it
-// runs the member until SIGTERM or SIGINT and exits, before any test runs.
-func init() {
-	js := os.Getenv(etcdMemberEnv)
-	if js == "" {
-		return
-	}
-	if err := runEtcdMember(js); err != nil {
-		fmt.Fprintf(os.Stderr, "testserver: etcd member: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
-func runEtcdMember(js string) error {
-	var mc etcdMemberConfig
-	if err := json.Unmarshal([]byte(js), &mc); err != nil {
-		return err
-	}
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
-	cfg := etcdConfig(mc.Name, mc.Dir, mc.Log, mc.ClientPort, mc.PeerPort)
-	cfg.InitialCluster = mc.InitialCluster
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	select {
-	case <-stop:
-		return nil
-	case err := <-e.Err():
-		return err
-	}
+	return ms, nil
 }

@@ -1,15 +1,10 @@
 package testserver
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 )
 
 // source is where a server for a test comes from.
@@ -18,7 +13,7 @@ type source int
 const (
 	sourceEnv    source = iota // an address in an environment variable
 	sourceBinary               // a local binary started by the test
-	sourceDocker               // a container started with the docker CLI
+	sourceDocker               // a container started with testcontainers-go
 	sourceSkip                 // none available: skip the test
 	sourceFail                 // none available and CI is set: fail the test
 )
@@ -83,7 +78,7 @@ func (k kind) choose(t testing.TB, haveBinary bool) (source, string) {
 	env := strings.TrimSpace(os.Getenv(k.envVar))
 	docker := false
 	if env == "" && !haveBinary && k.image != "" {
-		docker = dockerAvailable()
+		docker = dockerAvailable(t)
 	}
 	src := pickSource(env, haveBinary, docker, inCI())
 	switch src {
@@ -110,32 +105,4 @@ func unavailable(t testing.TB, fail bool, format string, args ...any) {
 func notControllable(t testing.TB, what, envVar string) {
 	t.Helper()
 	unavailable(t, inCI(), "cannot %s a server the test did not start (given by %s, or a Docker container); unset %s and install the server to let the test start its own", what, envVar, envVar)
-}
-
-var (
-	dockerOnce sync.Once
-	dockerUp   bool
-)
-
-// dockerAvailable reports whether the docker CLI is installed and its engine
-// answers. The answer is computed once per test binary.
-func dockerAvailable() bool {
-	dockerOnce.Do(func() {
-		if _, err := exec.LookPath("docker"); err != nil {
-			return
-		}
-		if os.Getenv("DOCKER_HOST") == "" {
-			// Without DOCKER_HOST the CLI uses the local socket: do not spend
-			// a process on asking when it is not even there.
-			c, err := net.DialTimeout("unix", "/var/run/docker.sock", time.Second)
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		dockerUp = exec.CommandContext(ctx, "docker", "version", "--format", "{{.Server.Version}}").Run() == nil
-	})
-	return dockerUp
 }

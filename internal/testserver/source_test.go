@@ -40,13 +40,41 @@ func TestInCI(t *testing.T) {
 	}
 }
 
-func TestDockerPortAddr(t *testing.T) {
-	got, err := dockerPortAddr("0.0.0.0:1\n127.0.0.1:49153\n[::1]:49153")
-	if err != nil || got != "127.0.0.1:49153" {
-		t.Fatalf("dockerPortAddr = %q, %v; want 127.0.0.1:49153", got, err)
+func TestDockerHinted(t *testing.T) {
+	none := func(string) bool { return false }
+	only := func(want string) func(string) bool { return func(p string) bool { return p == want } }
+	env := func(kv ...string) func(string) string {
+		return func(k string) string {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1]
+				}
+			}
+			return ""
+		}
 	}
-	if _, err := dockerPortAddr("[::]:1"); err == nil {
-		t.Fatal("dockerPortAddr without an IPv4 loopback binding: want an error")
+	tests := []struct {
+		name   string
+		getenv func(string) string
+		exists func(string) bool
+		home   string
+		want   bool
+	}{
+		{"nothing", env(), none, "/home/u", false},
+		{"nothing, no home", env(), none, "", false},
+		{"DOCKER_HOST", env("DOCKER_HOST", "tcp://10.0.0.1:2375"), none, "", true},
+		{"override", env("TESTCONTAINERS_HOST_OVERRIDE", "10.0.0.1"), none, "", true},
+		{"rootful socket", env(), only("/var/run/docker.sock"), "", true},
+		{"rootless socket", env("XDG_RUNTIME_DIR", "/run/user/1000"), only("/run/user/1000/docker.sock"), "", true},
+		{"podman socket", env("XDG_RUNTIME_DIR", "/run/user/1000"), only("/run/user/1000/podman/podman.sock"), "", true},
+		{"XDG socket without XDG_RUNTIME_DIR", env(), only("/run/user/1000/docker.sock"), "", false},
+		{"desktop socket", env(), only("/home/u/.docker/run/docker.sock"), "/home/u", true},
+		{"properties file", env(), only("/home/u/.testcontainers.properties"), "/home/u", true},
+	}
+	for _, tt := range tests {
+		if got := dockerHinted(tt.getenv, tt.exists, tt.home); got != tt.want {
+			t.Errorf("%s: dockerHinted = %v; want %v", tt.name, got, tt.want)
+		}
 	}
 }
 

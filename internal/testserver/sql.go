@@ -17,10 +17,31 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 )
+
+// Postgres and MariaDB speak to their servers through database/sql with
+// the drivers named "pgx" and "mysql", which this package does not import:
+// it imports only the standard library, so that the modules whose tests
+// import it (every store's) need no SQL driver. A test binary that starts
+// them registers the drivers, as sqldb's tests do:
+//
+//	import (
+//		_ "github.com/go-sql-driver/mysql"
+//		_ "github.com/jackc/pgx/v5/stdlib"
+//	)
+const (
+	postgresDriver = "pgx"
+	mariadbDriver  = "mysql"
+)
+
+// needDriver fails t, naming the import that fixes it, when the
+// database/sql driver name is not registered.
+func needDriver(t testing.TB, name, importPath string) {
+	t.Helper()
+	if !slices.Contains(sql.Drivers(), name) {
+		t.Fatalf("testserver: no database/sql driver %q is registered: the test binary must import _ %q", name, importPath)
+	}
+}
 
 var postgresKind = kind{
 	name:    "postgres",
@@ -56,6 +77,7 @@ type PostgresServer struct {
 // it create the fresh database there instead, dropped when t ends.
 func Postgres(t testing.TB) *PostgresServer {
 	t.Helper()
+	needDriver(t, postgresDriver, "github.com/jackc/pgx/v5/stdlib")
 	binDir := postgresBinDir()
 	src, env := postgresKind.choose(t, binDir != "")
 	var admin string
@@ -74,27 +96,12 @@ func Postgres(t testing.TB) *PostgresServer {
 		s.ready = func() error { return postgresPing(admin) }
 	}
 	name := databaseName(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatalf("testserver: postgres: connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if err := sqlExec(postgresDriver, admin, 30*time.Second, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testserver: postgres: create database: %v", err)
 	}
 	if src != sourceBinary {
 		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			conn, err := pgx.Connect(ctx, admin)
-			if err != nil {
-				t.Errorf("testserver: postgres: drop database %s: %v", name, err)
-				return
-			}
-			defer conn.Close(ctx)
-			if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			if err := sqlExec(postgresDriver, admin, 30*time.Second, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 				t.Errorf("testserver: postgres: drop database %s: %v", name, err)
 			}
 		})
@@ -249,17 +256,7 @@ func removeSysVSegment(data string) {
 	_, _, _ = syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), ipcRMID, 0)
 }
 
-func postgresPing(dsn string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	var one int
-	return conn.QueryRow(ctx, "SELECT 1").Scan(&one)
-}
+func postgresPing(dsn string) error { return sqlExec(postgresDriver, dsn, 5*time.Second, "SELECT 1") }
 
 // MariaDBServer is a MariaDB database for one test. Stop, Kill, Pause,
 // Resume and Restart control a server the test started; the data survives
@@ -280,6 +277,7 @@ type MariaDBServer struct {
 // instead, dropped when t ends.
 func MariaDB(t testing.TB) *MariaDBServer {
 	t.Helper()
+	needDriver(t, mariadbDriver, "github.com/go-sql-driver/mysql")
 	mariadbd, err1 := lookPathOr("mariadbd", "/usr/sbin/mariadbd")
 	installDB, err2 := lookPathOr("mariadb-install-db", "/usr/bin/mariadb-install-db")
 	src, env := mariadbKind.choose(t, err1 == nil && err2 == nil)
@@ -298,11 +296,11 @@ func MariaDB(t testing.TB) *MariaDBServer {
 		s.proc, admin = startMariaDB(t, mariadbd, installDB)
 		s.ready = func() error { return mariadbPing(admin) }
 	}
-	cfg, err := mysql.ParseDSN(admin)
+	name := databaseName(t)
+	dsn, err := mysqlWithDB(admin, name)
 	if err != nil {
 		t.Fatalf("testserver: mariadb: %s: %v", mariadbKind.envVar, err)
 	}
-	name := databaseName(t)
 	if err := mariadbExec(admin, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testserver: mariadb: create database: %v", err)
 	}
@@ -313,8 +311,7 @@ func MariaDB(t testing.TB) *MariaDBServer {
 			}
 		})
 	}
-	cfg.DBName = name
-	s.DSN = cfg.FormatDSN()
+	s.DSN = dsn
 	return s
 }
 
@@ -389,16 +386,35 @@ func startMariaDB(t testing.TB, mariadbd, installDB string) (*process, string) {
 
 func mariadbPing(dsn string) error { return mariadbExec(dsn, "SELECT 1") }
 
-func mariadbExec(dsn, query string) error {
-	db, err := sql.Open("mysql", dsn)
+func mariadbExec(dsn, query string) error { return sqlExec(mariadbDriver, dsn, 10*time.Second, query) }
+
+// sqlExec runs query on a connection of its own to dsn, within timeout.
+func sqlExec(driver, dsn string, timeout time.Duration, query string) error {
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	_, err = db.ExecContext(ctx, query)
 	return err
+}
+
+// mysqlWithDB returns the go-sql-driver/mysql DSN
+// [user[:password]@][net[(addr)]]/[dbname][?params] with dbname set to db.
+// The driver takes the last '/' as the start of the database name, and so
+// does this.
+func mysqlWithDB(dsn, db string) (string, error) {
+	i := strings.LastIndexByte(dsn, '/')
+	if i < 0 {
+		return "", fmt.Errorf("DSN %q has no '/' before the database name", dsn)
+	}
+	params := ""
+	if j := strings.IndexByte(dsn[i:], '?'); j >= 0 {
+		params = dsn[i+j:]
+	}
+	return dsn[:i+1] + db + params, nil
 }
 
 // databaseName makes a fresh database name from the test's name: lower

@@ -13,7 +13,25 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // Postgres reaches its server through database/sql
 )
+
+func TestMySQLWithDB(t *testing.T) {
+	tests := []struct{ dsn, want string }{
+		{"root@tcp(127.0.0.1:3306)/", "root@tcp(127.0.0.1:3306)/t_x"},
+		{"root@tcp(127.0.0.1:3306)/old", "root@tcp(127.0.0.1:3306)/t_x"},
+		{"u:p/w@tcp(h:1)/?parseTime=true", "u:p/w@tcp(h:1)/t_x?parseTime=true"},
+		{"/", "/t_x"},
+	}
+	for _, tt := range tests {
+		if got, err := mysqlWithDB(tt.dsn, "t_x"); err != nil || got != tt.want {
+			t.Errorf("mysqlWithDB(%q) = %q, %v; want %q", tt.dsn, got, err, tt.want)
+		}
+	}
+	if _, err := mysqlWithDB("root@tcp(h:1)", "t_x"); err == nil {
+		t.Error("mysqlWithDB without '/': want an error")
+	}
+}
 
 func TestPostgresSelect1(t *testing.T) {
 	s := Postgres(t)

@@ -38,6 +38,9 @@ type Backend struct {
 	// SessionTimeout is the ZooKeeper session timeout, also given to
 	// zookeeper.WithSessionTimeout. Default 1s.
 	SessionTimeout time.Duration
+	// Table is the lock table of postgres and mysql, given to
+	// sqldb.WithTable as written. Default sqldb.DefaultTable.
+	Table string
 }
 
 func (b Backend) timeout() time.Duration {
@@ -106,7 +109,7 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("postgres: %w", err)
 		}
-		r, err := sqldb.NewPostgres(ctx, pool)
+		r, err := sqldb.NewPostgres(ctx, pool, b.sqlOptions()...)
 		if err != nil {
 			pool.Close()
 			return nil, nil, err
@@ -117,7 +120,7 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("mysql: %w", err)
 		}
-		r, err := sqldb.NewMySQL(ctx, db)
+		r, err := sqldb.NewMySQL(ctx, db, b.sqlOptions()...)
 		if err != nil {
 			db.Close()
 			return nil, nil, err
@@ -128,6 +131,13 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		return open(ctx, b)
 	}
 	return nil, nil, fmt.Errorf("harness: unknown backend %q", b.Kind)
+}
+
+func (b Backend) sqlOptions() []sqldb.Option {
+	if b.Table == "" {
+		return nil
+	}
+	return []sqldb.Option{sqldb.WithTable(b.Table)}
 }
 
 // quiet drops go-zookeeper's log lines.

@@ -1,4 +1,4 @@
-package distlock_test
+package testsuite_test
 
 import (
 	"context"
@@ -13,6 +13,10 @@ import (
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/testsuite"
 )
+
+// The facade's goroutine-leak test lives here rather than in the root
+// package: it runs this suite's workload, and the root module requires
+// nothing, tests included.
 
 // TestNoGoroutineLeak checks that no goroutine of the facade outlives
 // Close: after the common workload, and after the paths that end a lock

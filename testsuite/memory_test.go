@@ -1,4 +1,4 @@
-package memory_test
+package testsuite_test
 
 import (
 	"context"
@@ -9,6 +9,11 @@ import (
 	"github.com/distlock/distlock/testsuite"
 )
 
+// The tests of backend/memory that run this suite live here: the memory
+// store is in the root module, which requires nothing, not even this
+// suite (a module of its own), and its tests with it.
+
+// TestConformance runs the suite on the memory store.
 func TestConformance(t *testing.T) {
 	store := memory.New()
 	testsuite.Run(t, testsuite.Harness{
