@@ -72,7 +72,7 @@ func TestLifecycleModel(t *testing.T) {
 			"":            m.check,
 		})
 		m.teardown(rt)
-		verifyNoLeak(rt, ignore)
+		noGoroutinesLeft(rt, ignore)
 	})
 	t.Logf("%d schedules explored", checks.Load())
 }
@@ -717,9 +717,9 @@ func (s *faultyStore) loseLease(value string) {
 	}
 }
 
-// verifyNoLeak fails t if goroutines other than those ignore lets pass are
+// noGoroutinesLeft fails t if goroutines other than those ignore lets pass are
 // still running after a grace for the ones already ending.
-func verifyNoLeak(t *rapid.T, ignore goleak.Option) {
+func noGoroutinesLeft(t *rapid.T, ignore goleak.Option) {
 	var err error
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 		if err = goleak.Find(ignore); err == nil {
