@@ -51,7 +51,9 @@
 // is 0 (any disconnection is loss) unless [WithSessionTimeout] says how
 // long the server keeps the session. The connection is sampled every
 // 25 ms while locks are held; the resource does not need the event
-// channel of zk.Connect, which stays the caller's.
+// channel of zk.Connect, which stays the caller's. Locking on a
+// connection that has no session yet is fine: go-zookeeper queues the
+// requests until the session is established.
 //
 // # Fencing token
 //

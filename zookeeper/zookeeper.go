@@ -215,11 +215,15 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	}
 	parent := r.parentPath(l.Key)
 	guid := newGUID()
-	sid := r.conn.SessionID()
 	path, err := r.create(ctx, parent, guid, []byte(l.Value))
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
+	// Read after the create returned: the session the znode was created
+	// in, or a later one if that one expired meanwhile (then the znode
+	// went with it and the listing finds it gone). Before the create it
+	// can be 0, on a connection that has no session yet.
+	sid := r.conn.SessionID()
 	token, sid, err := r.wait(ctx, parent, path, guid, sid, deadline)
 	if err == nil {
 		err = r.track(l, path, token, sid)
@@ -366,7 +370,7 @@ func (r *Resource) createParent(path string, container bool) error {
 }
 
 // wait lists parent until our node is the lowest, watching only its
-// immediate predecessor in between. sid is the session current before the
+// immediate predecessor in between. sid is the session read after the
 // create. It returns the fencing token and the session owning our node.
 func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, err error) {
 	name := path[len(parent)+1:]

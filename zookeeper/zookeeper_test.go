@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
 )
@@ -29,6 +31,7 @@ func TestResource(t *testing.T) {
 		{"RefreshPushesTTLBack", testRefreshPushesTTLBack},
 		{"CloseDeletesHeld", testCloseDeletesHeld},
 		{"RootOption", testRootOption},
+		{"FreshConnection", testFreshConnection},
 	})
 }
 
@@ -416,5 +419,60 @@ func testRootOption(t *testing.T, addrs []string) {
 	}
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testFreshConnection locks at once on a connection that has no session
+// yet, as a user does who calls zk.Connect and then TryLock: go-zookeeper
+// queues the requests until the session is established, and the lock
+// must be granted, on the resource and through the facade.
+func testFreshConnection(t *testing.T, addrs []string) {
+	// The dial waits a little, so that the session is surely not there
+	// yet when Acquire starts: the fault is the slow network.
+	slow := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		time.Sleep(50 * time.Millisecond)
+		return net.DialTimeout(network, addr, timeout)
+	}
+	fresh := func(t *testing.T) *zk.Conn {
+		conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(silentLogger{}), zk.WithDialer(slow))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		if conn.SessionID() != 0 {
+			t.Fatal("the session is there already: the test proves nothing")
+		}
+		return conn
+	}
+	for i := range 5 {
+		conn := fresh(t)
+		r := New(conn)
+		l := lease(uniqueKey(t), ttl)
+		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+			t.Fatalf("try %d: Acquire on a fresh connection: %v", i, err)
+		}
+		_, stat, err := conn.Exists(l.Handle.(string))
+		if err != nil || stat.EphemeralOwner != conn.SessionID() {
+			t.Errorf("try %d: znode owner %x, %v; want our session %x", i, stat.EphemeralOwner, err, conn.SessionID())
+		}
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Errorf("try %d: Release: %v", i, err)
+		}
+		_ = r.Close()
+	}
+
+	r := New(fresh(t))
+	t.Cleanup(func() { _ = r.Close() })
+	d, err := distlock.New(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	lk, err := d.TryLock(t.Context(), uniqueKey(t), 0)
+	if err != nil {
+		t.Fatalf("TryLock on a fresh connection: %v", err)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Errorf("Unlock: %v", err)
 	}
 }
