@@ -25,7 +25,11 @@
 // context, then lists again. Because each waiter watches a different
 // znode, one release wakes exactly one waiter: no thundering herd, and
 // the queue is FIFO. A waiter that gives up (deadline, context, error)
-// deletes its own child, so nothing is left behind.
+// deletes its own child, so nothing is left behind in the store. Its
+// watch stays armed until the predecessor changes (the protocol
+// go-zookeeper speaks cannot remove a watch); the next wait on the same
+// predecessor through the resource uses it instead of setting another,
+// so repeated waits on a long-held lock keep one watch, not one each.
 //
 // The guid in the name makes creation safe when the connection drops
 // after the request was sent: the client lists the parent and finds its

@@ -8,11 +8,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/go-zookeeper/zk"
 
@@ -223,6 +225,26 @@ func (c *faultConn) Read(p []byte) (int, error) {
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
 	return n, nil
+}
+
+// clientWatchers counts the watches the client keeps for the caller: one
+// per Get/Exists/ChildrenW that set a watch not yet fired. go-zookeeper
+// keeps them to itself; a change there fails the test, not the count.
+func clientWatchers(t testing.TB, conn *zk.Conn) int {
+	t.Helper()
+	v := reflect.ValueOf(conn).Elem()
+	lock, watchers := v.FieldByName("watchersLock"), v.FieldByName("watchers")
+	if !lock.IsValid() || !watchers.IsValid() || lock.Type() != reflect.TypeFor[sync.Mutex]() || watchers.Kind() != reflect.Map {
+		t.Fatal("go-zookeeper changed: no Conn.watchersLock or Conn.watchers")
+	}
+	mu := (*sync.Mutex)(unsafe.Pointer(lock.UnsafeAddr()))
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for it := watchers.MapRange(); it.Next(); {
+		n += it.Value().Len()
+	}
+	return n
 }
 
 // acquireAsync runs Acquire in a goroutine and reports its result.

@@ -108,6 +108,12 @@ type Resource struct {
 	closed  bool
 	stop    chan struct{} // closed by Close: background work ends
 	wg      sync.WaitGroup
+
+	// Watches set on predecessors and not fired yet, shared by the waits
+	// on the same predecessor: see watch.
+	wmu     sync.Mutex
+	watches map[string]<-chan zk.Event
+	pruneAt int
 }
 
 // held is one granted lock.
@@ -137,10 +143,11 @@ func New(conn *zk.Conn, opts ...Option) *Resource {
 		cfg.err = errors.New("zookeeper: nil *zk.Conn")
 	}
 	return &Resource{
-		conn: conn,
-		cfg:  cfg,
-		held: make(map[string]*held),
-		stop: make(chan struct{}),
+		conn:    conn,
+		cfg:     cfg,
+		held:    make(map[string]*held),
+		stop:    make(chan struct{}),
+		watches: make(map[string]<-chan zk.Event),
 	}
 }
 
@@ -449,10 +456,8 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 			statDone = make(chan error, 1)
 			go func() { statDone <- stat() }()
 		}
-		// Watch the predecessor only: one release wakes one waiter. A data
-		// watch (getData), as Curator sets: unlike exists, it leaves no
-		// watch behind when the predecessor is already gone.
-		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
+		// Watch the predecessor only: one release wakes one waiter.
+		ch, werr := r.watch(parent + "/" + pred)
 		if statDone != nil {
 			if err := <-statDone; err != nil {
 				return 0, 0, err
@@ -469,6 +474,8 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 			}
 			select {
 			case ev := <-ch:
+				// The event, or a zero one when another wait on the same
+				// watch took it: list again either way.
 				if ev.Err != nil {
 					return 0, 0, ev.Err
 				}
@@ -485,6 +492,63 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 }
 
 var errVanished = errors.New("our znode vanished while queued (session expired?)")
+
+// watch returns a channel that receives (or is closed) when the znode at
+// path changes or goes, or zk.ErrNoNode when it is gone already.
+//
+// The protocol go-zookeeper speaks cannot remove a watch: a wait that
+// gives up leaves its watch armed until the znode changes, on the server
+// and in the client. The next wait on the same znode uses that watch
+// instead of setting another, so that waits that give up again and again
+// (a process polling a long-held lock) keep one watch per predecessor,
+// not one per wait. An armed watch says the znode has not changed since
+// it was set, and it fires when it does: no need to look at the znode
+// again. It is a data watch (getData), as Curator sets: unlike exists, it
+// leaves no watch behind when the znode is already gone. A session that
+// ends closes every watch channel (go-zookeeper invalidates them), so a
+// watch is never shared across sessions.
+func (r *Resource) watch(path string) (<-chan zk.Event, error) {
+	r.wmu.Lock()
+	ch, ok := r.watches[path]
+	if ok && fired(ch) {
+		delete(r.watches, path)
+		ok = false
+	}
+	r.wmu.Unlock()
+	if ok {
+		return ch, nil
+	}
+	_, _, ch, err := r.conn.GetW(path)
+	if err != nil {
+		return nil, err
+	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if r.watches == nil { // closed
+		return ch, nil
+	}
+	if len(r.watches) >= r.pruneAt {
+		for p, c := range r.watches {
+			if fired(c) {
+				delete(r.watches, p)
+			}
+		}
+		r.pruneAt = max(64, 2*len(r.watches))
+	}
+	r.watches[path] = ch
+	return ch, nil
+}
+
+// fired reports whether a watch channel has delivered its event (it may
+// take the event: whoever waits on the channel then sees it closed).
+func fired(ch <-chan zk.Event) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
 
 // track records a granted lock: TTL timer, loss watch, lease fields.
 func (r *Resource) track(l *backend.Lease, path string, token, sid int64) error {
@@ -700,6 +764,9 @@ func (r *Resource) Close() error {
 	}
 	clear(r.held)
 	r.mu.Unlock()
+	r.wmu.Lock()
+	r.watches = nil // the watches fire or end with the connection
+	r.wmu.Unlock()
 
 	errs := make([]error, len(hs))
 	var wg sync.WaitGroup

@@ -32,6 +32,7 @@ func TestResource(t *testing.T) {
 		{"CloseDeletesHeld", testCloseDeletesHeld},
 		{"RootOption", testRootOption},
 		{"FreshConnection", testFreshConnection},
+		{"TimedOutWaitsLeaveOneWatch", testTimedOutWaitsLeaveOneWatch},
 	})
 }
 
@@ -474,5 +475,58 @@ func testFreshConnection(t *testing.T, addrs []string) {
 	}
 	if err := lk.Unlock(t.Context()); err != nil {
 		t.Errorf("Unlock: %v", err)
+	}
+}
+
+// testTimedOutWaitsLeaveOneWatch makes many waits on a held lock give up
+// at their deadline, each after setting its watch on the holder's znode.
+// ZooKeeper's protocol as go-zookeeper speaks it cannot remove a watch,
+// so a watch stays armed until the holder's znode changes; it must be one
+// watch, shared by the waits, not one per wait: a process polling a
+// long-held lock must not grow. The next waiter on the same predecessor
+// uses it, and is woken by the release.
+func testTimedOutWaitsLeaveOneWatch(t *testing.T, addrs []string) {
+	r1, _ := newResource(t, addrs)
+	r2, conn := newResource(t, addrs)
+	key := uniqueKey(t)
+	holder := lease(key, ttl)
+	if err := r1.Acquire(t.Context(), holder, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	const waits = 100
+	for i := range waits {
+		err := r2.Acquire(t.Context(), lease(key, ttl), time.Now().Add(30*time.Millisecond))
+		if !errors.Is(err, backend.ErrNotAcquired) {
+			t.Fatalf("wait %d = %v; want ErrNotAcquired", i, err)
+		}
+	}
+	if n := clientWatchers(t, conn); n > 1 {
+		t.Errorf("%d watches left in the client after %d timed-out waits on one holder; want at most 1", n, waits)
+	}
+	if got := mustChildren(t, conn, r1, key); len(got) != 1 {
+		t.Errorf("children = %v; want only the holder's", got)
+	}
+
+	// The next waiter watches the same predecessor, and is granted the
+	// lock on its release.
+	next := lease(key, ttl)
+	done := acquireAsync(t.Context(), r2, next, time.Now().Add(time.Minute))
+	waitFor(t, 5*time.Second, "the waiter to queue", func() bool { return len(mustChildren(t, conn, r1, key)) == 2 })
+	if err := r1.Release(t.Context(), holder); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("waiter after the release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted after the release")
+	}
+	if n := clientWatchers(t, conn); n != 0 {
+		t.Errorf("%d watches left in the client once the predecessor went; want 0", n)
+	}
+	if err := r2.Release(t.Context(), next); err != nil {
+		t.Fatal(err)
 	}
 }
