@@ -23,6 +23,7 @@ func TestFaults(t *testing.T) {
 		{"SessionChangeIsLoss", testSessionChangeIsLoss},
 		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
 		{"ShortDisconnectionRidden", testShortDisconnectionRidden},
+		{"SilentPartition", testSilentPartition},
 	})
 }
 
@@ -229,7 +230,9 @@ func testDisconnectionIsLossByDefault(t *testing.T, addrs []string) {
 }
 
 // TestShortDisconnectionRidden: with WithSessionTimeout, a disconnection
-// shorter than the session keeps the lock.
+// after which the client is back in its session before the loss deadline
+// (9/10 of the session timeout after the server last answered) keeps the
+// lock. go-zookeeper waits a second before it dials again.
 func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	probe := connect(t, addrs)
 	timeout := negotiated(t, probe)
@@ -256,5 +259,66 @@ func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	}
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Errorf("Release after the short disconnection: %v", err)
+	}
+}
+
+// testSilentPartition drops every byte between a holder and the server
+// while the connections stay open, as a partition does that sends no
+// reset. The server expires the holder's session one session timeout
+// after it last heard from it, and another client gets the lock: the
+// holder's Lost must be closed by then. With WithSessionTimeout the loss
+// deadline counts from the last request the server answered, not from
+// the moment the client notices (its receive timeout, 2/3 of the session
+// timeout, later); without it, that notice is the loss.
+func testSilentPartition(t *testing.T, addrs []string) {
+	probe := connect(t, addrs)
+	timeout := negotiated(t, probe)
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"WithSessionTimeout", []Option{WithSessionTimeout(timeout)}},
+		{"Default", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, conn, fd := faultyResource(t, addrs, tc.opts...)
+			other, _ := newResource(t, addrs)
+			key := uniqueKey(t)
+			l := lease(key, time.Hour)
+			if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			sid := conn.SessionID()
+			lostAt := make(chan time.Time, 1)
+			go func() { <-l.Lost; lostAt <- time.Now() }()
+
+			start := time.Now()
+			fd.silence()
+			next := lease(key, ttl)
+			if err := other.Acquire(t.Context(), next, start.Add(timeout+10*time.Second)); err != nil {
+				t.Fatalf("another client's Acquire after the holder went silent: %v", err)
+			}
+			granted := time.Now()
+			select {
+			case at := <-lostAt:
+				t.Logf("Lost closed %v after the silence began, %v before the other client's grant (session timeout %v)",
+					at.Sub(start).Round(time.Millisecond), granted.Sub(at).Round(time.Millisecond), timeout)
+			default:
+				t.Errorf("another client got the lock %v after the holder went silent, and the holder's Lost is still open (session timeout %v)",
+					granted.Sub(start).Round(time.Millisecond), timeout)
+			}
+			fd.speak()
+			waitFor(t, 20*time.Second, "a new session", func() bool {
+				return conn.State() == zk.StateHasSession && conn.SessionID() != sid
+			})
+			select {
+			case <-l.Lost:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Lost still open after the session expired")
+			}
+			if err := other.Release(t.Context(), next); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -143,10 +144,13 @@ func closed(ch <-chan struct{}) bool {
 
 // faultDialer dials real connections to the server and injects the faults
 // a real server cannot give on demand: a reply lost on a dropped
-// connection, and a network that refuses every connection.
+// connection, a network that refuses every connection, and a silent network
+// (nothing gets through either way, connections left open, as in a
+// partition that sends no reset).
 type faultDialer struct {
 	dropCreateReply atomic.Bool // drop the reply of the next create, closing the connection
 	dropped         atomic.Int32
+	silent          atomic.Bool // see silence
 
 	mu      sync.Mutex
 	blocked bool
@@ -185,17 +189,60 @@ func (d *faultDialer) unblock() {
 	d.blocked = false
 }
 
-// faultConn passes frames through, except the reply it was told to drop.
+// silence holds every byte both ways, of open and new connections, until
+// speak: like TCP over a partition, what was sent arrives late if the
+// connection is still open then, and never if either side gave it up.
+func (d *faultDialer) silence() { d.silent.Store(true) }
+
+// speak ends the silence: held requests go on to the server, held replies
+// reach the client with the next one.
+func (d *faultDialer) speak() {
+	d.mu.Lock()
+	d.silent.Store(false)
+	conns := slices.Clone(d.conns)
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.wmu.Lock()
+		_ = c.flush()
+		c.wmu.Unlock()
+	}
+}
+
+// faultConn passes frames through, except the reply it was told to drop;
+// while the dialer is silent, it holds them.
 type faultConn struct {
 	net.Conn
 	d       *faultDialer
 	dropXid atomic.Int32
-	pending []byte
+	inbox   [][]byte // frames from the server not passed on yet
+	pending []byte   // the rest of the frame being read by the client
+
+	wmu    sync.Mutex
+	outbox []byte // bytes to the server held by the silence
+}
+
+// flush sends the bytes the silence held. c.wmu is held.
+func (c *faultConn) flush() error {
+	if len(c.outbox) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.outbox)
+	c.outbox = nil
+	return err
 }
 
 const opCreate = 1 // ZooKeeper's create opcode
 
 func (c *faultConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.d.silent.Load() {
+		c.outbox = append(c.outbox, p...)
+		return len(p), nil
+	}
+	if err := c.flush(); err != nil {
+		return 0, err
+	}
 	// go-zookeeper writes one whole frame per call: length, xid, opcode.
 	if len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate && c.d.dropCreateReply.CompareAndSwap(true, false) {
 		c.dropXid.Store(int32(binary.BigEndian.Uint32(p[4:8])))
@@ -204,7 +251,21 @@ func (c *faultConn) Write(p []byte) (int, error) {
 }
 
 func (c *faultConn) Read(p []byte) (int, error) {
-	if len(c.pending) == 0 {
+	for len(c.pending) == 0 {
+		if len(c.inbox) > 0 && !c.d.silent.Load() {
+			frame := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if x := c.dropXid.Load(); x != 0 && len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) == x {
+				c.dropXid.Store(0)
+				c.d.dropped.Add(1)
+				_ = c.Conn.Close()
+				return 0, errors.New("faultConn: reply dropped")
+			}
+			c.pending = frame
+			break
+		}
+		// Read the next frame (the client's read deadline applies): held
+		// while silent, passed on in order otherwise.
 		var hdr [4]byte
 		if _, err := io.ReadFull(c.Conn, hdr[:]); err != nil {
 			return 0, err
@@ -214,13 +275,7 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		if _, err := io.ReadFull(c.Conn, frame[4:]); err != nil {
 			return 0, err
 		}
-		if x := c.dropXid.Load(); x != 0 && len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) == x {
-			c.dropXid.Store(0)
-			c.d.dropped.Add(1)
-			_ = c.Conn.Close()
-			return 0, errors.New("faultConn: reply dropped")
-		}
-		c.pending = frame
+		c.inbox = append(c.inbox, frame)
 	}
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
