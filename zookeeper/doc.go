@@ -33,9 +33,16 @@
 //
 // The guid in the name makes creation safe when the connection drops
 // after the request was sent: the client lists the parent and finds its
-// node again instead of orphaning it (Curator's "protected" mode). A
-// deletion that fails on a broken connection is retried in the background
-// until it succeeds or the session, and with it the ephemeral node, ends.
+// node again instead of orphaning it (Curator's "protected" mode). If it
+// is not there, the client creates it again under the same guid; the
+// first request cannot land later: when the session reconnects, the
+// server closes its old connection (an ensemble's leader refuses the
+// requests of a session that moved to another server), and the session's
+// requests are applied in order, so the listing after the second create
+// shows the first if it landed, and the waiter deletes it; when every
+// create failed, the clean-up syncs before it lists. A deletion
+// that fails on a broken connection is retried in the background until
+// it succeeds or the session, and with it the ephemeral node, ends.
 //
 // # Session and TTL
 //

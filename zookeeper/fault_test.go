@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"testing"
@@ -19,6 +20,7 @@ func TestFaults(t *testing.T) {
 	zs := testserver.ZooKeeper(t)
 	run(t, []string{zs.Addr}, []namedTest{
 		{"CreateReplyLost", testCreateReplyLost},
+		{"CreateRequestLandsLate", testCreateRequestLandsLate},
 		{"SessionExpiry", testSessionExpiry},
 		{"SessionChangeIsLoss", testSessionChangeIsLoss},
 		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
@@ -47,6 +49,7 @@ func faultyResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *z
 	conn := connectWith(t, addrs, connOpts{dialer: fd.dial})
 	r := New(conn, opts...)
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(fd.closeDetached)
 	return r, conn, fd
 }
 
@@ -259,6 +262,91 @@ func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	}
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Errorf("Release after the short disconnection: %v", err)
+	}
+}
+
+// testCreateRequestLandsLate holds our create request in the network
+// while the client gives its connection up (the reply is lost, as far as
+// the client knows), reconnects with the same session, looks for the
+// node, creates it again and gets the lock. Only then does the held
+// request go on to the server over the old connection: it must not land,
+// or it would leave a second node of ours behind the last listing, which
+// nobody would delete until the session ends. It does not land because
+// the server closed the old connection when the session moved to the new
+// one (ZooKeeper's CLIENT_RECONNECT; in an ensemble, the leader refuses a
+// moved session's requests from the old server).
+func testCreateRequestLandsLate(t *testing.T, addrs []string) {
+	r, _, fd := faultyResource(t, addrs)
+	other, admin := newResource(t, addrs)
+
+	for _, mode := range []string{"Free", "Held", "Cancelled"} {
+		t.Run(mode, func(t *testing.T) {
+			key := uniqueKey(t)
+			var holder *backend.Lease
+			if mode == "Held" {
+				holder = lease(key, ttl)
+				if err := other.Acquire(t.Context(), holder, time.Time{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx := t.Context()
+			if mode == "Cancelled" {
+				// The context ends while the client reconnects: the create
+				// gives up, and the clean-up by guid runs in the background.
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+			}
+			fd.holdCreate.Store(true)
+			l := lease(key, ttl)
+			err := r.Acquire(ctx, l, time.Time{})
+			switch {
+			case mode == "Free" && err != nil:
+				t.Fatalf("Acquire with its first create held: %v", err)
+			case mode == "Held" && !errors.Is(err, backend.ErrNotAcquired):
+				t.Fatalf("Acquire of a held key, its first create held = %v; want ErrNotAcquired", err)
+			case mode == "Cancelled" && !errors.Is(err, context.DeadlineExceeded):
+				t.Fatalf("Acquire whose context ended, its first create held = %v; want DeadlineExceeded", err)
+			}
+			gone := fd.takeDetached()
+			if len(gone) != 1 {
+				t.Fatalf("%d connections given up with a create held; want 1: the test proves nothing", len(gone))
+			}
+			c := gone[0]
+			if !c.serverClosed(5 * time.Second) {
+				t.Error("the server kept the old connection open after the session moved")
+			}
+			_ = c.release() // too late: the server closed that connection
+			_ = c.Conn.Close()
+			// A sync, then the listing: whatever the server applied is in it.
+			if _, err := admin.Sync(r.parentPath(key)); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				t.Fatal(err)
+			}
+			got := mustChildren(t, admin, r, key)
+			switch mode {
+			case "Free":
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != l.Handle {
+					t.Fatalf("children = %v; want only our %v", got, l.Handle)
+				}
+				if err := r.Release(t.Context(), l); err != nil {
+					t.Fatal(err)
+				}
+				if got := mustChildren(t, admin, r, key); len(got) != 0 {
+					t.Errorf("children after release = %v; want none", got)
+				}
+			case "Held":
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != holder.Handle {
+					t.Errorf("children = %v; want only the holder's %v", got, holder.Handle)
+				}
+				if err := other.Release(t.Context(), holder); err != nil {
+					t.Fatal(err)
+				}
+			case "Cancelled":
+				if len(got) != 0 {
+					t.Errorf("children = %v; want none", got)
+				}
+			}
+		})
 	}
 }
 

@@ -881,6 +881,14 @@ func (r *Resource) attempt(c cleanup) bool {
 		err := r.conn.Delete(c.path, -1)
 		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
 	}
+	// A sync first: an ensemble member that lags then lists every create
+	// of ours the leader accepted, one whose reply was lost included (the
+	// leader refuses the later ones: the session moved). In Acquire the
+	// create that succeeded orders the listing after the lost ones; here
+	// every create failed, and nothing else does.
+	if _, err := r.conn.Sync(c.parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return errors.Is(err, zk.ErrClosing)
+	}
 	children, _, err := r.conn.Children(c.parent)
 	switch {
 	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrClosing):
