@@ -3,13 +3,18 @@ package safety
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/safety/harness"
+	"github.com/distlock/distlock/safety/history"
+	"github.com/distlock/distlock/safety/proxy"
 	"github.com/distlock/distlock/zookeeper"
 )
 
@@ -64,6 +69,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("SilentPartition", func(t *testing.T) { testZKSilentPartition(t, tg) })
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 }
@@ -76,4 +82,83 @@ func TestZooKeeperEnsemble(t *testing.T) {
 		kill:   func(i int) { ens.Members[i].Kill() },
 		start:  func(i int) { ens.Members[i].Start() },
 	})
+}
+
+// testZKSilentPartition stalls the path between the holder and the server
+// both ways for 3x the session timeout, with the connections left open, as
+// a partition does that sends no reset: the client notices only when its
+// receive timeout (2/3 of the session timeout) runs out. The holder's TTL
+// is ten session timeouts (auto-renewed), so that the session alone tells
+// the loss. The server expires the session one session timeout after it
+// last heard from the holder, and a waiter gets the lock: the holder's
+// Done must have closed by then (zookeeper.WithSessionTimeout counts from
+// the last request the server answered).
+func testZKSilentPartition(t *testing.T, tg target) {
+	p, err := proxy.Start(tg.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold, hcfg.Zombie = "holder", 1, 10000, 100*tg.expiry, true
+	hcfg.TTL = 10 * tg.expiry
+	hcfg.Backend = tg.via(p.Addr)
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the holder's first write", func() bool { return accepted(r, "holder-", 0) })
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name = "waiter"
+	waiter := r.Worker(wcfg)
+	if _, err := waiter.WaitLine("ready", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := r.Note("stall the holder's path both ways")
+	p.Stall(proxy.Up)
+	p.Stall(proxy.Down)
+	if _, err := holder.WaitLine("lost", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatalf("the silenced holder's Done did not close: %v", err)
+	}
+	if _, err := waiter.WaitLine("acquired", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Duration(cutAt+int64(3*tg.expiry)-history.Now()) * time.Nanosecond; d > 0 {
+		time.Sleep(d) // the fault's length
+	}
+	r.Note("unstall")
+	p.Unstall(proxy.Up)
+	p.Unstall(proxy.Down)
+	waitAcquisitions(t, tg, 3, waiter)
+	stopAll(t, tg, holder, waiter)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, "holder's path silent (proxy stalls both ways, connections open) 3x expiry, TTL 10x expiry", evs)
+	res.Orphans = orphans(t, tg, key)
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - cutAt)
+	var grant history.Event
+	for _, e := range evs {
+		if e.Kind == history.Acquire && e.Err == "" && e.Proc == "waiter" {
+			grant = e
+			break
+		}
+	}
+	res.Recovery = time.Duration(grant.Return - cutAt)
+	res.Notes = fmt.Sprintf("loss latency and recovery from the stall; Done closed %v before the waiter's grant returned",
+		time.Duration(grant.Return-lost.At).Round(10*time.Microsecond))
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {
+		t.Errorf("tokens: %d issues, porcupine %v; want none, Ok", len(res.TokenIssues), res.Linearizable)
+	}
+	if lost.At > grant.Return {
+		t.Errorf("the waiter was granted the lock %v before the holder's Done closed", time.Duration(lost.At-grant.Return))
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
 }

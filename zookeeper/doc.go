@@ -25,13 +25,24 @@
 // context, then lists again. Because each waiter watches a different
 // znode, one release wakes exactly one waiter: no thundering herd, and
 // the queue is FIFO. A waiter that gives up (deadline, context, error)
-// deletes its own child, so nothing is left behind.
+// deletes its own child, so nothing is left behind in the store. Its
+// watch stays armed until the predecessor changes (the protocol
+// go-zookeeper speaks cannot remove a watch); the next wait on the same
+// predecessor through the resource uses it instead of setting another,
+// so repeated waits on a long-held lock keep one watch, not one each.
 //
 // The guid in the name makes creation safe when the connection drops
 // after the request was sent: the client lists the parent and finds its
-// node again instead of orphaning it (Curator's "protected" mode). A
-// deletion that fails on a broken connection is retried in the background
-// until it succeeds or the session, and with it the ephemeral node, ends.
+// node again instead of orphaning it (Curator's "protected" mode). If it
+// is not there, the client creates it again under the same guid; the
+// first request cannot land later: when the session reconnects, the
+// server closes its old connection (an ensemble's leader refuses the
+// requests of a session that moved to another server), and the session's
+// requests are applied in order, so the listing after the second create
+// shows the first if it landed, and the waiter deletes it; when every
+// create failed, the clean-up syncs before it lists. A deletion
+// that fails on a broken connection is retried in the background until
+// it succeeds or the session, and with it the ephemeral node, ends.
 //
 // # Session and TTL
 //
@@ -45,13 +56,32 @@
 //
 // The resource reports a lock lost (closes backend.Lease.Lost, and so the
 // lock's Done channel) when its TTL deleted it, when the session changed
-// (the old one expired, with its ephemeral nodes), and when the
-// connection has been down longer than the tolerated time. go-zookeeper
-// does not expose the negotiated session timeout, so the tolerated time
-// is 0 (any disconnection is loss) unless [WithSessionTimeout] says how
-// long the server keeps the session. The connection is sampled every
-// 25 ms while locks are held; the resource does not need the event
-// channel of zk.Connect, which stays the caller's.
+// (the old one expired, with its ephemeral nodes), and when the server
+// may be about to expire the session:
+//
+//   - With [WithSessionTimeout](d), where d is the negotiated session
+//     timeout: the server expires a session no sooner than d after it
+//     last heard from the client, so the resource asks the server for a
+//     small read every d/10 while locks are held, and closes Lost when
+//     0.9 x d have passed since it sent the last request the server
+//     answered (it looks every 25ms from 0.9 x d - 25ms on). Lost closes
+//     d/10 before the earliest moment the server can expire the session
+//     and another client can be granted the lock, however the connection
+//     failed: refused, reset, or silent with the connection left open
+//     (which go-zookeeper notices only after its receive timeout, 2/3 of
+//     d). That tenth absorbs the lateness of the resource's timers and
+//     scheduling. A lock survives a disconnection if the client is back
+//     in its session before that deadline.
+//   - Without it, go-zookeeper does not expose the negotiated timeout and
+//     any disconnection is loss. A silent connection is noticed after
+//     go-zookeeper's receive timeout, 2/3 of the session timeout after the
+//     last reply; its pings, every third of the timeout, keep that about a
+//     third of the timeout ahead of the session's expiry.
+//
+// The connection is sampled every 25 ms while locks are held; the
+// resource does not need the event channel of zk.Connect, which stays the
+// caller's. Locking on a connection that has no session yet is fine:
+// go-zookeeper queues the requests until the session is established.
 //
 // # Fencing token
 //
@@ -67,10 +97,10 @@
 // than any zxid the listing shows, and a later holder's own listing comes
 // after the deletion of our znode, so its pzxid is higher than our czxid.
 //
-// Between the moment the server expires a session and the moment its
-// client notices (up to the tolerated time after the disconnection),
-// another client can hold the lock while the first still believes it
-// does: protect the resource with the token.
+// A holder that is frozen (a long GC pause, a stopped process) past the
+// session timeout, or a WithSessionTimeout larger than the negotiated
+// timeout, lets another client hold the lock while the first still
+// believes it does: protect the resource with the token.
 //
 // # Errors
 //

@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"testing"
@@ -19,10 +20,12 @@ func TestFaults(t *testing.T) {
 	zs := testserver.ZooKeeper(t)
 	run(t, []string{zs.Addr}, []namedTest{
 		{"CreateReplyLost", testCreateReplyLost},
+		{"CreateRequestLandsLate", testCreateRequestLandsLate},
 		{"SessionExpiry", testSessionExpiry},
 		{"SessionChangeIsLoss", testSessionChangeIsLoss},
 		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
 		{"ShortDisconnectionRidden", testShortDisconnectionRidden},
+		{"SilentPartition", testSilentPartition},
 	})
 }
 
@@ -46,6 +49,7 @@ func faultyResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *z
 	conn := connectWith(t, addrs, connOpts{dialer: fd.dial})
 	r := New(conn, opts...)
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(fd.closeDetached)
 	return r, conn, fd
 }
 
@@ -229,7 +233,9 @@ func testDisconnectionIsLossByDefault(t *testing.T, addrs []string) {
 }
 
 // TestShortDisconnectionRidden: with WithSessionTimeout, a disconnection
-// shorter than the session keeps the lock.
+// after which the client is back in its session before the loss deadline
+// (9/10 of the session timeout after the server last answered) keeps the
+// lock. go-zookeeper waits a second before it dials again.
 func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	probe := connect(t, addrs)
 	timeout := negotiated(t, probe)
@@ -256,5 +262,151 @@ func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	}
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Errorf("Release after the short disconnection: %v", err)
+	}
+}
+
+// testCreateRequestLandsLate holds our create request in the network
+// while the client gives its connection up (the reply is lost, as far as
+// the client knows), reconnects with the same session, looks for the
+// node, creates it again and gets the lock. Only then does the held
+// request go on to the server over the old connection: it must not land,
+// or it would leave a second node of ours behind the last listing, which
+// nobody would delete until the session ends. It does not land because
+// the server closed the old connection when the session moved to the new
+// one (ZooKeeper's CLIENT_RECONNECT; in an ensemble, the leader refuses a
+// moved session's requests from the old server).
+func testCreateRequestLandsLate(t *testing.T, addrs []string) {
+	r, _, fd := faultyResource(t, addrs)
+	other, admin := newResource(t, addrs)
+
+	for _, mode := range []string{"Free", "Held", "Cancelled"} {
+		t.Run(mode, func(t *testing.T) {
+			key := uniqueKey(t)
+			var holder *backend.Lease
+			if mode == "Held" {
+				holder = lease(key, ttl)
+				if err := other.Acquire(t.Context(), holder, time.Time{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx := t.Context()
+			if mode == "Cancelled" {
+				// The context ends while the client reconnects: the create
+				// gives up, and the clean-up by guid runs in the background.
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+			}
+			fd.holdCreate.Store(true)
+			l := lease(key, ttl)
+			err := r.Acquire(ctx, l, time.Time{})
+			switch {
+			case mode == "Free" && err != nil:
+				t.Fatalf("Acquire with its first create held: %v", err)
+			case mode == "Held" && !errors.Is(err, backend.ErrNotAcquired):
+				t.Fatalf("Acquire of a held key, its first create held = %v; want ErrNotAcquired", err)
+			case mode == "Cancelled" && !errors.Is(err, context.DeadlineExceeded):
+				t.Fatalf("Acquire whose context ended, its first create held = %v; want DeadlineExceeded", err)
+			}
+			gone := fd.takeDetached()
+			if len(gone) != 1 {
+				t.Fatalf("%d connections given up with a create held; want 1: the test proves nothing", len(gone))
+			}
+			c := gone[0]
+			if !c.serverClosed(5 * time.Second) {
+				t.Error("the server kept the old connection open after the session moved")
+			}
+			_ = c.release() // too late: the server closed that connection
+			_ = c.Conn.Close()
+			// A sync, then the listing: whatever the server applied is in it.
+			if _, err := admin.Sync(r.parentPath(key)); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				t.Fatal(err)
+			}
+			got := mustChildren(t, admin, r, key)
+			switch mode {
+			case "Free":
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != l.Handle {
+					t.Fatalf("children = %v; want only our %v", got, l.Handle)
+				}
+				if err := r.Release(t.Context(), l); err != nil {
+					t.Fatal(err)
+				}
+				if got := mustChildren(t, admin, r, key); len(got) != 0 {
+					t.Errorf("children after release = %v; want none", got)
+				}
+			case "Held":
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != holder.Handle {
+					t.Errorf("children = %v; want only the holder's %v", got, holder.Handle)
+				}
+				if err := other.Release(t.Context(), holder); err != nil {
+					t.Fatal(err)
+				}
+			case "Cancelled":
+				if len(got) != 0 {
+					t.Errorf("children = %v; want none", got)
+				}
+			}
+		})
+	}
+}
+
+// testSilentPartition drops every byte between a holder and the server
+// while the connections stay open, as a partition does that sends no
+// reset. The server expires the holder's session one session timeout
+// after it last heard from it, and another client gets the lock: the
+// holder's Lost must be closed by then. With WithSessionTimeout the loss
+// deadline counts from the last request the server answered, not from
+// the moment the client notices (its receive timeout, 2/3 of the session
+// timeout, later); without it, that notice is the loss.
+func testSilentPartition(t *testing.T, addrs []string) {
+	probe := connect(t, addrs)
+	timeout := negotiated(t, probe)
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"WithSessionTimeout", []Option{WithSessionTimeout(timeout)}},
+		{"Default", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, conn, fd := faultyResource(t, addrs, tc.opts...)
+			other, _ := newResource(t, addrs)
+			key := uniqueKey(t)
+			l := lease(key, time.Hour)
+			if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			sid := conn.SessionID()
+			lostAt := make(chan time.Time, 1)
+			go func() { <-l.Lost; lostAt <- time.Now() }()
+
+			start := time.Now()
+			fd.silence()
+			next := lease(key, ttl)
+			if err := other.Acquire(t.Context(), next, start.Add(timeout+10*time.Second)); err != nil {
+				t.Fatalf("another client's Acquire after the holder went silent: %v", err)
+			}
+			granted := time.Now()
+			select {
+			case at := <-lostAt:
+				t.Logf("Lost closed %v after the silence began, %v before the other client's grant (session timeout %v)",
+					at.Sub(start).Round(time.Millisecond), granted.Sub(at).Round(time.Millisecond), timeout)
+			default:
+				t.Errorf("another client got the lock %v after the holder went silent, and the holder's Lost is still open (session timeout %v)",
+					granted.Sub(start).Round(time.Millisecond), timeout)
+			}
+			fd.speak()
+			waitFor(t, 20*time.Second, "a new session", func() bool {
+				return conn.State() == zk.StateHasSession && conn.SessionID() != sid
+			})
+			select {
+			case <-l.Lost:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Lost still open after the session expired")
+			}
+			if err := other.Release(t.Context(), next); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -8,11 +9,14 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/go-zookeeper/zk"
 
@@ -141,14 +145,20 @@ func closed(ch <-chan struct{}) bool {
 
 // faultDialer dials real connections to the server and injects the faults
 // a real server cannot give on demand: a reply lost on a dropped
-// connection, and a network that refuses every connection.
+// connection, a network that refuses every connection, a silent network
+// (nothing gets through either way, connections left open, as in a
+// partition that sends no reset), and a create request held in the
+// network while the client gives its connection up.
 type faultDialer struct {
 	dropCreateReply atomic.Bool // drop the reply of the next create, closing the connection
 	dropped         atomic.Int32
+	silent          atomic.Bool // see silence
+	holdCreate      atomic.Bool // hold the next create request; the client sees its connection break
 
-	mu      sync.Mutex
-	blocked bool
-	conns   []*faultConn
+	mu       sync.Mutex
+	blocked  bool
+	conns    []*faultConn
+	detached []*faultConn // connections the client gave up, still open to the server
 }
 
 func (d *faultDialer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -183,28 +193,146 @@ func (d *faultDialer) unblock() {
 	d.blocked = false
 }
 
-// faultConn passes frames through, except the reply it was told to drop.
+// silence holds every byte both ways, of open and new connections, until
+// speak: like TCP over a partition, what was sent arrives late if the
+// connection is still open then, and never if either side gave it up.
+func (d *faultDialer) silence() { d.silent.Store(true) }
+
+// speak ends the silence: held requests go on to the server, held replies
+// reach the client with the next one.
+func (d *faultDialer) speak() {
+	d.mu.Lock()
+	d.silent.Store(false)
+	conns := slices.Clone(d.conns)
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.wmu.Lock()
+		_ = c.flush()
+		c.wmu.Unlock()
+	}
+}
+
+// takeDetached returns the connections the client gave up while their
+// server side stayed open, and forgets them.
+func (d *faultDialer) takeDetached() []*faultConn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cs := d.detached
+	d.detached = nil
+	return cs
+}
+
+// closeDetached closes what takeDetached would return (test cleanup).
+func (d *faultDialer) closeDetached() {
+	for _, c := range d.takeDetached() {
+		_ = c.Conn.Close()
+	}
+}
+
+// faultConn passes frames through, except the reply it was told to drop;
+// while the dialer is silent, it holds them.
 type faultConn struct {
 	net.Conn
-	d       *faultDialer
-	dropXid atomic.Int32
-	pending []byte
+	d        *faultDialer
+	dropXid  atomic.Int32
+	inbox    [][]byte // frames from the server not passed on yet
+	pending  []byte   // the rest of the frame being read by the client
+	detached atomic.Bool
+	held     []byte // the create request held when it was detached
+
+	wmu    sync.Mutex
+	outbox []byte // bytes to the server held by the silence
+}
+
+// flush sends the bytes the silence held. c.wmu is held.
+func (c *faultConn) flush() error {
+	if len(c.outbox) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.outbox)
+	c.outbox = nil
+	return err
 }
 
 const opCreate = 1 // ZooKeeper's create opcode
 
+var errDetached = errors.New("faultConn: connection given up (its server side stays open)")
+
 func (c *faultConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	switch {
+	case c.detached.Load():
+		return 0, errDetached
+	case c.d.silent.Load():
+		c.outbox = append(c.outbox, p...)
+		return len(p), nil
+	}
+	if err := c.flush(); err != nil {
+		return 0, err
+	}
 	// go-zookeeper writes one whole frame per call: length, xid, opcode.
-	if len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate && c.d.dropCreateReply.CompareAndSwap(true, false) {
-		c.dropXid.Store(int32(binary.BigEndian.Uint32(p[4:8])))
+	if len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate {
+		if c.d.holdCreate.CompareAndSwap(true, false) {
+			c.detach(p)
+			return len(p), nil
+		}
+		if c.d.dropCreateReply.CompareAndSwap(true, false) {
+			c.dropXid.Store(int32(binary.BigEndian.Uint32(p[4:8])))
+		}
 	}
 	return c.Conn.Write(p)
 }
 
+// detach holds the request p and makes the client's reads fail at once,
+// while the connection to the server stays open.
+func (c *faultConn) detach(p []byte) {
+	c.held = bytes.Clone(p)
+	c.detached.Store(true)
+	c.d.mu.Lock()
+	c.d.detached = append(c.d.detached, c)
+	c.d.mu.Unlock()
+	_ = c.Conn.SetReadDeadline(time.Unix(1, 0)) // wakes the client's blocked read
+}
+
+func (c *faultConn) SetReadDeadline(t time.Time) error {
+	if c.detached.Load() {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *faultConn) Close() error {
+	if c.detached.Load() {
+		return nil // the client closes its side; the server's stays open
+	}
+	return c.Conn.Close()
+}
+
 func (c *faultConn) Read(p []byte) (int, error) {
-	if len(c.pending) == 0 {
+	for len(c.pending) == 0 {
+		if c.detached.Load() {
+			return 0, errDetached
+		}
+		if len(c.inbox) > 0 && !c.d.silent.Load() {
+			frame := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if x := c.dropXid.Load(); x != 0 && len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) == x {
+				c.dropXid.Store(0)
+				c.d.dropped.Add(1)
+				_ = c.Conn.Close()
+				return 0, errors.New("faultConn: reply dropped")
+			}
+			c.pending = frame
+			break
+		}
+		// Read the next frame (the client's read deadline applies): held
+		// while silent, passed on in order otherwise.
 		var hdr [4]byte
 		if _, err := io.ReadFull(c.Conn, hdr[:]); err != nil {
+			if c.detached.Load() {
+				return 0, errDetached
+			}
 			return 0, err
 		}
 		frame := make([]byte, 4+binary.BigEndian.Uint32(hdr[:]))
@@ -212,17 +340,45 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		if _, err := io.ReadFull(c.Conn, frame[4:]); err != nil {
 			return 0, err
 		}
-		if x := c.dropXid.Load(); x != 0 && len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) == x {
-			c.dropXid.Store(0)
-			c.d.dropped.Add(1)
-			_ = c.Conn.Close()
-			return 0, errors.New("faultConn: reply dropped")
-		}
-		c.pending = frame
+		c.inbox = append(c.inbox, frame)
 	}
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
 	return n, nil
+}
+
+// serverClosed reads what the server still sends on a detached connection
+// until it closes its side (true) or wait passes (false).
+func (c *faultConn) serverClosed(wait time.Duration) bool {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(wait))
+	_, err := io.Copy(io.Discard, c.Conn)
+	return err == nil // io.Copy reports io.EOF as nil
+}
+
+// release sends the held request to the server, late.
+func (c *faultConn) release() error {
+	_, err := c.Conn.Write(c.held)
+	return err
+}
+
+// clientWatchers counts the watches the client keeps for the caller: one
+// per Get/Exists/ChildrenW that set a watch not yet fired. go-zookeeper
+// keeps them to itself; a change there fails the test, not the count.
+func clientWatchers(t testing.TB, conn *zk.Conn) int {
+	t.Helper()
+	v := reflect.ValueOf(conn).Elem()
+	lock, watchers := v.FieldByName("watchersLock"), v.FieldByName("watchers")
+	if !lock.IsValid() || !watchers.IsValid() || lock.Type() != reflect.TypeFor[sync.Mutex]() || watchers.Kind() != reflect.Map {
+		t.Fatal("go-zookeeper changed: no Conn.watchersLock or Conn.watchers")
+	}
+	mu := (*sync.Mutex)(unsafe.Pointer(lock.UnsafeAddr()))
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for it := watchers.MapRange(); it.Next(); {
+		n += it.Value().Len()
+	}
+	return n
 }
 
 // acquireAsync runs Acquire in a goroutine and reports its result.

@@ -35,6 +35,15 @@ const DefaultRoot = "/distlock"
 // while locks are held.
 const pollInterval = 25 * time.Millisecond
 
+// With [WithSessionTimeout](d), the session watcher asks the server for
+// something every d/probeDivisor while locks are held, and reports them
+// lost once no request sent in the last d - d/marginDivisor - pollInterval
+// was answered (see lossDeadline).
+const (
+	probeDivisor  = 10
+	marginDivisor = 10
+)
+
 // Option configures a [Resource].
 type Option func(*config)
 
@@ -74,16 +83,24 @@ func WithACL(acl ...zk.ACL) Option {
 
 // WithSessionTimeout tells the resource the session timeout the connection
 // negotiated (the one given to zk.Connect, unless the server clamped it to
-// its [2, 20] tickTime bounds). A lock then survives a disconnection shorter
-// than d and is reported lost (Lease.Lost closed) once the connection has
-// been down for d, when the server may have expired the session.
+// its [2, 20] tickTime bounds). While locks are held, the resource then
+// sends the server a small read every d/10 and reports the locks lost
+// (Lease.Lost closed) when nine tenths of d have passed since it sent the
+// last request the server answered: the server cannot expire the session
+// before d has passed since it last heard from the client, so Lost closes
+// a tenth of d before the earliest moment another client can be granted
+// the lock, however the connection failed (refused, reset, or silent with
+// the connection left open). A lock survives a disconnection if the client
+// is back in session before that deadline; go-zookeeper waits a second
+// before it dials again a server list it went through.
 //
 // Default 0: go-zookeeper does not expose the negotiated timeout, so without
 // this option every observed disconnection counts as loss, which is safe
-// but drops locks on short network blips. Do not pass more than the real
-// session timeout: the lock could then be granted to another client while
-// this one still believes it holds it. d < 0 is an error, reported by every
-// call.
+// but drops locks on short network blips (a silent connection is noticed
+// by go-zookeeper's receive timeout, 2/3 of the session timeout after the
+// last reply). Do not pass more than the real session timeout: the lock
+// could then be granted to another client while this one still believes
+// it holds it. d < 0 is an error, reported by every call.
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d < 0 {
@@ -102,12 +119,24 @@ type Resource struct {
 
 	noContainers atomic.Bool // the server rejected CreateContainer
 
+	// epoch is the monotonic origin of heard, which is the latest moment
+	// the server is known to have heard from this client: the send time
+	// of the latest request it answered, in nanoseconds since epoch.
+	epoch time.Time
+	heard atomic.Int64
+
 	mu      sync.Mutex
 	held    map[string]*held // znode path -> lock held through this resource
 	polling bool
 	closed  bool
 	stop    chan struct{} // closed by Close: background work ends
 	wg      sync.WaitGroup
+
+	// Watches set on predecessors and not fired yet, shared by the waits
+	// on the same predecessor: see watch.
+	wmu     sync.Mutex
+	watches map[string]<-chan zk.Event
+	pruneAt int
 }
 
 // held is one granted lock.
@@ -137,11 +166,36 @@ func New(conn *zk.Conn, opts ...Option) *Resource {
 		cfg.err = errors.New("zookeeper: nil *zk.Conn")
 	}
 	return &Resource{
-		conn: conn,
-		cfg:  cfg,
-		held: make(map[string]*held),
-		stop: make(chan struct{}),
+		conn:    conn,
+		cfg:     cfg,
+		epoch:   time.Now(),
+		held:    make(map[string]*held),
+		stop:    make(chan struct{}),
+		watches: make(map[string]<-chan zk.Event),
 	}
+}
+
+// hear records that the server answered a request sent at sent: it had
+// heard from this client's session at sent or later.
+func (r *Resource) hear(sent time.Time) {
+	t := int64(sent.Sub(r.epoch))
+	for {
+		old := r.heard.Load()
+		if t <= old || r.heard.CompareAndSwap(old, t) {
+			return
+		}
+	}
+}
+
+// lossDeadline is when the held locks must be reported lost, with
+// [WithSessionTimeout](d): the server cannot expire the session before d
+// after it last heard from the client, which is at or after r.heard. The
+// watcher looks every poll interval, so it closes Lost by 0.9 x d after
+// r.heard; the last tenth of d is the margin for its lateness and for
+// the two clocks' rates.
+func (r *Resource) lossDeadline() time.Time {
+	d := r.cfg.tolerance
+	return r.epoch.Add(time.Duration(r.heard.Load()) + d - d/marginDivisor - pollInterval)
 }
 
 // ValidateKey returns an error, with no I/O, for a key the resource cannot
@@ -215,14 +269,18 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	}
 	parent := r.parentPath(l.Key)
 	guid := newGUID()
-	sid := r.conn.SessionID()
 	path, err := r.create(ctx, parent, guid, []byte(l.Value))
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
-	token, sid, err := r.wait(ctx, parent, path, guid, sid, deadline)
+	// Read after the create returned: the session the znode was created
+	// in, or a later one if that one expired meanwhile (then the znode
+	// went with it and the listing finds it gone). Before the create it
+	// can be 0, on a connection that has no session yet.
+	sid := r.conn.SessionID()
+	token, sid, heard, err := r.wait(ctx, parent, path, guid, sid, deadline)
 	if err == nil {
-		err = r.track(l, path, token, sid)
+		err = r.track(l, path, token, sid, heard)
 	}
 	if err != nil {
 		r.remove(path)
@@ -366,14 +424,17 @@ func (r *Resource) createParent(path string, container bool) error {
 }
 
 // wait lists parent until our node is the lowest, watching only its
-// immediate predecessor in between. sid is the session current before the
-// create. It returns the fencing token and the session owning our node.
-func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, err error) {
+// immediate predecessor in between. sid is the session read after the
+// create. It returns the fencing token, the session owning our node, and
+// when the listing that granted the lock was sent (the server had heard
+// from the session by then).
+func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, heard time.Time, err error) {
 	name := path[len(parent)+1:]
 	mySeq, ok := sequence(name)
 	if !ok {
-		return 0, 0, fmt.Errorf("server gave %q no sequence number", path)
+		return 0, 0, heard, fmt.Errorf("server gave %q no sequence number", path)
 	}
+	heard = time.Now()
 	children, pstat, err := r.conn.Children(parent)
 	owner = sid
 	var czxid int64
@@ -401,7 +462,7 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 	}()
 	for {
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, heard, err
 		}
 		pred, found := "", false
 		var predSeq int64 = -1
@@ -420,7 +481,7 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 			}
 		}
 		if !found {
-			return 0, 0, errVanished
+			return 0, 0, heard, errVanished
 		}
 		if pred == "" {
 			if czxid == 0 && len(children) == 1 {
@@ -428,15 +489,15 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 				// child change, is our token, with no round trip for our
 				// czxid. No later holder's token can be lower (see
 				// "Fencing token" in the package doc).
-				return pstat.Pzxid, owner, nil
+				return pstat.Pzxid, owner, heard, nil
 			}
 			if err := stat(); err != nil {
-				return 0, 0, err
+				return 0, 0, heard, err
 			}
-			return czxid, owner, nil
+			return czxid, owner, heard, nil
 		}
 		if deadline.IsZero() || !time.Now().Before(deadline) {
-			return 0, 0, backend.ErrNotAcquired
+			return 0, 0, heard, backend.ErrNotAcquired
 		}
 		// Read our czxid now, so that the handoff does not wait for it,
 		// pipelined with setting the watch.
@@ -445,48 +506,109 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 			statDone = make(chan error, 1)
 			go func() { statDone <- stat() }()
 		}
-		// Watch the predecessor only: one release wakes one waiter. A data
-		// watch (getData), as Curator sets: unlike exists, it leaves no
-		// watch behind when the predecessor is already gone.
-		_, _, ch, werr := r.conn.GetW(parent + "/" + pred)
+		// Watch the predecessor only: one release wakes one waiter.
+		ch, werr := r.watch(parent + "/" + pred)
 		if statDone != nil {
 			if err := <-statDone; err != nil {
-				return 0, 0, err
+				return 0, 0, heard, err
 			}
 		}
 		switch {
 		case errors.Is(werr, zk.ErrNoNode):
 			// Gone already: list again.
 		case werr != nil:
-			return 0, 0, werr
+			return 0, 0, heard, werr
 		default:
 			if timer == nil {
 				timer = time.NewTimer(time.Until(deadline))
 			}
 			select {
 			case ev := <-ch:
+				// The event, or a zero one when another wait on the same
+				// watch took it: list again either way.
 				if ev.Err != nil {
-					return 0, 0, ev.Err
+					return 0, 0, heard, ev.Err
 				}
 			case <-timer.C:
-				return 0, 0, backend.ErrNotAcquired
+				return 0, 0, heard, backend.ErrNotAcquired
 			case <-ctx.Done():
-				return 0, 0, ctx.Err()
+				return 0, 0, heard, ctx.Err()
 			case <-r.stop:
-				return 0, 0, ErrClosed
+				return 0, 0, heard, ErrClosed
 			}
 		}
+		heard = time.Now()
 		children, pstat, err = r.conn.Children(parent)
 	}
 }
 
 var errVanished = errors.New("our znode vanished while queued (session expired?)")
 
+// watch returns a channel that receives (or is closed) when the znode at
+// path changes or goes, or zk.ErrNoNode when it is gone already.
+//
+// The protocol go-zookeeper speaks cannot remove a watch: a wait that
+// gives up leaves its watch armed until the znode changes, on the server
+// and in the client. The next wait on the same znode uses that watch
+// instead of setting another, so that waits that give up again and again
+// (a process polling a long-held lock) keep one watch per predecessor,
+// not one per wait. An armed watch says the znode has not changed since
+// it was set, and it fires when it does: no need to look at the znode
+// again. It is a data watch (getData), as Curator sets: unlike exists, it
+// leaves no watch behind when the znode is already gone. A session that
+// ends closes every watch channel (go-zookeeper invalidates them), so a
+// watch is never shared across sessions.
+func (r *Resource) watch(path string) (<-chan zk.Event, error) {
+	r.wmu.Lock()
+	ch, ok := r.watches[path]
+	if ok && fired(ch) {
+		delete(r.watches, path)
+		ok = false
+	}
+	r.wmu.Unlock()
+	if ok {
+		return ch, nil
+	}
+	_, _, ch, err := r.conn.GetW(path)
+	if err != nil {
+		return nil, err
+	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if r.watches == nil { // closed
+		return ch, nil
+	}
+	if len(r.watches) >= r.pruneAt {
+		for p, c := range r.watches {
+			if fired(c) {
+				delete(r.watches, p)
+			}
+		}
+		r.pruneAt = max(64, 2*len(r.watches))
+	}
+	r.watches[path] = ch
+	return ch, nil
+}
+
+// fired reports whether a watch channel has delivered its event (it may
+// take the event: whoever waits on the channel then sees it closed).
+func fired(ch <-chan zk.Event) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // track records a granted lock: TTL timer, loss watch, lease fields.
-func (r *Resource) track(l *backend.Lease, path string, token, sid int64) error {
+// heard is when the request that granted it was sent.
+func (r *Resource) track(l *backend.Lease, path string, token, sid int64, heard time.Time) error {
 	if r.conn.SessionID() != sid {
 		return errVanished
 	}
+	// Before the lock is in r.held, where poll reads heard.
+	r.hear(heard)
 	h := &held{path: path, sid: sid, lost: make(chan struct{})}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -544,13 +666,18 @@ func (r *Resource) expire(h *held) {
 }
 
 // poll watches the connection while locks are held: a changed session id
-// means the old session expired with our znodes; a connection down for
-// longer than the tolerated time ([WithSessionTimeout]) may have lost them.
+// means the old session expired with our znodes. Without
+// [WithSessionTimeout] any disconnection may have lost them; with it, it
+// probes the server (see probe) and reports the locks lost at
+// lossDeadline, when the server has not answered for most of the session
+// timeout, whether the connection looks up or not.
 func (r *Resource) poll() {
 	defer r.wg.Done()
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
-	var downSince time.Time
+	d := r.cfg.tolerance
+	var probing chan struct{} // closed when the probe in flight returns
+	var lastProbe time.Time
 	for {
 		select {
 		case <-t.C:
@@ -558,17 +685,19 @@ func (r *Resource) poll() {
 			return
 		}
 		sid, state, now := r.conn.SessionID(), r.conn.State(), time.Now()
-		down := false
-		if state != zk.StateHasSession {
-			if downSince.IsZero() {
-				downSince = now
-			}
-			down = now.Sub(downSince) >= r.cfg.tolerance
-		} else {
-			downSince = time.Time{}
+		if d > 0 && state == zk.StateHasSession && (probing == nil || isClosedChan(probing)) &&
+			now.Sub(lastProbe) >= d/probeDivisor {
+			probing, lastProbe = make(chan struct{}), now
+			r.wg.Add(1) // poll's own count keeps the group open
+			go r.probe(probing)
 		}
 		var lost []*held
 		r.mu.Lock()
+		// Read under r.mu: track records heard before it adds a lock.
+		down := state != zk.StateHasSession
+		if d > 0 {
+			down = !now.Before(r.lossDeadline())
+		}
 		for p, h := range r.held {
 			if down || h.sid != sid {
 				lost = append(lost, h)
@@ -592,6 +721,18 @@ func (r *Resource) poll() {
 		if last {
 			return
 		}
+	}
+}
+
+// probe sends the server a small read and records when it was sent if
+// the server answers: any answer counts, the server heard from the
+// session (go-zookeeper's own pings are answered out of our sight).
+func (r *Resource) probe(done chan struct{}) {
+	defer r.wg.Done()
+	defer close(done)
+	sent := time.Now()
+	if _, _, err := r.conn.Exists(r.cfg.root); err == nil {
+		r.hear(sent)
 	}
 }
 
@@ -658,10 +799,12 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	sent := time.Now()
 	exists, stat, err := r.conn.Exists(path)
 	if err != nil {
 		return r.wrap("refresh", l.Key, err)
 	}
+	r.hear(sent)
 	if !exists || stat.EphemeralOwner != h.sid {
 		if h.finish() {
 			r.forget(h)
@@ -696,6 +839,9 @@ func (r *Resource) Close() error {
 	}
 	clear(r.held)
 	r.mu.Unlock()
+	r.wmu.Lock()
+	r.watches = nil // the watches fire or end with the connection
+	r.wmu.Unlock()
 
 	errs := make([]error, len(hs))
 	var wg sync.WaitGroup
@@ -734,6 +880,14 @@ func (r *Resource) attempt(c cleanup) bool {
 	if c.path != "" {
 		err := r.conn.Delete(c.path, -1)
 		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
+	}
+	// A sync first: an ensemble member that lags then lists every create
+	// of ours the leader accepted, one whose reply was lost included (the
+	// leader refuses the later ones: the session moved). In Acquire the
+	// create that succeeded orders the listing after the lost ones; here
+	// every create failed, and nothing else does.
+	if _, err := r.conn.Sync(c.parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return errors.Is(err, zk.ErrClosing)
 	}
 	children, _, err := r.conn.Children(c.parent)
 	switch {

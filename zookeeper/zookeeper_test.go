@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
 )
@@ -29,6 +31,8 @@ func TestResource(t *testing.T) {
 		{"RefreshPushesTTLBack", testRefreshPushesTTLBack},
 		{"CloseDeletesHeld", testCloseDeletesHeld},
 		{"RootOption", testRootOption},
+		{"FreshConnection", testFreshConnection},
+		{"TimedOutWaitsLeaveOneWatch", testTimedOutWaitsLeaveOneWatch},
 	})
 }
 
@@ -415,6 +419,114 @@ func testRootOption(t *testing.T, addrs []string) {
 		t.Errorf("root is ephemeral (owner %x)", stat.EphemeralOwner)
 	}
 	if err := r.Release(t.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testFreshConnection locks at once on a connection that has no session
+// yet, as a user does who calls zk.Connect and then TryLock: go-zookeeper
+// queues the requests until the session is established, and the lock
+// must be granted, on the resource and through the facade.
+func testFreshConnection(t *testing.T, addrs []string) {
+	// The dial waits a little, so that the session is surely not there
+	// yet when Acquire starts: the fault is the slow network.
+	slow := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		time.Sleep(50 * time.Millisecond)
+		return net.DialTimeout(network, addr, timeout)
+	}
+	fresh := func(t *testing.T) *zk.Conn {
+		conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(silentLogger{}), zk.WithDialer(slow))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		if conn.SessionID() != 0 {
+			t.Fatal("the session is there already: the test proves nothing")
+		}
+		return conn
+	}
+	for i := range 5 {
+		conn := fresh(t)
+		r := New(conn)
+		l := lease(uniqueKey(t), ttl)
+		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+			t.Fatalf("try %d: Acquire on a fresh connection: %v", i, err)
+		}
+		_, stat, err := conn.Exists(l.Handle.(string))
+		if err != nil || stat.EphemeralOwner != conn.SessionID() {
+			t.Errorf("try %d: znode owner %x, %v; want our session %x", i, stat.EphemeralOwner, err, conn.SessionID())
+		}
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Errorf("try %d: Release: %v", i, err)
+		}
+		_ = r.Close()
+	}
+
+	r := New(fresh(t))
+	t.Cleanup(func() { _ = r.Close() })
+	d, err := distlock.New(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	lk, err := d.TryLock(t.Context(), uniqueKey(t), 0)
+	if err != nil {
+		t.Fatalf("TryLock on a fresh connection: %v", err)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Errorf("Unlock: %v", err)
+	}
+}
+
+// testTimedOutWaitsLeaveOneWatch makes many waits on a held lock give up
+// at their deadline, each after setting its watch on the holder's znode.
+// ZooKeeper's protocol as go-zookeeper speaks it cannot remove a watch,
+// so a watch stays armed until the holder's znode changes; it must be one
+// watch, shared by the waits, not one per wait: a process polling a
+// long-held lock must not grow. The next waiter on the same predecessor
+// uses it, and is woken by the release.
+func testTimedOutWaitsLeaveOneWatch(t *testing.T, addrs []string) {
+	r1, _ := newResource(t, addrs)
+	r2, conn := newResource(t, addrs)
+	key := uniqueKey(t)
+	holder := lease(key, ttl)
+	if err := r1.Acquire(t.Context(), holder, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	const waits = 100
+	for i := range waits {
+		err := r2.Acquire(t.Context(), lease(key, ttl), time.Now().Add(30*time.Millisecond))
+		if !errors.Is(err, backend.ErrNotAcquired) {
+			t.Fatalf("wait %d = %v; want ErrNotAcquired", i, err)
+		}
+	}
+	if n := clientWatchers(t, conn); n > 1 {
+		t.Errorf("%d watches left in the client after %d timed-out waits on one holder; want at most 1", n, waits)
+	}
+	if got := mustChildren(t, conn, r1, key); len(got) != 1 {
+		t.Errorf("children = %v; want only the holder's", got)
+	}
+
+	// The next waiter watches the same predecessor, and is granted the
+	// lock on its release.
+	next := lease(key, ttl)
+	done := acquireAsync(t.Context(), r2, next, time.Now().Add(time.Minute))
+	waitFor(t, 5*time.Second, "the waiter to queue", func() bool { return len(mustChildren(t, conn, r1, key)) == 2 })
+	if err := r1.Release(t.Context(), holder); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("waiter after the release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted after the release")
+	}
+	if n := clientWatchers(t, conn); n != 0 {
+		t.Errorf("%d watches left in the client once the predecessor went; want 0", n)
+	}
+	if err := r2.Release(t.Context(), next); err != nil {
 		t.Fatal(err)
 	}
 }
