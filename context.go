@@ -34,22 +34,22 @@ type heldList struct {
 // [DistributeLock.TryLock] of the same key on the same DistributeLock with
 // this context (or one derived from it) reenters lk instead of waiting on
 // itself. [DistributeLock.Do] passes such a context to its function.
-// A nil lk returns ctx unchanged.
+// A nil lk, or a Lock not returned by TryLock, returns ctx unchanged.
 func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
-	if lk == nil {
+	if lk == nil || lk.g == nil {
 		return ctx
 	}
 	next, _ := ctx.Value(lockKey{}).(*heldList)
 	return context.WithValue(ctx, lockKey{}, &heldList{lk: lk, next: next})
 }
 
-// heldIn returns the state of the innermost lock of key on d that ctx
+// heldIn returns the grant of the innermost lock of key on d that ctx
 // carries, or nil.
-func heldIn(ctx context.Context, d *DistributeLock, key string) *lockState {
+func heldIn(ctx context.Context, d *DistributeLock, key string) *grant {
 	l, _ := ctx.Value(lockKey{}).(*heldList)
 	for ; l != nil; l = l.next {
-		if s := l.lk.s; s.d == d && s.req.Key == key {
-			return s
+		if g := l.lk.g; g != nil && g.d == d && g.req.Key == key {
+			return g
 		}
 	}
 	return nil

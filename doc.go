@@ -38,6 +38,20 @@
 // and may short-circuit. On release the order nests: a handler that acted
 // before the store on acquire acts after it on release.
 //
+// # Lifecycle
+//
+// A lock is held once TryLock returns it: the whole handler chain returned
+// success, and only then is it counted as held, renewed and visible to
+// Close. An acquisition that Close or a loss overtakes before that is
+// rolled back through exactly the handlers that acquired. A held lock ends
+// once: released by its last Unlock (or by Close), or lost (its validity
+// ended without renewal, a renewal found it gone, or the store reported
+// the loss of its session or lease); Done closes then, and every handler
+// that acquired sees exactly one Release. A release that fails with a store
+// error leaves the lock held, and Unlock may be called again. TryLock,
+// Unlock and Close return when their context, wait or bound ends, even when
+// the store stops answering.
+//
 // # Reentrancy
 //
 // A context can carry the locks it holds ([ContextWithLock]; Do does it for

@@ -33,8 +33,9 @@ type Request struct {
 	// counted from here, so it errs early, never late.
 	Acquired time.Time
 
-	s       *lockState // the lock this request belongs to
-	granted int        // the outermost chain depth whose acquire succeeded
+	g        *grant // the grant this request belongs to
+	acquired uint64 // bit i: depth i's Acquire returned nil (see chain)
+	answered int    // store calls that answered (spin stores)
 }
 
 // AcquireFunc is the next step of the chain on acquire: the next handler,
@@ -62,8 +63,17 @@ type ReleaseFunc func(ctx context.Context, r *Request) error
 // with a context error (contention), or a store error; r.RemoteAttempts
 // tells how many backend calls were made.
 //
-// Release is called once for each acquisition that succeeded, when its last
-// handle is unlocked; its error is [Lock.Unlock]'s.
+// Acquire's ctx is the caller's, ended also by [DistributeLock.Close] and
+// by the end of the wait (with a little grace for the last attempt): a
+// handler that waits must watch it.
+//
+// Release is called exactly once for each Acquire that returned nil: when
+// the last handle is unlocked (its error is [Lock.Unlock]'s), when Close
+// releases the lock, or when the acquisition is rolled back before TryLock
+// returns it (a handler outside failed, Close ran, or the lock's validity
+// ended first). A Release that returns a store error is called again when
+// the caller retries Unlock. The lock is committed (counted as held,
+// renewed, visible to Close) only once the whole chain returned nil.
 //
 // Reentrant acquisitions ([ContextWithLock]) do not pass through the chain:
 // they do no I/O.
@@ -73,42 +83,85 @@ type Handler interface {
 }
 
 // LossObserver is an optional interface of a [Handler]: LockLost is called
-// once when a held lock is known lost before its Unlock (its TTL ran out
-// without renewal while someone watched [Lock.Done], a renewal failed, or
-// the backend reported the loss of a session or lease). cause says which.
-// It must not block.
+// once when a held lock is known lost before its release began (its
+// validity ended without renewal while someone watched [Lock.Done] or
+// renewal was on, a renewal found it gone or failed until its validity
+// ended, a nested TryLock found its validity ended, the backend reported the
+// loss of a session or lease, or Close could not release it). cause says
+// which. It is called before Done closes, never for a lock whose release
+// has begun, and never for an acquisition rolled back before TryLock
+// returned it. It must not block.
 type LossObserver interface {
 	LockLost(r *Request, cause error)
 }
 
-// chain composes handlers around the innermost steps, first outermost. It
-// returns the acquire chain and, for each depth i, the release chain from
-// handler i inward (releaseAt[len(hs)] is the store alone). An acquire that
-// a handler fails after the steps inside it succeeded is given back from
-// the depth of that handler's next step, so the handlers that acquired see
-// their release and the one that failed does not.
-func chain(hs []Handler, acquire AcquireFunc, release ReleaseFunc) (AcquireFunc, []ReleaseFunc) {
+// maxHandlers is how many handlers [WithHandlers] accepts: the chain
+// records which of its steps acquired in one machine word.
+const maxHandlers = 62
+
+// chain is the handler chain composed once by [New]: depth i < n is
+// handler i, depth n the store. Each Request records in acquired which
+// depths' Acquire returned nil, so that its release reaches exactly those
+// handlers, nested as usual, and each of them once: after a full
+// acquisition every depth; after a handler failed once the steps inside it
+// had acquired, the steps inside it; after a handler returned nil without
+// calling next (a bug), the handlers down to it and not the store.
+type chain struct {
+	acquire     AcquireFunc   // from depth 0
+	releaseFrom []ReleaseFunc // releaseFrom[i]: the release chain from the first depth >= i that acquired
+}
+
+func newChain(hs []Handler, acquire AcquireFunc, release ReleaseFunc) *chain {
 	n := len(hs)
-	releaseAt := make([]ReleaseFunc, n+1)
-	releaseAt[n] = release
-	inner := acquire
-	acquire = func(ctx context.Context, r *Request) error {
-		err := inner(ctx, r)
+	c := &chain{releaseFrom: make([]ReleaseFunc, n+2)}
+	c.releaseFrom[n+1] = func(context.Context, *Request) error { return nil }
+	for i := n; i >= 0; i-- {
+		bit := uint64(1) << i
+		if i == n {
+			c.releaseFrom[i] = func(ctx context.Context, r *Request) error {
+				if r.acquired&bit == 0 {
+					return nil
+				}
+				return release(ctx, r)
+			}
+			continue
+		}
+		h, next := hs[i], c.releaseFrom[i+1]
+		c.releaseFrom[i] = func(ctx context.Context, r *Request) error {
+			if r.acquired&bit == 0 {
+				return next(ctx, r)
+			}
+			return h.Release(ctx, r, next)
+		}
+	}
+	bit := uint64(1) << n
+	inner := func(ctx context.Context, r *Request) error {
+		err := acquire(ctx, r)
 		if err == nil {
-			r.granted = n
+			r.acquired |= bit
 		}
 		return err
 	}
 	for i := n - 1; i >= 0; i-- {
-		h, nextA, nextR := hs[i], acquire, releaseAt[i+1]
-		acquire = func(ctx context.Context, r *Request) error {
-			err := h.Acquire(ctx, r, nextA)
-			if err == nil && r.granted == i+1 {
-				r.granted = i
+		h, next, bit := hs[i], inner, uint64(1)<<i
+		inner = func(ctx context.Context, r *Request) error {
+			err := h.Acquire(ctx, r, next)
+			if err == nil {
+				r.acquired |= bit
 			}
 			return err
 		}
-		releaseAt[i] = func(ctx context.Context, r *Request) error { return h.Release(ctx, r, nextR) }
 	}
-	return acquire, releaseAt
+	c.acquire = inner
+	return c
+}
+
+// storeAcquired reports whether the store granted r's lock.
+func (c *chain) storeAcquired(r *Request) bool {
+	return r.acquired&(uint64(1)<<(len(c.releaseFrom)-2)) != 0
+}
+
+// release runs r's release through the depths that acquired.
+func (c *chain) release(ctx context.Context, r *Request) error {
+	return c.releaseFrom[0](ctx, r)
 }

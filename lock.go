@@ -15,7 +15,7 @@ import (
 	"github.com/distlock/distlock/internal/spin"
 )
 
-// DistributeLock is the facade over one backend. Build it once with [New]
+// DistributeLock is the facade over one backend. Build it with [New] once
 // and share it: it is safe for concurrent use.
 type DistributeLock struct {
 	res       backend.RemoteResource
@@ -26,16 +26,33 @@ type DistributeLock struct {
 	validator backend.KeyValidator
 	cfg       config
 	policy    spin.Policy
-	acquire   AcquireFunc
-	releaseAt []ReleaseFunc // releaseAt[i]: the release chain from handler i inward
+	chain     *chain
 	observers []LossObserver
 
-	closed  atomic.Bool
-	closing chan struct{} // closed by Close: ends the waits in flight
-	gate    sync.RWMutex  // read-held by acquisitions in flight; Close waits for them
-	mu      sync.Mutex    // guards held
-	held    map[*lockState]struct{}
+	// flights counts the acquisitions in flight; closedBit is set by Close,
+	// which then waits for drained: closed when the count reaches 0.
+	flights   atomic.Int64
+	drained   chan struct{}
+	drainOnce sync.Once
+	closing   context.Context // ended by Close: ends the waits in flight
+	closeAll  context.CancelFunc
+	sched     scheduler   // renewals and expiries of committed grants
+	bg        *background // rollbacks and clean-ups nobody waits for
+
+	mu   sync.Mutex // guards held
+	held map[*grant]struct{}
 }
+
+const closedBit = 1 << 62
+
+// attemptGrace is how long past the wait's end the last attempt may take
+// to answer: the spin loop makes its last attempt at the deadline, and the
+// store needs a round trip to answer it.
+const attemptGrace = 10 * time.Millisecond
+
+// minAttemptBound is the least time a single attempt (wait 0) is given:
+// its bound is the TTL, but a store may round a short TTL up.
+const minAttemptBound = time.Second
 
 // New returns a DistributeLock over r, configured by opts. r must implement
 // [backend.Spinner] (a pull store) or [backend.Waiter] (a push store).
@@ -61,9 +78,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		res:     r,
 		cfg:     cfg,
 		policy:  spin.Policy{Min: cfg.spinMin, Random: cfg.spinRandom},
-		held:    make(map[*lockState]struct{}),
-		closing: make(chan struct{}),
+		held:    make(map[*grant]struct{}),
+		drained: make(chan struct{}),
+		bg:      newBackground(),
 	}
+	d.closing, d.closeAll = context.WithCancel(context.Background())
 	if w, ok := r.(backend.Waiter); ok {
 		d.waiter = w
 	} else if s, ok := r.(backend.Spinner); ok {
@@ -86,7 +105,7 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 			d.observers = append(d.observers, o)
 		}
 	}
-	d.acquire, d.releaseAt = chain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
+	d.chain = newChain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
 	return d, nil
 }
 
@@ -94,17 +113,27 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 // wait == 0 makes exactly one attempt. The lease time is the context's
 // ([ContextWithTTL]) or the default ([WithDefaultTTL]).
 //
+// TryLock returns within a few milliseconds of the earlier of ctx's end and
+// the wait's end, even when the store stops answering; a single attempt
+// (wait == 0) is bounded by ctx and by the lease time (at least a second). What an attempt cut
+// short may have done in the store is undone in the background (Close
+// waits for it).
+//
 // When ctx carries a live lock of key on d ([ContextWithLock], [Do]), TryLock
-// reenters it at once, with no I/O: the new handle shares the token and Done
-// channel, and the store is released when the last handle is unlocked.
+// reenters it at once, with no I/O: the new handle shares the token, Done
+// channel and deadline, and the store is released when the last handle is
+// unlocked. The nested call's wait and TTL do not apply: the lock is the
+// outer one.
 //
 // Errors: [ErrNotAcquired] when another owner held key for the whole wait;
 // errors.Join(ErrNotAcquired, ctx.Err()) when ctx ended first; an
 // [ErrInvalid] error for bad input (empty key, a key the backend rejects,
-// negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after Close;
-// [ErrReentrancy] or [ErrNotHeld] for a nested attempt over the limit or of
-// a lost lock; otherwise the store's error, wrapped with the operation and
-// key.
+// negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after or
+// during Close; [ErrReentrancy] for a nested attempt over the limit, and
+// [ErrNotHeld] for a nested attempt of a lock that was lost or whose
+// validity ended, with no I/O; otherwise the store's error, wrapped with
+// the operation and key (wrapping [context.DeadlineExceeded] when the store
+// did not answer within the wait).
 func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Duration) (*Lock, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", ErrInvalid)
@@ -126,9 +155,14 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
-	if s := heldIn(ctx, d, key); s != nil {
-		if lk, err := s.reenter(d.cfg.maxReentrancy); lk != nil || err != nil {
-			return lk, err
+	if g := heldIn(ctx, d, key); g != nil {
+		out := g.step(event{kind: evReenter, max: d.cfg.maxReentrancy})
+		g.apply(out)
+		if out.ok {
+			return &Lock{g: g}, nil
+		}
+		if out.err != nil {
+			return nil, out.err
 		}
 	}
 	value := owner.New()
@@ -137,43 +171,123 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 			return nil, fmt.Errorf("%w: value func returned an empty owner value", ErrInvalid)
 		}
 	}
-
-	s := &lockState{d: d, refs: 1}
-	s.req = Request{Key: key, Value: value, TTL: ttl, Wait: wait, s: s}
-	if wait > 0 {
-		s.req.Deadline = time.Now().Add(wait)
-	}
-	d.gate.RLock()
-	if d.closed.Load() {
-		d.gate.RUnlock()
+	if !d.enter() {
 		return nil, ErrClosed
 	}
-	err := d.acquire(ctx, &s.req)
-	if err == nil && !s.isHeld() {
-		err = fmt.Errorf("distlock: a handler returned nil without acquiring %s", quote(key))
+	defer d.leave()
+	g := &grant{d: d, index: -1}
+	g.req = Request{Key: key, Value: value, TTL: ttl, Wait: wait, g: g}
+	if wait > 0 {
+		g.req.Deadline = time.Now().Add(wait)
 	}
-	if err != nil {
-		if rerr := s.abandon(ctx); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-	} else if d.closed.Load() { // Close ran meanwhile: it may have missed this lock
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
-		_ = s.releaseAll(rctx)
-		cancel()
-		err = ErrClosed
-	}
-	d.gate.RUnlock()
-	if err != nil {
-		if d.closed.Load() && !errors.Is(err, ErrInvalid) {
-			return nil, errors.Join(ErrClosed, err)
-		}
-		if cerr := ctx.Err(); cerr != nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, cerr)) {
-			err = errors.Join(ErrNotAcquired, cerr)
-		}
-		return nil, err
-	}
-	return &Lock{s: s}, nil
+	return d.acquire(ctx, g)
 }
+
+// acquire runs g's acquisition through the chain and commits it, or rolls
+// back what it acquired.
+func (d *DistributeLock) acquire(ctx context.Context, g *grant) (*Lock, error) {
+	r := &g.req
+	actx := &g.actx
+	actx.init(ctx, d, r)
+	defer actx.stop()
+	err := d.chain.acquire(actx, r)
+	if err == nil && !d.chain.storeAcquired(r) {
+		err = fmt.Errorf("distlock: a handler returned nil without acquiring %s", quote(r.Key))
+	}
+	if err == nil {
+		if d.isClosed() {
+			err = fmt.Errorf("%w: Close ran while %s was acquired", ErrClosed, quote(r.Key))
+		} else if out := g.step(event{kind: evCommit, at: r.Acquired}); out.ok {
+			g.apply(out)
+			return &Lock{g: g}, nil
+		} else {
+			err = out.err
+		}
+	}
+	if r.acquired != 0 {
+		d.rollback(actx, g, err)
+	}
+	return nil, d.acquireError(ctx, actx, r, err)
+}
+
+// rollback gives back what an acquisition that will not be returned
+// acquired, through exactly the handlers whose Acquire returned nil (and
+// the store, if it granted), in the background. The caller waits for it
+// while its acquisition context lives, so that on a healthy store the
+// rollback is over when TryLock returns.
+func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
+	out := g.step(event{kind: evRollback, cause: cause})
+	g.apply(out)
+	if !out.ok {
+		return
+	}
+	done := d.bg.goRun("rolling back "+quote(g.req.Key), func(ctx context.Context) error {
+		err := d.chain.release(context.WithValue(ctx, rollbackKey{}, true), &g.req)
+		if errors.Is(err, ErrNotHeld) {
+			return nil
+		}
+		return err
+	})
+	select {
+	case <-done:
+	case <-actx.Done():
+	}
+}
+
+// rollbackKey marks the context of a rollback's release: its store step
+// retries until the store answers (nobody else will release the lock).
+type rollbackKey struct{}
+
+// acquireError turns an acquisition's error into TryLock's, and hands what
+// an abandoned attempt may have left to the background.
+func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Request, err error) error {
+	var ab *backend.AbandonedError
+	if errors.As(err, &ab) && ab.Cleanup != nil {
+		clean := ab.Cleanup
+		d.bg.goRun("cleaning up after an abandoned attempt on "+quote(r.Key), func(ctx context.Context) error {
+			return retry(ctx, clean)
+		})
+	}
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return err
+	case d.isClosed():
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
+		return fmt.Errorf("%w: TryLock of %s ended by Close", ErrClosed, quote(r.Key))
+	case ctx.Err() != nil:
+		return errors.Join(ErrNotAcquired, ctx.Err())
+	case errors.Is(err, ErrNotAcquired):
+		return err
+	case actx.pastBound() && r.answered > 0:
+		return fmt.Errorf("%w: %s was held for the whole wait (the last attempt was cut at its end: %v)", ErrNotAcquired, quote(r.Key), err)
+	case actx.pastBound():
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("distlock: acquire %s: the store did not answer within the wait: %w", quote(r.Key), err)
+		}
+		return fmt.Errorf("distlock: acquire %s: the store did not answer within the wait: %w: %w", quote(r.Key), context.DeadlineExceeded, err)
+	}
+	return err
+}
+
+// enter counts an acquisition in, unless d is closed.
+func (d *DistributeLock) enter() bool {
+	if d.flights.Add(1)&closedBit != 0 {
+		d.leave()
+		return false
+	}
+	return true
+}
+
+// leave counts an acquisition out; the last one out after Close tells it.
+func (d *DistributeLock) leave() {
+	if d.flights.Add(-1) == closedBit {
+		d.drainOnce.Do(func() { close(d.drained) })
+	}
+}
+
+func (d *DistributeLock) isClosed() bool { return d.flights.Load()&closedBit != 0 }
 
 // quote returns key quoted for an error message, cut short when long: a
 // key of a megabyte must not make a megabyte error.
@@ -190,49 +304,37 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	if err := ctx.Err(); err != nil { // ended before any I/O
 		return err
 	}
-	s := r.s
-	s.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
+	g := r.g
+	g.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
 	var start time.Time
 	var err error
 	if d.waiter != nil {
 		r.RemoteAttempts++
-		wctx := ctx
-		if !r.Deadline.IsZero() { // a wait that Close must be able to end
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithCancel(ctx)
-			stop := make(chan struct{})
-			go func() {
-				select {
-				case <-d.closing:
-					cancel()
-				case <-stop:
-				}
-			}()
-			defer func() { close(stop); cancel() }()
-		}
-		err = d.waiter.Acquire(wctx, &s.lease, r.Deadline)
+		err = d.waiter.Acquire(ctx, &g.lease, r.Deadline)
 		start = time.Now()
-		if err != nil && ctx.Err() == nil && d.closed.Load() {
-			err = ErrClosed
-		}
 	} else {
-		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &s.lease, r.Deadline, &r.RemoteAttempts, d.closing)
-		if errors.Is(err, spin.ErrStopped) {
-			err = ErrClosed
-		}
+		var st spin.Stats
+		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &g.lease, r.Deadline, &st)
+		r.RemoteAttempts += st.Attempts
+		r.answered += st.Answered
 	}
 	if err != nil {
 		return err
 	}
-	r.Token = s.lease.Token
+	r.Token = g.lease.Token
 	r.Acquired = start
-	s.held(start)
+	g.validity = safeValidity(g.lease)
 	return nil
 }
 
-// remoteRelease is the innermost release step.
+// remoteRelease is the innermost release step. A rollback's release
+// retries store errors until the store answers or Close's bound: nobody
+// else will release that lock.
 func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
-	return d.res.Release(ctx, &r.s.lease)
+	if ctx.Value(rollbackKey{}) != nil {
+		return retry(ctx, func(ctx context.Context) error { return d.res.Release(ctx, &r.g.lease) })
+	}
+	return d.res.Release(ctx, &r.g.lease)
 }
 
 // Do runs fn while holding key, acquired as by TryLock(ctx, key, wait).
@@ -242,7 +344,9 @@ func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
 // context that outlives ctx's cancellation for at most the lock's TTL.
 //
 // Do returns TryLock's error without calling fn, or else fn's error joined
-// with Unlock's (ErrNotHeld if the lock was lost before the release).
+// with Unlock's (ErrNotHeld if the lock was lost before the release). When
+// the release fails with a store error, Do keeps releasing in the
+// background until the store answers (Close waits for it within its bound).
 func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
 	fn func(ctx context.Context, lk *Lock) error) (err error) {
 	if fn == nil {
@@ -257,60 +361,121 @@ func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
 	go func() {
 		select {
 		case <-lk.Done():
-			cancel(fmt.Errorf("%w: lock %s lost", ErrNotHeld, quote(key)))
+			cancel(lk.g.err())
 		case <-stop:
 		}
 	}()
 	defer func() {
 		close(stop)
 		cancel(nil)
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), lk.s.req.TTL)
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), lk.g.req.TTL)
 		defer ucancel()
-		err = errors.Join(err, lk.Unlock(uctx))
+		uerr := lk.Unlock(uctx)
+		if uerr != nil && !isFinal(uerr) {
+			// Nobody else holds a handle: keep releasing in the
+			// background until the store answers (or Close's bound).
+			d.bg.goRun("releasing "+quote(key)+" after Do", func(ctx context.Context) error {
+				return retry(ctx, lk.Unlock)
+			})
+		}
+		err = errors.Join(err, uerr)
 	}()
 	return fn(fctx, lk)
 }
 
-// Close releases every lock still held through d (stopping their renewal
-// and closing their Done channels), then closes the backend if it
-// implements io.Closer. The backend's client stays open: the caller owns it.
-// After Close, TryLock returns [ErrClosed]. Close returns the errors of the
-// releases and of the backend's Close, joined.
+// Close ends d: it ends the acquisitions in flight (their waits, handlers'
+// waits included, end at once with [ErrClosed]), releases every lock still
+// held through d, lost ones included (their handlers see Release), waits
+// for the clean-ups d runs in the background, then closes the backend if
+// it implements io.Closer. The backend's client stays open: the caller owns
+// it. Close returns within the bound set by [WithCloseTimeout] (plus a few
+// milliseconds), whatever the store does. After Close, TryLock returns
+// [ErrClosed]; a second Close returns nil.
+//
+// A lock Close could not release (the store failed until the bound) is
+// lost: its Done closes, nothing renews or watches it, and the store frees
+// it with its TTL; its Unlock may still be called and deletes it if the
+// store still holds it. Close returns the errors of the releases and clean-ups that
+// failed or did not finish within the bound, and of the backend's Close,
+// joined.
 func (d *DistributeLock) Close() error {
-	if d.closed.Swap(true) {
+	if d.flights.Or(closedBit)&closedBit != 0 {
 		return nil
 	}
-	close(d.closing)
-	// Release what is held first: hotspot waiters queue behind holders.
-	errs := d.releaseHeld()
-	// Wait for the acquisitions in flight: the closing channel ends their
-	// waits, and one that won meanwhile releases its lock itself.
-	d.gate.Lock()
-	d.gate.Unlock() //nolint:staticcheck // an empty critical section: a barrier
-	errs = append(errs, d.releaseHeld()...)
+	bound := time.Now().Add(d.cfg.closeTimeout)
+	if d.flights.Load() == closedBit {
+		d.drainOnce.Do(func() { close(d.drained) })
+	}
+	d.closeAll()
+	var errs []error
+	t := time.NewTimer(time.Until(bound))
+	select {
+	case <-d.drained:
+	case <-t.C:
+		errs = append(errs, errors.New("distlock: close: acquisitions still in flight at the bound"))
+	}
+	t.Stop()
+	errs = append(errs, d.releaseHeld(bound)...)
+	errs = append(errs, d.bg.wait(bound))
 	if c, ok := d.res.(io.Closer); ok {
 		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
 }
 
-// releaseHeld releases every lock held through d.
-func (d *DistributeLock) releaseHeld() []error {
+// releaseHeld releases every committed grant, a few at a time, retrying a
+// release that fails until Close's bound.
+func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 	d.mu.Lock()
-	held := make([]*lockState, 0, len(d.held))
-	for s := range d.held {
-		held = append(held, s)
+	gs := make([]*grant, 0, len(d.held))
+	for g := range d.held {
+		gs = append(gs, g)
 	}
 	d.mu.Unlock()
-	var errs []error
-	for _, s := range held {
-		ctx, cancel := context.WithTimeout(context.Background(), s.req.TTL)
-		if err := s.releaseAll(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
-			errs = append(errs, err)
-		}
-		cancel()
+	ctx, cancel := context.WithDeadline(context.Background(), bound)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		work = make(chan *grant)
+	)
+	for range min(len(gs), 16) {
+		wg.Go(func() {
+			for g := range work {
+				err := retry(ctx, func(ctx context.Context) error { return g.release(ctx, nil) })
+				if err == nil {
+					continue
+				}
+				// Nothing of d runs after Close: the lock is lost (no
+				// renewal, no watch) and the store frees it with its TTL.
+				g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: Close could not release it: %w", ErrNotHeld, quote(g.req.Key), err)}))
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
 	}
+	for _, g := range gs {
+		work <- g
+	}
+	close(work)
+	wg.Wait()
 	return errs
+}
+
+// register makes a committed grant visible to Close.
+func (d *DistributeLock) register(g *grant) {
+	d.mu.Lock()
+	d.held[g] = struct{}{}
+	d.mu.Unlock()
+}
+
+// forget drops a released grant.
+func (d *DistributeLock) forget(g *grant) {
+	d.mu.Lock()
+	delete(d.held, g)
+	d.mu.Unlock()
 }
 
 // lockLost tells the loss observers.

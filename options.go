@@ -13,11 +13,12 @@ type config struct {
 	autoRenew     bool
 	valueFunc     func() string
 	maxReentrancy int
+	closeTimeout  time.Duration
 	err           error // a bad value an option could not store
 }
 
 func defaultConfig() config {
-	return config{ttl: 10 * time.Second, spinMin: 10 * time.Millisecond, spinRandom: 10 * time.Millisecond}
+	return config{ttl: 10 * time.Second, spinMin: 10 * time.Millisecond, spinRandom: 10 * time.Millisecond, closeTimeout: 5 * time.Second}
 }
 
 func (c *config) validate() error {
@@ -32,6 +33,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: spin min+random must be > 0, or waiters hammer the store", ErrInvalid)
 	case c.maxReentrancy < 0:
 		return fmt.Errorf("%w: max reentrancy %d must be >= 0", ErrInvalid, c.maxReentrancy)
+	case c.closeTimeout <= 0:
+		return fmt.Errorf("%w: close timeout %v must be > 0", ErrInvalid, c.closeTimeout)
+	case len(c.handlers) > maxHandlers:
+		return fmt.Errorf("%w: %d handlers; at most %d", ErrInvalid, len(c.handlers), maxHandlers)
 	}
 	for i, h := range c.handlers {
 		if h == nil {
@@ -101,4 +106,12 @@ func WithValueFunc(f func() string) Option {
 // instead of waiting on itself. Default 0: unlimited. n < 0 makes New fail.
 func WithMaxReentrancy(n int) Option {
 	return func(c *config) { c.maxReentrancy = n }
+}
+
+// WithCloseTimeout bounds [DistributeLock.Close]: it returns within d (plus
+// a few milliseconds) even when the store stops answering, reporting the
+// releases and clean-ups it could not finish (those locks expire with their
+// TTL). Default 5s. d <= 0 makes New fail.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(c *config) { c.closeTimeout = d }
 }

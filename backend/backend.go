@@ -49,6 +49,28 @@ var ErrNotAcquired = errors.New("distlock: not acquired")
 // or another owner took it. It is the same value as distlock.ErrNotHeld.
 var ErrNotHeld = errors.New("distlock: not held")
 
+// AbandonedError is returned by [Spinner.TryAcquire] and [Waiter.Acquire]
+// when the call gave up, because its context ended, while a request that
+// may have taken the lock was in flight (sent, no reply). Err says why, and
+// wraps the context's error. Cleanup undoes what the request may have done,
+// whenever it lands: a compare-and-delete of the lease's value that also
+// keeps a late request from taking the key (a tombstone), a delete of the
+// row or znode once the request returns.
+//
+// The caller does not wait for the clean-up: the facade runs Cleanup in the
+// background, owned by the DistributeLock, retrying it with backoff until it
+// returns nil or an error wrapping [ErrNotHeld] (nothing left to clean), and
+// Close waits for it within its bound. Cleanup's ctx ends at that bound.
+type AbandonedError struct {
+	Err     error
+	Cleanup func(ctx context.Context) error
+}
+
+func (e *AbandonedError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *AbandonedError) Unwrap() error { return e.Err }
+
 // Lease is one acquisition as a backend sees it. The facade fills Key,
 // Value and TTL before the first attempt; the backend fills Token and may
 // fill Validity, Lost and Handle when it acquires.
@@ -107,10 +129,13 @@ type Spinner interface {
 	// the holder's remaining time if the store told it (0 if unknown), so
 	// the spin loop does not sleep past the holder's expiry.
 	//
-	// It must not retry or sleep: the facade owns retry policy. A request
-	// that may have reached the store but whose reply was lost must be
-	// cleaned up (compare-and-delete of l.Value) before returning the error,
-	// so a failed attempt never leaves an orphan.
+	// It must not retry or sleep: the facade owns retry policy. It must
+	// return when ctx ends (the facade bounds every attempt by the caller's
+	// context and wait), and a request that may have reached the store but
+	// whose reply did not come must be cleaned up, so a failed attempt
+	// never leaves an orphan: at once when that is quick and certain,
+	// otherwise by returning an [AbandonedError] whose Cleanup the facade
+	// runs in the background.
 	TryAcquire(ctx context.Context, l *Lease) (acquired bool, holderTTL time.Duration, err error)
 }
 
@@ -122,7 +147,9 @@ type Waiter interface {
 	// ErrNotAcquired. On success it fills l.Token (and l.Lost, l.Handle as
 	// needed). When the deadline passes first it returns ErrNotAcquired;
 	// when ctx ends first, ctx.Err(). In both cases, and on any error, it
-	// leaves nothing behind in the store (no queued key, znode or lease).
+	// leaves nothing behind in the store (no queued key, znode or lease),
+	// returning an [AbandonedError] when the clean-up must wait for the
+	// store: Acquire returns when ctx ends, whatever the store does.
 	Acquire(ctx context.Context, l *Lease, deadline time.Time) error
 }
 

@@ -285,10 +285,21 @@ func testTTLBelowFloor(t *testing.T, h *Harness) {
 			a, b := newLockOver(t, r), newLock(t, h)
 			key := Key(t)
 			lk, err := a.TryLock(distlock.ContextWithTTL(t.Context(), ttl), key, 0)
+			eff := time.Duration(c.lastTTL.Load())
+			if errors.Is(err, distlock.ErrNotHeld) && eff < 20*time.Millisecond {
+				// The store kept the TTL, which ran out before TryLock
+				// could return the lock: it was rolled back, not
+				// returned already expired.
+				t.Logf("TTL %v: expired before it could be returned: %v", ttl, err)
+				if eff < ttl {
+					t.Errorf("TTL %v became %v: rounded down", ttl, eff)
+				}
+				noLeftovers(t, h, key)
+				return
+			}
 			if err != nil {
 				t.Fatalf("TryLock with TTL %v = %v; want a lock (a store rounds a short TTL up)", ttl, err)
 			}
-			eff := time.Duration(c.lastTTL.Load())
 			t.Logf("TTL %v: the store holds the lock for %v", ttl, eff)
 			if eff < ttl {
 				t.Errorf("TTL %v became %v: rounded down", ttl, eff)

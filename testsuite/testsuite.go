@@ -72,6 +72,15 @@ type Harness struct {
 	// Default nil: the store has no client to close (backend/memory), and
 	// the BadInputMatrix/ClosedClient case is skipped saying so.
 	NewClosedResource func(t *testing.T) backend.RemoteResource
+	// Stall makes the store stop answering the resources NewResource made,
+	// as a frozen server (SIGSTOP), a table locked by another session or a
+	// proxy that stops forwarding does, until the returned resume is
+	// called (the suite calls it once; Stall registers it with t.Cleanup
+	// as well). The StalledStore case needs it, or NoStall.
+	Stall func(t *testing.T) (resume func())
+	// NoStall says why the store cannot be stalled (an in-process store);
+	// the StalledStore case then skips with it.
+	NoStall string
 }
 
 func (h *Harness) ttl() time.Duration {

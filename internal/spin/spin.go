@@ -3,7 +3,6 @@ package spin
 
 import (
 	"context"
-	"errors"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -45,8 +44,11 @@ func (p Policy) next(holderTTL, left time.Duration, subscribed bool) time.Durati
 // attempt per waiter per sleep on a key that is still held.
 const NoticeSpinFactor = 4
 
-// ErrStopped is returned by Acquire when its stop channel closed.
-var ErrStopped = errors.New("spin: stopped")
+// Stats counts an acquisition's calls to the store.
+type Stats struct {
+	Attempts int // calls of TryAcquire
+	Answered int // calls that returned without an error: the store answered
+}
 
 // Acquire calls s.TryAcquire until it acquires l, the deadline passes, or
 // ctx ends. A zero deadline means exactly one attempt. It never sleeps past
@@ -57,11 +59,11 @@ var ErrStopped = errors.New("spin: stopped")
 // long.
 //
 // It returns the start of the successful attempt. On contention it returns
-// backend.ErrNotAcquired; when ctx ends, ctx.Err(); a store error as is.
-// *attempts is incremented for every call of TryAcquire. When stop closes,
-// the wait ends with ErrStopped before the next attempt.
+// backend.ErrNotAcquired; when ctx ends between attempts, ctx.Err(); a
+// store error as is (an attempt cut short by ctx returns the store's
+// error). st counts the attempts.
 func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Policy,
-	l *backend.Lease, deadline time.Time, attempts *int, stop <-chan struct{}) (time.Time, error) {
+	l *backend.Lease, deadline time.Time, st *Stats) (time.Time, error) {
 	var (
 		timer  *time.Timer
 		wake   <-chan struct{}
@@ -80,11 +82,12 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 			return time.Time{}, err
 		}
 		start := time.Now()
-		*attempts++
+		st.Attempts++
 		ok, holderTTL, err := s.TryAcquire(ctx, l)
 		if err != nil {
 			return time.Time{}, err
 		}
+		st.Answered++
 		if ok {
 			return start, nil
 		}
@@ -106,8 +109,6 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		case <-wake:
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
-		case <-stop:
-			return time.Time{}, ErrStopped
 		}
 	}
 }

@@ -1,0 +1,95 @@
+package distlock
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Lock is a handle of a held lock, returned by [DistributeLock.TryLock].
+// Its methods are safe for concurrent use. The zero Lock holds nothing.
+type Lock struct {
+	g        *grant
+	unlocked atomic.Bool
+}
+
+// Key returns the lock's key.
+func (l *Lock) Key() string {
+	if l.g == nil {
+		return ""
+	}
+	return l.g.req.Key
+}
+
+// Token returns the fencing token: a number that strictly increases with
+// every new holder of the key on one store. Pass it to the resource the lock
+// protects and have it refuse writes with a token lower than one it has
+// seen: that keeps a holder whose lock expired while it was paused from
+// doing harm. 0 if the backend has no tokens (Redlock).
+func (l *Lock) Token() uint64 {
+	if l.g == nil {
+		return 0
+	}
+	return l.g.lease.Token
+}
+
+// Done returns a channel that is closed when the lock ends: on Unlock (or
+// Close), when its validity ends without renewal ([Lock.Deadline]), when a
+// renewal finds it gone or fails until its validity ends, or when the
+// backend reports the loss of its session or lease. All handles of a
+// reentered lock share it.
+func (l *Lock) Done() <-chan struct{} {
+	if l.g == nil {
+		return closedChan
+	}
+	return l.g.doneChan()
+}
+
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// Deadline returns when the lock's validity ends by this process's clock:
+// the start of the attempt that acquired it (or of the last successful
+// renewal) plus the TTL (Redlock: its validity), less an allowance for
+// clock drift and timer lateness (1% + 2ms). Done closes then unless the
+// lock was renewed; renewals move it. The zero time once the lock is lost
+// or released.
+func (l *Lock) Deadline() time.Time {
+	if l.g == nil {
+		return time.Time{}
+	}
+	return l.g.deadline()
+}
+
+// Unlock releases this handle. When it is the last live handle of the lock
+// (see [ContextWithLock]), the lock is deleted from the store if, and only
+// if, the store still holds it for this owner.
+//
+// Errors: [ErrNotHeld] when the store no longer held the lock (it expired or
+// another owner took it), when this handle was already unlocked, when Close
+// released the lock, or for a handle that is not the last of a lock known
+// lost; nothing is touched then. The last handle of a lock known lost
+// (Done closed) still deletes it if the store still holds it, and then
+// returns nil. An [ErrInvalid] error for a nil ctx or a Lock not
+// returned by TryLock. A store error is returned wrapped; the lock is then
+// still held: Unlock may be called again, and renewal has stopped, so the
+// TTL frees it at the latest. Unlock returns when ctx ends.
+func (l *Lock) Unlock(ctx context.Context) error {
+	switch {
+	case ctx == nil:
+		return fmt.Errorf("%w: nil context", ErrInvalid)
+	case l.g == nil:
+		return fmt.Errorf("%w: a Lock not returned by TryLock", ErrInvalid)
+	case !l.unlocked.CompareAndSwap(false, true):
+		return fmt.Errorf("%w: %s already unlocked", ErrNotHeld, quote(l.g.req.Key))
+	}
+	err := l.g.release(ctx, l)
+	if err != nil && !isFinal(err) {
+		l.unlocked.Store(false) // still held: Unlock may be retried
+	}
+	return err
+}
