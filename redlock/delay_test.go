@@ -3,8 +3,12 @@ package redlock_test
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,5 +203,129 @@ func TestDelayedCleanupOfContendedRound(t *testing.T) {
 	}
 	if err := r.Release(ctx, l); err != nil {
 		t.Errorf("Release = %v", err)
+	}
+}
+
+// TestRandomDelaysKeepOwnersApart runs owners that contend for one key
+// through proxies that delay some of their requests past the per-node
+// timeout, at random (seeded), so that rounds give up on nodes whose
+// requests land later: after the round's clean-up, during another
+// round, after a release. Each owner spins on its lease as the facade
+// does and holds the lock for a random time, sometimes past its validity.
+// The invariant: the holding intervals of two acquisitions never
+// intersect, where an acquisition holds from the return of the round
+// that got it to the first of its release and the end of its validity
+// (the round's start + l.Validity, measured on the same clock).
+func TestRandomDelaysKeepOwnersApart(t *testing.T) {
+	const (
+		owners      = 3
+		ttl         = 400 * time.Millisecond
+		nodeTimeout = 40 * time.Millisecond
+	)
+	run := 8 * time.Second
+	if testing.Short() {
+		run = 2 * time.Second
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	c := startNodes(t, 5, nil)
+	key := uniqueKey(t)
+
+	type interval struct {
+		owner      int
+		from, till time.Time
+	}
+	var (
+		mu        sync.Mutex
+		intervals []interval
+		stats     struct{ rounds, acquired, gaveUp int }
+	)
+	end := time.Now().Add(run)
+	var wg sync.WaitGroup
+	for o := range owners {
+		rnd := rand.New(rand.NewPCG(seed, uint64(o)))
+		var rmu sync.Mutex
+		delay := func() time.Duration {
+			rmu.Lock()
+			defer rmu.Unlock()
+			if rnd.IntN(100) < 10 { // late: the round gives up on the node
+				return nodeTimeout + time.Duration(rnd.Int64N(int64(8*nodeTimeout)))
+			}
+			return time.Duration(rnd.Int64N(int64(time.Millisecond)))
+		}
+		var clients []goredis.UniversalClient
+		for _, s := range c.servers {
+			p, err := proxy.Start(s.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			p.SetDelay(proxy.Up, delay)
+			clients = append(clients, c.client(t, p.Addr))
+		}
+		r, err := redlock.New(clients, redlock.WithNodeTimeout(nodeTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		wg.Go(func() {
+			ctx := context.Background()
+			for time.Now().Before(end) {
+				l := newLease(key, ttl)
+				giveUp := time.Now().Add(2 * ttl)
+				for {
+					start := time.Now()
+					ok, _, err := r.TryAcquire(ctx, l)
+					mu.Lock()
+					stats.rounds++
+					mu.Unlock()
+					if err != nil || (!ok && time.Now().After(giveUp)) {
+						mu.Lock()
+						stats.gaveUp++
+						mu.Unlock()
+						break
+					}
+					if !ok {
+						rmu.Lock()
+						d := 5*time.Millisecond + time.Duration(rnd.Int64N(int64(10*time.Millisecond)))
+						rmu.Unlock()
+						time.Sleep(d) // the spin, as the facade's
+						continue
+					}
+					from, validUntil := time.Now(), start.Add(l.Validity)
+					rmu.Lock()
+					hold := time.Duration(rnd.Int64N(int64(l.Validity * 6 / 5)))
+					rmu.Unlock()
+					time.Sleep(hold) // the work done under the lock
+					till := time.Now()
+					if till.After(validUntil) {
+						till = validUntil
+					}
+					_ = r.Release(ctx, l)
+					mu.Lock()
+					stats.acquired++
+					intervals = append(intervals, interval{o, from, till})
+					mu.Unlock()
+					break
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d rounds, %d acquisitions, %d gave up", stats.rounds, stats.acquired, stats.gaveUp)
+	if stats.acquired < 10 {
+		t.Errorf("only %d acquisitions: the run measured little", stats.acquired)
+	}
+	slices.SortFunc(intervals, func(a, b interval) int { return a.from.Compare(b.from) })
+	for i, a := range intervals {
+		for _, b := range intervals[i+1:] {
+			if !b.from.Before(a.till) {
+				break
+			}
+			t.Errorf("owner %d acquired %v before owner %d's lock ended (validity or release)", b.owner, a.till.Sub(b.from), a.owner)
+		}
 	}
 }
