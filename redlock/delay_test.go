@@ -316,8 +316,8 @@ func TestRandomDelaysKeepOwnersApart(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d rounds, %d acquisitions, %d gave up", stats.rounds, stats.acquired, stats.gaveUp)
-	if stats.acquired < 10 {
-		t.Errorf("only %d acquisitions: the run measured little", stats.acquired)
+	if stats.acquired < 3 {
+		t.Errorf("only %d acquisitions: the run measured next to nothing", stats.acquired)
 	}
 	slices.SortFunc(intervals, func(a, b interval) int { return a.from.Compare(b.from) })
 	for i, a := range intervals {
