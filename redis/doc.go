@@ -115,6 +115,17 @@
 // with no subscriber. Notices are hints: a lost or failed subscription
 // costs only latency, as the spin loop keeps retrying on its own.
 //
+// A subscription connection that breaks is dialled again and its channels
+// subscribed again. On Cluster the Resource does that itself, one
+// SSUBSCRIBE per channel, because go-redis would send them all in one,
+// which Redis refuses when they span slots (CROSSSLOT). A connection on
+// which Redis refuses a command (CROSSSLOT, MOVED after a slot moved, an
+// ACL's NOPERM), that loses a channel (a master unsubscribes its clients
+// from the channels of a slot it gives away), or that leaves a PING
+// unanswered for 3s, is replaced: its channels are subscribed again on
+// the masters that serve them then, after 100ms, doubling up to 30s while
+// replacements keep failing.
+//
 // # Errors
 //
 // Store errors are wrapped with the operation and key ("redis: acquire

@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/safety/proxy"
 )
 
 // loseReply is a go-redis hook that lets the next script call (EVALSHA or EVAL) run on the server
@@ -348,5 +350,72 @@ func TestResentAcquireTakesItsOwnLock(t *testing.T) {
 	}
 	if exists(t, c, lock) {
 		t.Errorf("lock %q left behind", lock)
+	}
+}
+
+// TestLateCopyOfEarlierAttempt: an attempt's request is delayed on the
+// network; go-redis resends it after its read timeout, the resend finds
+// the lock held by another owner, and the spin loop will try again with
+// the same value. The delayed copy then reaches Redis once the lock is
+// free and takes it. The next attempt finds its own value and is granted
+// the lock: the lock's expiry must then run from that attempt, from whose
+// start the holder counts it valid, not from the late copy, which would
+// free the key for another owner while this one still holds the lock.
+func TestLateCopyOfEarlierAttempt(t *testing.T) {
+	srv := testserver.Redis(t)
+	p, err := proxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: 1,
+		MinRetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	direct := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = direct.Close() })
+	r := newResource(t, c)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+	if err := redisscript.Acquire.Load(ctx, direct).Err(); err != nil {
+		t.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	if err := direct.Set(ctx, lock, "other", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	held := p.Hold(proxy.Up, func(b []byte) bool { return bytes.Contains(b, []byte(redisscript.Acquire.Hash())) })
+	t.Cleanup(held.Release)
+	l := newLease(key, 10*time.Second)
+	if ok, _, err := r.TryAcquire(ctx, l); ok || err != nil {
+		t.Fatalf("first attempt = %v, %v; want false, nil (its resend found the lock held)", ok, err)
+	}
+	select {
+	case <-held.Seen():
+	default:
+		t.Fatal("the first copy of the request was not held: the attempt was not resent (test setup)")
+	}
+	if err := direct.Del(ctx, lock).Err(); err != nil {
+		t.Fatal(err)
+	}
+	held.Release()
+	waitFor(t, "the late copy to take the lock", func() bool { return direct.Get(ctx, lock).Val() == l.Value })
+	time.Sleep(time.Second) // the late copy's expiry ages
+
+	start := time.Now()
+	if ok, _, err := r.TryAcquire(ctx, l); !ok || err != nil {
+		t.Fatalf("next attempt = %v, %v; want true, nil (the lock holds its value)", ok, err)
+	}
+	pttl, err := direct.PTTL(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server expires the key at now + pttl (to the millisecond); the
+	// holder counts its lock valid until start + TTL.
+	if expiry, valid := time.Now().Add(pttl+time.Millisecond), start.Add(l.TTL); expiry.Before(valid) {
+		t.Errorf("the server frees the lock %v before the end of the holder's TTL", valid.Sub(expiry))
+	}
+	if err := r.Release(ctx, l); err != nil {
+		t.Errorf("Release = %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
 
@@ -12,21 +14,49 @@ import (
 // before it) made by the hub's goroutine.
 const subscribeTimeout = 5 * time.Second
 
+// healthInterval is how long a subscription connection may stay silent
+// before its forwarder sends a PING; a PING unanswered for as long again
+// makes the hub replace the connection. go-redis's own PubSub channels
+// check health the same way (every 3s by default).
+const healthInterval = 3 * time.Second
+
+// Backoff of the hub's re-subscriptions after a connection failed in a
+// way go-redis does not repair: the first retry after retryMin, doubling
+// up to retryMax while the failures go on.
+const (
+	retryMin = 100 * time.Millisecond
+	retryMax = 30 * time.Second
+)
+
 // hub is a Resource's release-notice fan-out. Waiters register per channel
 // under mu; one goroutine (run) owns the subscriptions and reconciles what
 // Redis is subscribed to with what waiters want, so subscribe and
 // unsubscribe commands for one channel can never reorder. One forwarding
-// goroutine per PubSub connection passes each notice to the waiters.
+// goroutine per PubSub connection passes each notice to the waiters, and
+// reports to run what only the connection sees (events).
+//
+// go-redis reconnects a PubSub whose connection broke and subscribes its
+// channels again, in one command per kind. On Cluster one SSUBSCRIBE may
+// only name channels of one slot, and a connection here carries the
+// channels of every slot of its master that someone waits for: Redis
+// refuses that SSUBSCRIBE (CROSSSLOT), and the connection is subscribed
+// to nothing. A master also unsubscribes its clients from the channels of
+// a slot it gives away (SUNSUBSCRIBE), and go-redis keeps them in its set.
+// So the hub does not rely on go-redis's re-subscription: a connection on
+// which the server refused a command, or that lost a channel, is closed,
+// and its channels are subscribed again by run, one SSUBSCRIBE each, on
+// the master that serves them then.
 type hub struct {
 	c       goredis.UniversalClient
 	cluster *goredis.ClusterClient
 
 	mu      sync.Mutex
 	waiters map[string]map[*waiter]struct{} // channel -> waiters; no empty sets
+	events  []event                         // from the forwarders, for run
 	started bool
 	closed  bool
 
-	kick chan struct{} // buffered 1: waiters changed
+	kick chan struct{} // buffered 1: waiters changed or an event came
 	stop context.CancelFunc
 	done chan struct{} // closed when run and every forwarder returned
 }
@@ -34,6 +64,28 @@ type hub struct {
 type waiter struct {
 	ch chan struct{}
 }
+
+// event is what a forwarder tells run about its connection.
+type event struct {
+	kind    eventKind
+	c       *conn
+	channel string // evDropped
+}
+
+type eventKind uint8
+
+const (
+	// evFailed: the server refused a command on the connection (CROSSSLOT
+	// after go-redis's re-subscription, MOVED, an ACL's NOPERM), or it
+	// did not answer a PING: run replaces it.
+	evFailed eventKind = iota
+	// evDropped: the connection is no longer subscribed to channel,
+	// which run may still want there (the server gave its slot away).
+	evDropped
+	// evConfirmed: the connection's first subscription was confirmed: it
+	// works, and the backoff starts over.
+	evConfirmed
+)
 
 func newHub(c goredis.UniversalClient, cluster *goredis.ClusterClient) *hub {
 	return &hub{
@@ -50,6 +102,14 @@ func (h *hub) poke() {
 	case h.kick <- struct{}{}:
 	default:
 	}
+}
+
+// post hands an event to run.
+func (h *hub) post(e event) {
+	h.mu.Lock()
+	h.events = append(h.events, e)
+	h.mu.Unlock()
+	h.poke()
 }
 
 // subscribe registers a waiter for channel and, when it is the first,
@@ -125,22 +185,40 @@ func (h *hub) close() error {
 
 // conn is one PubSub connection and its forwarder.
 type conn struct {
-	ps   *goredis.PubSub
-	done chan struct{} // closed when the forwarder returned
+	ps      *goredis.PubSub
+	node    string        // its key in the subscriptions' conns
+	closing chan struct{} // closed by run before it closes ps
+	done    chan struct{} // closed when the forwarder returned
+
+	// unsubscribing counts, per channel, the unsubscriptions run sent
+	// whose confirmation has not come back: a confirmation is an
+	// evDropped that run must not take for the server's. Run's only.
+	unsubscribing map[string]int
 }
 
-// run owns the subscriptions: on every kick it subscribes the channels
-// waiters want and unsubscribes the ones nobody waits for any more.
+// subscriptions is run's state: the connections and what each is
+// subscribed to.
+type subscriptions struct {
+	conns map[string]*conn // by node address; "" outside Cluster
+	have  map[string]*conn // subscribed channel -> its connection
+
+	failures  int       // connections failed since one last worked
+	notBefore time.Time // no subscription before then (backoff)
+	retry     *time.Timer
+}
+
+// run owns the subscriptions: on every kick it handles the forwarders'
+// events, subscribes the channels waiters want and unsubscribes the ones
+// nobody waits for any more.
 func (h *hub) run(ctx context.Context) {
 	defer close(h.done)
-	var (
-		conns = make(map[string]*conn)  // by node address; "" outside Cluster
-		have  = make(map[string]string) // subscribed channel -> conns key
-	)
+	s := &subscriptions{conns: make(map[string]*conn), have: make(map[string]*conn)}
+	s.retry = time.NewTimer(time.Hour)
+	s.retry.Stop()
 	defer func() {
-		for _, c := range conns {
-			_ = c.ps.Close()
-			<-c.done
+		s.retry.Stop()
+		for _, c := range s.conns {
+			h.shut(c)
 		}
 	}()
 	for {
@@ -148,28 +226,93 @@ func (h *hub) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-h.kick:
+		case <-s.retry.C:
 		}
-		h.reconcile(ctx, conns, have)
+		h.handle(s)
+		h.reconcile(ctx, s)
+	}
+}
+
+// shut closes c and waits for its forwarder.
+func (h *hub) shut(c *conn) {
+	close(c.closing)
+	_ = c.ps.Close()
+	<-c.done
+}
+
+// handle applies the forwarders' events to s.
+func (h *hub) handle(s *subscriptions) {
+	h.mu.Lock()
+	evs := h.events
+	h.events = nil
+	h.mu.Unlock()
+	for _, e := range evs {
+		switch e.kind {
+		case evConfirmed:
+			if s.conns[e.c.node] == e.c {
+				s.failures = 0
+			}
+		case evDropped:
+			if n := e.c.unsubscribing[e.channel]; n > 0 {
+				e.c.unsubscribing[e.channel] = n - 1 // ours, confirmed
+				if n == 1 {
+					delete(e.c.unsubscribing, e.channel)
+				}
+				continue
+			}
+			if s.have[e.channel] != e.c {
+				continue // gone from this connection already
+			}
+			// go-redis keeps the channel in the connection's set and
+			// would subscribe it there again after a reconnect, where
+			// the server refuses it; unsubscribing it is refused too
+			// (MOVED). Replace the connection.
+			fallthrough
+		case evFailed:
+			if s.conns[e.c.node] != e.c {
+				continue // replaced already
+			}
+			delete(s.conns, e.c.node)
+			h.shut(e.c)
+			for ch, c := range s.have {
+				if c == e.c {
+					delete(s.have, ch)
+				}
+			}
+			s.failures++
+			s.notBefore = time.Now().Add(min(retryMin<<min(s.failures-1, 20), retryMax))
+			if h.cluster != nil {
+				// The slot map may be what is wrong (a slot moved):
+				// have it read again before the next subscription.
+				h.cluster.ReloadState(context.Background())
+			}
+		}
 	}
 }
 
 // reconcile subscribes the channels waiters want and unsubscribes the
 // ones nobody waits for any more. Outside Cluster each direction is one
 // command; on Cluster one per channel (SSUBSCRIBE takes one slot at a time).
-func (h *hub) reconcile(ctx context.Context, conns map[string]*conn, have map[string]string) {
+// After a connection failed, it subscribes nothing before s.notBefore,
+// and arms s.retry for then.
+func (h *hub) reconcile(ctx context.Context, s *subscriptions) {
 	var add, drop []string
 	h.mu.Lock()
 	for ch := range h.waiters {
-		if _, ok := have[ch]; !ok {
+		if _, ok := s.have[ch]; !ok {
 			add = append(add, ch)
 		}
 	}
-	for ch := range have {
+	for ch := range s.have {
 		if _, ok := h.waiters[ch]; !ok {
 			drop = append(drop, ch)
 		}
 	}
 	h.mu.Unlock()
+	if wait := time.Until(s.notBefore); len(add) > 0 && wait > 0 {
+		s.retry.Reset(wait)
+		add = nil
+	}
 	if len(add) == 0 && len(drop) == 0 {
 		return
 	}
@@ -177,39 +320,44 @@ func (h *hub) reconcile(ctx context.Context, conns map[string]*conn, have map[st
 	defer cancel()
 
 	if h.cluster == nil {
-		c := conns[""]
+		c := s.conns[""]
 		if len(drop) > 0 && c != nil {
+			for _, ch := range drop {
+				c.unsubscribing[ch]++
+			}
 			_ = c.ps.Unsubscribe(ctx, drop...)
 		}
 		for _, ch := range drop {
-			delete(have, ch)
+			delete(s.have, ch)
 		}
 		// A failed write is not fatal: go-redis keeps the channels in the
 		// PubSub's set and subscribes them again when it reconnects.
 		if len(add) > 0 && guard(func() {
 			if c == nil {
-				c = h.open(h.c.Subscribe(ctx))
-				conns[""] = c
+				c = h.open(ctx, "", h.c.Subscribe(ctx))
+				s.conns[""] = c
 			}
 			_ = c.ps.Subscribe(ctx, add...)
 		}) {
 			for _, ch := range add {
-				have[ch] = ""
+				s.have[ch] = c
 			}
 		}
 		return
 	}
 	for _, ch := range drop {
-		_ = conns[have[ch]].ps.SUnsubscribe(ctx, ch)
-		delete(have, ch)
+		c := s.have[ch]
+		c.unsubscribing[ch]++
+		_ = c.ps.SUnsubscribe(ctx, ch)
+		delete(s.have, ch)
 	}
 	for _, ch := range add {
 		var (
-			node string
-			ok   bool
+			c  *conn
+			ok bool
 		)
-		if guard(func() { node, ok = h.subscribeSharded(ctx, conns, ch) }) && ok {
-			have[ch] = node
+		if guard(func() { c, ok = h.subscribeSharded(ctx, s.conns, ch) }) && ok {
+			s.have[ch] = c
 		}
 	}
 }
@@ -229,41 +377,101 @@ func guard(f func()) (ok bool) {
 // subscribeSharded subscribes ch on the connection to the master of ch's
 // slot, opening it first if needed. ok is false when the master is unknown;
 // the channel is then tried again on the next change of waiters.
-func (h *hub) subscribeSharded(ctx context.Context, conns map[string]*conn, ch string) (node string, ok bool) {
+func (h *hub) subscribeSharded(ctx context.Context, conns map[string]*conn, ch string) (c *conn, ok bool) {
 	m, err := h.cluster.MasterForKey(ctx, ch)
 	if err != nil {
-		return "", false
+		return nil, false
 	}
-	node = m.Options().Addr
+	node := m.Options().Addr
 	if c := conns[node]; c != nil {
 		_ = c.ps.SSubscribe(ctx, ch)
-		return node, true
+		return c, true
 	}
 	// ClusterClient.SSubscribe connects to the master of ch's slot.
-	conns[node] = h.open(h.cluster.SSubscribe(ctx, ch))
-	return node, true
+	c = h.open(ctx, node, h.cluster.SSubscribe(ctx, ch))
+	conns[node] = c
+	return c, true
 }
 
-// open starts the forwarder of ps. Besides each release notice, it passes
-// on each confirmation of a subscription (first, or again after go-redis
-// reconnected) as a wake-up: a release that happened while the channel was
-// not yet (or no longer) subscribed sent its notice to nobody, and the
-// waiters' retry finds the key free instead of sleeping out the spin.
-func (h *hub) open(ps *goredis.PubSub) *conn {
-	c := &conn{ps: ps, done: make(chan struct{})}
-	msgs := ps.ChannelWithSubscriptions()
-	go func() {
-		defer close(c.done)
-		for m := range msgs {
-			switch m := m.(type) {
-			case *goredis.Message:
-				h.notify(m.Channel)
-			case *goredis.Subscription:
-				if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
-					h.notify(m.Channel)
+// open starts the forwarder of ps, the connection to node.
+func (h *hub) open(ctx context.Context, node string, ps *goredis.PubSub) *conn {
+	c := &conn{ps: ps, node: node, closing: make(chan struct{}), done: make(chan struct{}),
+		unsubscribing: make(map[string]int)}
+	go h.forward(context.WithoutCancel(ctx), c)
+	return c
+}
+
+// forward reads c's messages until it closes. Besides each release
+// notice, it passes on each confirmation of a subscription (first, or
+// again after go-redis reconnected) as a wake-up: a release that happened
+// while the channel was not yet (or no longer) subscribed sent its notice
+// to nobody, and the waiters' retry finds the key free instead of
+// sleeping out the spin. It tells run (events) when the server refused a
+// command on the connection, when the connection lost a channel, and when
+// a PING went unanswered.
+func (h *hub) forward(ctx context.Context, c *conn) {
+	defer close(c.done)
+	var pinged, confirmed bool
+	broken := 0 // consecutive failed reads
+	for {
+		msg, err := c.ps.ReceiveTimeout(ctx, healthInterval)
+		select {
+		case <-c.closing:
+			return
+		default:
+		}
+		if err != nil {
+			var rerr goredis.Error
+			var nerr net.Error
+			switch {
+			case errors.Is(err, goredis.ErrClosed):
+				return
+			case errors.As(err, &rerr):
+				// A command refused: go-redis's re-subscription
+				// (CROSSSLOT), a subscription to a slot that moved
+				// (MOVED), an ACL (NOPERM).
+				h.post(event{kind: evFailed, c: c})
+				return
+			case errors.As(err, &nerr) && nerr.Timeout():
+				if pinged { // the PING sent a period ago is unanswered
+					h.post(event{kind: evFailed, c: c})
+					return
+				}
+				pinged = true
+				pctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+				_ = c.ps.Ping(pctx) // a failed write makes go-redis reconnect
+				cancel()
+			default:
+				// The connection broke: go-redis dials again, and
+				// subscribes again, on the next read. Pause between
+				// failures, as go-redis's own channels do.
+				if broken++; broken > 1 {
+					t := time.NewTimer(retryMin)
+					select {
+					case <-t.C:
+					case <-c.closing:
+						t.Stop()
+						return
+					}
 				}
 			}
+			continue
 		}
-	}()
-	return c
+		broken, pinged = 0, false
+		switch m := msg.(type) {
+		case *goredis.Message:
+			h.notify(m.Channel)
+		case *goredis.Subscription:
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
+				h.notify(m.Channel)
+				if !confirmed {
+					confirmed = true
+					h.post(event{kind: evConfirmed, c: c})
+				}
+			case "unsubscribe", "sunsubscribe":
+				h.post(event{kind: evDropped, c: c, channel: m.Channel})
+			}
+		}
+	}
 }

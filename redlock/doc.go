@@ -16,8 +16,8 @@
 // # Algorithm
 //
 // Acquire ([Resource.TryAcquire]) sends the same request, the Redis
-// backend's acquire script (SET lock value NX PX ttl, with the same owner
-// value everywhere), to every node at once. Each node gets a per-node
+// backend's acquire script (SET lock value NX PX ttl, with the same value
+// everywhere), to every node at once. Each node gets a per-node
 // timeout far below the TTL: by default 5% of it, at least 5ms
 // ([WithNodeTimeout]). The round is decided as soon as a majority set the
 // key, else when every node answered or the timeout passed. Elapsed time
@@ -39,6 +39,21 @@
 // answered. A node that is down or paused costs nothing while a majority
 // answers yes, and at most one per-node timeout per round otherwise (a
 // failed acquire has two rounds: the attempt and its cleanup).
+//
+// "None set it before the start" holds because every round stores a value
+// of its own: the owner value, '#', and the round's number within the
+// acquisition ("3f...9a#2"; the spin loop makes a round per attempt).
+// A node's yes is then the work of this round's request, sent after the
+// start. Were the value the same in every round, a request of an earlier
+// round delayed on the network could set the key after that round's
+// cleanup, with an expiry from its arrival, and the next round would
+// count the key as its own: the node would free it before the validity
+// ends, and another owner could take a majority with it while we hold the
+// lock. Setting the expiry again when a round finds its own value (which
+// the acquire script also does, for the single-Redis backend) would fix
+// the expiry but not the earlier round's cleanup: delayed too, it could
+// delete the next round's key. A value per round rules out both: no round
+// counts, extends or deletes another round's key.
 //
 // Release is a compare-and-delete on every node at once; it succeeds as
 // soon as a majority deleted our value (the rest finish in the
@@ -93,12 +108,17 @@
 // release, or the cleanup of a failed acquire) was sent, and that delete
 // found nothing there, the key is deleted once more. A SET that lands
 // later still, unseen (its reply lost or timed out), is caught by a
-// tombstone when the acquire failed with an error: that cleanup also
-// writes, in the same script on each node, a key naming the owner value
-// (living one TTL) that makes the acquire script refuse to set the lock
-// for that value. A contended attempt's cleanup writes none (the spin loop
-// tries again with the same value), nor does a release: a SET that lands
-// unseen after those expires with its TTL.
+// tombstone: the cleanup of a round in which a node did not answer, or
+// that failed with an error, also writes, in the same script on each
+// node, a key naming the round's value (living one TTL) that makes the
+// acquire script refuse to set the lock for that value. The round's value
+// is not used again (the next round has its own), so burying it costs
+// nothing but the key. A contended round whose every node answered has
+// no request on its way and writes none (a crowd of waiters spinning on a
+// held lock would otherwise leave a key per round and node, each living a
+// TTL); nor does a release: a SET that lands unseen after those (a copy
+// a proxy kept after its sender's connection closed, say) is counted by
+// no round and expires with its TTL.
 //
 // Requests to the nodes run on worker goroutines, per node, that exit
 // after two idle seconds; [Resource.Close] (called by distlock's Close)

@@ -1,6 +1,10 @@
 package redlock
 
-import "time"
+import (
+	"time"
+
+	"github.com/distlock/distlock/backend"
+)
 
 // HolderTTL runs holderTTL on replies built from vs, where a v of 99
 // stands for a failed node.
@@ -30,4 +34,13 @@ func (r *Resource) Workers() int {
 func PauseAfterWait(d time.Duration) (restore func()) {
 	testHookAfterWait = func() { time.Sleep(d) }
 	return func() { testHookAfterWait = nil }
+}
+
+// Stored returns what the nodes hold for l's last acquire round: l.Value
+// and the round's number ("" before the first round).
+func Stored(l *backend.Lease) string {
+	if h, ok := l.Handle.(*handle); ok {
+		return h.argv[0].(string)
+	}
+	return ""
 }

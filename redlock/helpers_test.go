@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redlock"
+	"github.com/distlock/distlock/safety/proxy"
 )
 
 // cluster is N independent Redis nodes for one top-level test, with a
@@ -23,6 +25,7 @@ type cluster struct {
 	servers []*testserver.RedisServer
 	clients []goredis.UniversalClient
 	inspect []*goredis.Client
+	opt     func(*goredis.Options) // how clients are configured
 }
 
 // startNodes starts n Redis servers, and a client for each configured by
@@ -31,20 +34,57 @@ type cluster struct {
 // after go-redis's dial retries.
 func startNodes(t testing.TB, n int, opt func(*goredis.Options)) *cluster {
 	t.Helper()
-	c := &cluster{servers: testserver.RedisNodes(t, n)}
+	c := &cluster{servers: testserver.RedisNodes(t, n), opt: opt}
 	for _, s := range c.servers {
-		o := &goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialerRetries: 1}
-		if opt != nil {
-			opt(o)
-		}
-		cl := goredis.NewClient(o)
+		cl := c.client(t, s.Addr)
 		in := goredis.NewClient(&goredis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, DialerRetries: 1,
 			MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second})
-		t.Cleanup(func() { _ = cl.Close(); _ = in.Close() })
+		t.Cleanup(func() { _ = in.Close() })
 		c.clients = append(c.clients, cl)
 		c.inspect = append(c.inspect, in)
 	}
 	return c
+}
+
+// client returns a client of addr configured as c's clients are, closed
+// when t ends.
+func (c *cluster) client(t testing.TB, addr string) *goredis.Client {
+	o := &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, DialerRetries: 1}
+	if c.opt != nil {
+		c.opt(o)
+	}
+	cl := goredis.NewClient(o)
+	t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// viaProxy puts a proxy in front of node i for the Resources created
+// after it: c.clients[i] then goes through the proxy (the checks do not).
+func (c *cluster) viaProxy(t testing.TB, i int) *proxy.Proxy {
+	t.Helper()
+	p, err := proxy.Start(c.servers[i].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	c.clients[i] = c.client(t, p.Addr)
+	return p
+}
+
+// direct returns a Resource of another owner over the check clients,
+// which reach every node directly.
+func (c *cluster) direct(t testing.TB, opts ...redlock.Option) *redlock.Resource {
+	t.Helper()
+	cs := make([]goredis.UniversalClient, len(c.inspect))
+	for i, in := range c.inspect {
+		cs[i] = in
+	}
+	r, err := redlock.New(cs, opts...)
+	if err != nil {
+		t.Fatalf("redlock.New: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
 }
 
 // newResource returns a Resource over c's nodes, closed when t ends.
@@ -97,30 +137,40 @@ func (c *cluster) valueOn(key string, i int) string {
 	return v
 }
 
-// count returns how many nodes hold value under key's lock.
+// ours reports whether v, what a node holds under a lock, is value or
+// was stored by a round of the acquisition with owner value value (each
+// round stores a value of its own made from the owner value).
+func ours(v, value string) bool {
+	return v == value || strings.HasPrefix(v, value+"#")
+}
+
+// count returns how many nodes hold value, or a value of owner value (of
+// any of its rounds), under key's lock.
 func (c *cluster) count(t testing.TB, key, value string) int {
 	t.Helper()
 	n := 0
 	for _, v := range c.values(t, key) {
-		if v == value {
+		if ours(v, value) {
 			n++
 		}
 	}
 	return n
 }
 
-// noneHoldNow fails t if any node holds value under key's lock now.
+// noneHoldNow fails t if any node holds a value of owner value under
+// key's lock now.
 func (c *cluster) noneHoldNow(t testing.TB, key, value string) {
 	t.Helper()
 	for i, v := range c.values(t, key) {
-		if v == value {
+		if ours(v, value) {
 			t.Errorf("node %d still holds our value under %q", i, key)
 		}
 	}
 }
 
-// noneHold waits until no node holds value under key's lock: a release
-// returns once a majority deleted it, the others follow in the background.
+// noneHold waits until no node holds a value of owner value under key's
+// lock: a release returns once a majority deleted it, the others follow
+// in the background.
 func (c *cluster) noneHold(t testing.TB, key, value string) {
 	t.Helper()
 	waitFor(t, "no node to hold our value under "+key, func() bool { return c.count(t, key, value) == 0 })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -192,24 +193,40 @@ func (r *Resource) timeout(ttl, validity time.Duration) time.Duration {
 	return min(d, validity)
 }
 
-// handle is the per-lease state kept in backend.Lease.Handle: the key name
-// and the command arguments, built once per acquisition and shared, read
-// only, by every node's request of every attempt, refresh and release;
-// and the acquire round that got the lock.
+// handle is the per-round state kept in backend.Lease.Handle: the key
+// name, the value the round stores and the command arguments, built once
+// per acquire round and shared, read only, by every node's request of the
+// round, and of the refreshes and the release of the round that got the
+// lock; and that round.
+//
+// Each round of an acquisition stores a value of its own (see
+// [roundValue]), so a handle is never changed once built: the late
+// requests of an earlier round, still running on the nodes' workers, keep
+// the arguments of their own round.
 type handle struct {
-	key, value string
+	key, value string // the lease's Key and Value
+	round      uint64 // 1 for the acquisition's first round, then 2, 3...
 	ms         int64
 	keys       [1]string // the lock key, for EVAL after NOSCRIPT
-	argv       [2]any    // value, ttl ms: the scripts' ARGV
+	argv       [2]any    // the round's value, ttl ms: the scripts' ARGV
 
-	acquire [6]any // EVALSHA acquire 1 lock value ms
-	cleanup [6]any // EVALSHA cleanup 1 lock value ms
-	release [5]any // EVALSHA release 1 lock value
+	acquire [6]any // EVALSHA acquire 1 lock stored ms
+	cleanup [6]any // EVALSHA cleanup 1 lock stored ms
+	release [5]any // EVALSHA release 1 lock stored
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
 	// success and read by Release: the release round settles with it
 	// which keys set late must be deleted once more.
 	acq *round
+}
+
+// roundValue is what round n of the acquisition with owner value v
+// stores on the nodes: v, '#', n in decimal. Distinct (v, n) give
+// distinct values (n has no '#', so the last '#' splits them), and owner
+// values are unique across acquisitions: no round counts, extends or
+// deletes another round's key.
+func roundValue(v string, n uint64) string {
+	return v + "#" + strconv.FormatUint(n, 10)
 }
 
 // testHookAfterWait, when set by a test, runs between an acquire round's
@@ -224,25 +241,42 @@ var (
 	cleanupSHA any = redisscript.Cleanup.Hash()
 )
 
-func (r *Resource) newHandle(l *backend.Lease, ms int64) *handle {
-	h := &handle{key: l.Key, value: l.Value, ms: ms}
-	h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
-	var lock, value, px any = h.keys[0], l.Value, ms
-	h.argv = [2]any{value, px}
-	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, value, px}
-	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, value, px}
-	h.release = [5]any{"evalsha", releaseSHA, 1, lock, value}
+// newHandle builds the handle of round n of l's acquisition, with a TTL
+// of ms. It takes the lock key and the boxed TTL from prev, the previous
+// round's handle, when it has them.
+func (r *Resource) newHandle(l *backend.Lease, ms int64, n uint64, prev *handle) *handle {
+	h := &handle{key: l.Key, value: l.Value, round: n, ms: ms}
+	var px any
+	if prev != nil && prev.key == l.Key && prev.ms == ms {
+		h.keys[0], px = prev.keys[0], prev.argv[1]
+	} else {
+		h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
+		px = ms
+	}
+	var lock, stored any = h.keys[0], roundValue(l.Value, n)
+	h.argv = [2]any{stored, px}
+	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, stored, px}
+	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, stored, px}
+	h.release = [5]any{"evalsha", releaseSHA, 1, lock, stored}
 	return h
 }
 
-// handleOf returns the lease's handle, or a fresh one (not stored: the
-// lease may be in use by another goroutine) when it has none of ours.
+// handleOf returns the lease's handle: that of the round that got the
+// lock. When the lease has none of ours it returns one (not stored: the
+// lease may be in use by another goroutine) of a round 0 that no
+// TryAcquire makes, whose value no node holds.
 func (r *Resource) handleOf(l *backend.Lease) *handle {
 	ms := redisscript.Millis(l.TTL)
-	if h, ok := l.Handle.(*handle); ok && h.key == l.Key && h.value == l.Value && h.ms == ms {
-		return h
+	h, ok := l.Handle.(*handle)
+	if !ok || h.key != l.Key || h.value != l.Value {
+		return r.newHandle(l, ms, 0, nil)
 	}
-	return r.newHandle(l, ms)
+	if h.ms != ms { // l.TTL changed since the acquisition: same round, new TTL
+		c := r.newHandle(l, ms, h.round, h)
+		c.acq = h.acq
+		return c
+	}
+	return h
 }
 
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
@@ -258,7 +292,10 @@ func (r *Resource) ValidateKey(key string) error {
 }
 
 // TryAcquire implements [backend.Spinner] with one quorum round: the
-// acquire script (SET lock value NX PX ttl) is sent to every node at once.
+// acquire script (SET lock value NX PX ttl) is sent to every node at once,
+// with a value of the round's own: l.Value, '#', and the number of the
+// round among the calls with this lease (see the package doc). Release
+// and Refresh use the value of the round that got the lock.
 // The round ends as soon as [Resource.Quorum] nodes set the key, else when
 // every node answered or the per-node timeout passed. The lock is held
 // when at least a majority set it and the time elapsed since the round
@@ -303,11 +340,17 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, fmt.Errorf("redlock: acquire %q: %w", l.Key, err)
 	}
 	l.TTL = ttl
-	h, ok := l.Handle.(*handle)
-	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
-		h = r.newHandle(l, ms)
-		l.Handle = h
+	// Every round stores a value of its own: a node that says yes then
+	// set the key for this round's request, sent after start, and the
+	// late requests of an earlier round (a SET, a clean-up) can neither
+	// count as this round's yes nor delete this round's key.
+	n := uint64(1)
+	prev, _ := l.Handle.(*handle)
+	if prev != nil && prev.key == l.Key && prev.value == l.Value {
+		n = prev.round + 1
 	}
+	h := r.newHandle(l, ms, n, prev)
+	l.Handle = h
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
 	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum, nil)
@@ -318,10 +361,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// Decided under the round's lock: later replies are late.
 	rd.mu.Lock()
 	rd.over = true
-	var yes, no int
+	var yes, no, unanswered int
 	for _, rep := range rd.res {
 		switch {
 		case rep.err != nil:
+			unanswered++
 		case rep.v > 0:
 			yes++
 		default:
@@ -339,13 +383,17 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 
 	// Contention (a majority answered, too few said yes) is no error: the
-	// spin loop tries again with the same value, so its cleanup must not
-	// bury the value. Every other outcome is an error that ends the
-	// acquisition, and its cleanup writes the value's tombstone: a request
-	// still on its way to a node then sets nothing there.
+	// spin loop tries again, with a round of its own. The round's value
+	// is never used again whatever the outcome, so its cleanup may bury
+	// it: it does when a request may still be on its way, because a node
+	// did not answer (its request can reach it after the cleanup and set
+	// the key until its TTL). A contended round whose every node answered
+	// has nothing on its way, and writes no tombstones: a crowd of
+	// waiters spinning on a held lock would otherwise leave one per round
+	// and node, each living a TTL.
 	ctxErr := ctx.Err()
 	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
-	cerr := r.cleanup(ctx, rd, timeout, !contended)
+	cerr := r.cleanup(ctx, rd, timeout, !contended || unanswered > 0)
 	var err error
 	switch {
 	case ctxErr != nil:
@@ -371,9 +419,9 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // fresh context: ctx may be why the round failed. Nodes that refused the
 // key are not spared: a request go-redis retried after a lost reply says
 // "held" when its first try set our value. With bury, it also writes the
-// value's tombstone on every node (redisscript.Cleanup), for a round that
-// ends the acquisition: an acquire request that reaches a node only after
-// the delete then sets nothing there. cleanup returns an error only when a
+// round's value's tombstone on every node (redisscript.Cleanup), for a
+// round whose request may still be on its way to a node: it then sets
+// nothing there when it arrives. cleanup returns an error only when a
 // node that said it set the key could not delete it.
 func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration, bury bool) error {
 	o, args := opRelease, acq.h.release[:]

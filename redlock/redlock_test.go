@@ -278,7 +278,8 @@ func TestLease(t *testing.T) {
 		t.Errorf("Token = %d; want 0: Redlock makes no fencing tokens", l.Token)
 	}
 	c.eventually(t, l.Key, "every node to hold our value", func(v []string) bool {
-		return v[0] == l.Value && v[1] == l.Value && v[2] == l.Value
+		s := redlock.Stored(l)
+		return v[0] == s && v[1] == s && v[2] == s
 	})
 	for i, cl := range c.inspect {
 		pttl, err := cl.PTTL(ctx, lockKey(l.Key)).Result()
@@ -353,7 +354,7 @@ func TestReleaseRefresh(t *testing.T) {
 		// TryAcquire returns once a majority set the key: wait for the
 		// rest, so that the test's evictions are not undone by them.
 		c.eventually(t, l.Key, "every node to hold our value", func(v []string) bool {
-			return !slices.ContainsFunc(v, func(s string) bool { return s != l.Value })
+			return !slices.ContainsFunc(v, func(s string) bool { return s != redlock.Stored(l) })
 		})
 		return l
 	}

@@ -61,10 +61,11 @@ var apps = []struct {
 
 const root = "github.com/distlock/distlock"
 
-// published are the modules a user can depend on; the others (examples,
-// safety, bench) are never required by them and not packed.
+// published are the modules a user can depend on (safety/proxy: the
+// stores' tests inject faults with it); the others (examples, safety,
+// bench) are never required by them and not packed.
 var published = []string{"", "/testsuite", "/internal/testserver", "/internal/redisscript",
-	"/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics"}
+	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics"}
 
 func main() {
 	verbose := flag.Bool("v", false, "print each application's build list")

@@ -16,11 +16,14 @@
 -- without it.
 -- When the lock already holds ARGV[1], this request is a second run of one
 -- that took it: a client resent it after losing the first reply (go-redis
--- retries a command after a read timeout). It is acquired then, with a
--- fresh token, so that the lock is neither reported held by another nor
--- left to expire unowned. The lock is then as the first run set it: its
--- expiry was counted from a send after the sender's start, the safe side.
--- The value check costs a contended attempt one GET.
+-- retries a command after a read timeout), or the first run was a copy of
+-- an earlier attempt of the same acquisition that reached Redis late. It
+-- is acquired then, with a fresh token, so that the lock is neither
+-- reported held by another nor left to expire unowned, and its expiry is
+-- set again from now: the first run may have set it before the sender
+-- started this attempt, from which the holder counts the lock's validity,
+-- and the lock must not end sooner than that. The value check costs a
+-- contended attempt one GET.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('EXISTS', KEYS[1] .. ':dead:' .. ARGV[1]) == 1 then
     redis.call('DEL', KEYS[1])
@@ -32,6 +35,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if KEYS[2] then
     return redis.call('INCR', KEYS[2])
   end

@@ -22,9 +22,12 @@ var (
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token; when the lock is held it returns minus the
 // holder's remaining milliseconds. A lock that already holds the value
-// counts as acquired (a fresh token): the request was resent after its
-// first run took the lock and its reply was lost, as go-redis does after a
-// read timeout. It fails with a DEAD error (see
+// counts as acquired (a fresh token), with its expiry set again to ttl
+// from now: the request was resent after its first run took the lock and
+// its reply was lost, as go-redis does after a read timeout, or that
+// first run was a late copy of an earlier attempt, whose expiry would
+// end the lock before the validity its holder counts from this attempt's
+// start. It fails with a DEAD error (see
 // [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
 // KEYS: lock [, fence]. ARGV: value, ttl ms.
 var Acquire = goredis.NewScript(acquireSrc)

@@ -26,11 +26,32 @@ type Proxy struct {
 	mu      sync.Mutex
 	delay   [2]func() time.Duration
 	stalled [2]bool
+	holds   [2][]*Held // not yet taken, in the order they were asked for
 	changed *sync.Cond // broadcast when stalled changes or the proxy closes
 	closed  bool
+	quit    chan struct{} // closed by Close
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 }
+
+// Held is one chunk held by [Proxy.Hold]: a packet stuck on the network
+// for as long as the test wants.
+type Held struct {
+	match   func(chunk []byte) bool
+	seen    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+// Seen is closed when the proxy has read the chunk and holds it.
+func (h *Held) Seen() <-chan struct{} { return h.seen }
+
+// Release lets the chunk, and the later bytes of its connection, go on
+// (after the direction's delay, if any). The chunk is written to the
+// other end even when its sender closed the connection meanwhile, as
+// bytes already on the network would arrive; when the other end is
+// closed (CloseConns), it is dropped. Calls after the first do nothing.
+func (h *Held) Release() { h.once.Do(func() { close(h.release) }) }
 
 // Start listens on a free port of 127.0.0.1 and forwards to target.
 func Start(target string) (*Proxy, error) { return StartOn("127.0.0.1:0", target) }
@@ -42,7 +63,7 @@ func StartOn(addr, target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}, quit: make(chan struct{})}
 	p.changed = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
@@ -55,6 +76,37 @@ func (p *Proxy) SetDelay(d Direction, f func() time.Duration) {
 	p.mu.Lock()
 	p.delay[d] = f
 	p.mu.Unlock()
+}
+
+// Hold holds, in direction d, the next chunk read for which match
+// returns true, on whatever connection, and the later bytes of that
+// connection, until the returned Held is released or the proxy closes;
+// the other connections flow on. Several Holds wait for a chunk each, in
+// the order they were asked for: a chunk is taken by the first that
+// matches it. match is called for every chunk until it matched, from the
+// proxy's goroutines; it must not keep or change the chunk. A test uses
+// it to delay one request it recognises by its bytes (a Redis command
+// naming a script) past the requests sent after it on other connections.
+func (p *Proxy) Hold(d Direction, match func(chunk []byte) bool) *Held {
+	h := &Held{match: match, seen: make(chan struct{}), release: make(chan struct{})}
+	p.mu.Lock()
+	p.holds[d] = append(p.holds[d], h)
+	p.mu.Unlock()
+	return h
+}
+
+// take returns the first Hold of direction d that matches chunk, removed
+// from the waiting ones, or nil.
+func (p *Proxy) take(d Direction, chunk []byte) *Held {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, h := range p.holds[d] {
+		if h.match(chunk) {
+			p.holds[d] = append(p.holds[d][:i:i], p.holds[d][i+1:]...)
+			return h
+		}
+	}
+	return nil
 }
 
 // Stall holds every byte in direction d, of open and new connections,
@@ -86,6 +138,9 @@ func (p *Proxy) CloseConns() {
 func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.mu.Lock()
+	if !p.closed {
+		close(p.quit)
+	}
 	p.closed = true
 	p.changed.Broadcast()
 	for c := range p.conns {
@@ -162,6 +217,14 @@ func (p *Proxy) pipe(d Direction, src, dst net.Conn) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
+				if h := p.take(d, buf[:n]); h != nil {
+					close(h.seen)
+					select {
+					case <-h.release:
+					case <-p.quit:
+						return
+					}
+				}
 				p.mu.Lock()
 				f := p.delay[d]
 				p.mu.Unlock()

@@ -1,0 +1,3 @@
+module github.com/distlock/distlock/safety/proxy
+
+go 1.26.0
