@@ -43,14 +43,30 @@ func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
 	return context.WithValue(ctx, lockKey{}, &heldList{lk: lk, next: next})
 }
 
-// heldIn returns the grant of the innermost lock of key on d that ctx
-// carries, or nil.
-func heldIn(ctx context.Context, d *DistributeLock, key string) *grant {
+// heldIn returns the grant of the innermost lock of key and kind (and a
+// semaphore's limit) on d that ctx carries, or nil.
+func heldIn(ctx context.Context, d *DistributeLock, key string, kind Kind, limit int) *grant {
 	l, _ := ctx.Value(lockKey{}).(*heldList)
 	for ; l != nil; l = l.next {
-		if g := l.lk.g; g != nil && g.d == d && g.req.Key == key {
+		if g := l.lk.g; g != nil && g.d == d && g.req.Key == key && g.req.Kind == kind && g.req.Limit == limit {
 			return g
 		}
+	}
+	return nil
+}
+
+// otherSide returns the innermost grant of the other side of key's
+// read/write lock on d that ctx carries, or nil.
+func otherSide(ctx context.Context, d *DistributeLock, key string, kind Kind) *grant {
+	if kind != KindRead && kind != KindWrite {
+		return nil
+	}
+	other := KindRead
+	if kind == KindRead {
+		other = KindWrite
+	}
+	if g := heldIn(ctx, d, key, other, 0); g != nil && g.live() {
+		return g
 	}
 	return nil
 }

@@ -13,6 +13,16 @@
 // extends it while held. [Lock.Token] is a fencing token and [Lock.Done]
 // closes when the lock is known lost.
 //
+// # Semaphores and read/write locks
+//
+// [DistributeLock.Semaphore] gives a semaphore of a key: at most limit
+// holders at once, each permit a [*Lock] with its own TTL, token and Done.
+// [DistributeLock.RWMutex] gives a read/write lock: many readers or one
+// writer, served in order of arrival, readers together, so neither side
+// starves the other. A key's mutex, semaphore and read/write lock are
+// distinct locks. Stores that cannot hold them (Redlock) return
+// [ErrUnsupported] before any I/O.
+//
 // # Backends
 //
 // A backend implements the small contract of package

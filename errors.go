@@ -29,3 +29,12 @@ var ErrClosed = errors.New("distlock: closed")
 // ErrReentrancy is returned by a nested [DistributeLock.TryLock] when the
 // context already holds the key as many times as [WithMaxReentrancy] allows.
 var ErrReentrancy = errors.New("distlock: reentrancy limit reached")
+
+// ErrLimitMismatch is returned by [Semaphore.TryAcquire] when the
+// semaphore's current holders took it with another limit: callers of one
+// semaphore must agree on its limit.
+var ErrLimitMismatch = backend.ErrLimitMismatch
+
+// ErrUnsupported is returned, before any I/O, for a kind of lock the store
+// does not hold (Redlock: semaphores and read/write locks).
+var ErrUnsupported = errors.New("distlock: not supported by the store")

@@ -86,3 +86,49 @@ func ExampleContextWithLock() {
 	// audit under token 1
 	// transfer under token 1
 }
+
+// At most 2 exports run at once, across every process sharing the store;
+// each permit is a lock of its own, with its own token.
+func ExampleSemaphore() {
+	ctx := context.Background()
+	d, _ := distlock.New(memory.New())
+	defer d.Close()
+	exports := d.Semaphore("export", 2)
+	a, _ := exports.TryAcquire(ctx, 0)
+	b, _ := exports.TryAcquire(ctx, 0)
+	_, err := exports.TryAcquire(ctx, 0) // a third must wait for a permit
+	fmt.Println(a.Token() < b.Token(), errors.Is(err, distlock.ErrNotAcquired))
+	a.Unlock(ctx)
+	c, _ := exports.TryAcquire(ctx, 0)
+	fmt.Println(c.Token() > b.Token())
+	b.Unlock(ctx)
+	c.Unlock(ctx)
+	// Output:
+	// true true
+	// true
+}
+
+// Many readers of the config, or one writer. A writer that waits keeps
+// new readers out, so a stream of readers cannot starve it; its token is
+// larger than every reader's before it.
+func ExampleRWMutex() {
+	ctx := context.Background()
+	d, _ := distlock.New(memory.New())
+	defer d.Close()
+	config := d.RWMutex("config")
+	r1, _ := config.TryRLock(ctx, 0)
+	r2, _ := config.TryRLock(ctx, 0)
+	_, err := config.TryLock(ctx, 0) // a writer waits for the readers
+	fmt.Println("writer:", errors.Is(err, distlock.ErrNotAcquired))
+	r1.Unlock(ctx)
+	r2.Unlock(ctx)
+	err = config.Do(ctx, time.Second, func(ctx context.Context, w *distlock.Lock) error {
+		fmt.Println("writing with token above the readers':", w.Token() > r2.Token())
+		return nil
+	})
+	fmt.Println(err)
+	// Output:
+	// writer: true
+	// writing with token above the readers': true
+	// <nil>
+}

@@ -395,6 +395,13 @@ func (g *grant) deadline() time.Time {
 	return g.expiry
 }
 
+// live reports whether the grant is held or lost but not yet released.
+func (g *grant) live() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state == held || g.state == lost || g.state == releasing
+}
+
 // err returns why Done closed, or nil while the grant is held.
 func (g *grant) err() error {
 	g.mu.Lock()

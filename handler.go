@@ -12,6 +12,12 @@ import (
 type Request struct {
 	// Key is the lock's name, already validated.
 	Key string
+	// Kind is the kind of lock: a mutex ([DistributeLock.TryLock]), a
+	// semaphore's permit ([Semaphore]), or a read or write grant of a
+	// read/write lock ([RWMutex]).
+	Kind Kind
+	// Limit is the semaphore's limit; 0 for the other kinds.
+	Limit int
 	// Value is the owner value of this acquisition.
 	Value string
 	// TTL is the lease time resolved for this call (ContextWithTTL or the

@@ -24,6 +24,8 @@ type DistributeLock struct {
 	notifier  backend.Notifier
 	refresher backend.Refresher
 	validator backend.KeyValidator
+	kinds     backend.KindChecker
+	withdraw  backend.Withdrawer
 	cfg       config
 	policy    spin.Policy
 	chain     *chain
@@ -97,6 +99,8 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 	}
 	d.refresher, _ = r.(backend.Refresher)
 	d.validator, _ = r.(backend.KeyValidator)
+	d.kinds, _ = r.(backend.KindChecker)
+	d.withdraw, _ = r.(backend.Withdrawer)
 	if cfg.autoRenew && d.refresher == nil {
 		return nil, fmt.Errorf("%w: WithAutoRenew: %T cannot extend locks", ErrInvalid, r)
 	}
@@ -135,6 +139,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 // the operation and key (wrapping [context.DeadlineExceeded] when the store
 // did not answer within the wait).
 func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Duration) (*Lock, error) {
+	return d.tryLock(ctx, key, wait, KindMutex, 0)
+}
+
+// tryLock is TryLock for every kind of lock.
+func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Duration, kind Kind, limit int) (*Lock, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", ErrInvalid)
 	}
@@ -150,12 +159,18 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 	case ttl <= 0:
 		return nil, fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(key))
 	}
+	if err := d.checkKind(key, kind, limit); err != nil {
+		return nil, err
+	}
 	if d.validator != nil {
 		if err := d.validator.ValidateKey(key); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
-	if g := heldIn(ctx, d, key); g != nil {
+	if g := otherSide(ctx, d, key, kind); g != nil {
+		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.req.Kind, quote(key))
+	}
+	if g := heldIn(ctx, d, key, kind, limit); g != nil {
 		out := g.step(event{kind: evReenter, max: d.cfg.maxReentrancy})
 		g.apply(out)
 		if out.ok {
@@ -176,7 +191,7 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 	}
 	defer d.leave()
 	g := &grant{d: d, index: -1}
-	g.req = Request{Key: key, Value: value, TTL: ttl, Wait: wait, g: g}
+	g.req = Request{Key: key, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
 	if wait > 0 {
 		g.req.Deadline = time.Now().Add(wait)
 	}
@@ -305,7 +320,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		return err
 	}
 	g := r.g
-	g.lease = backend.Lease{Key: r.Key, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
+	g.lease = backend.Lease{Key: r.Key, Kind: r.Kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
 	var start time.Time
 	var err error
 	if d.waiter != nil {
@@ -317,6 +332,14 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &g.lease, r.Deadline, &st)
 		r.RemoteAttempts += st.Attempts
 		r.answered += st.Answered
+		if err != nil && (r.Kind == KindRead || r.Kind == KindWrite) && st.Answered > 0 && d.withdraw != nil {
+			// The wait may have recorded an intent: withdraw it, so
+			// that nobody waits behind a request that left.
+			l := g.lease
+			d.bg.goRun("withdrawing the intent on "+quote(r.Key), func(ctx context.Context) error {
+				return retry(ctx, func(ctx context.Context) error { return d.withdraw.Withdraw(ctx, &l) })
+			})
+		}
 	}
 	if err != nil {
 		return err
@@ -348,11 +371,17 @@ func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
 // the release fails with a store error, Do keeps releasing in the
 // background until the store answers (Close waits for it within its bound).
 func (d *DistributeLock) Do(ctx context.Context, key string, wait time.Duration,
+	fn func(ctx context.Context, lk *Lock) error) error {
+	return d.do(ctx, key, wait, KindMutex, 0, fn)
+}
+
+// do is Do for every kind of lock.
+func (d *DistributeLock) do(ctx context.Context, key string, wait time.Duration, kind Kind, limit int,
 	fn func(ctx context.Context, lk *Lock) error) (err error) {
 	if fn == nil {
 		return fmt.Errorf("%w: nil function for %s", ErrInvalid, quote(key))
 	}
-	lk, err := d.TryLock(ctx, key, wait)
+	lk, err := d.tryLock(ctx, key, wait, kind, limit)
 	if err != nil {
 		return err
 	}

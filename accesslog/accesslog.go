@@ -72,6 +72,7 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 		slog.Duration("wait", time.Since(start)),
 		slog.Int("remote_attempts", r.RemoteAttempts),
 	}
+	attrs = appendKind(attrs, r)
 	if err == nil {
 		attrs = append(attrs, slog.Uint64("token", r.Token))
 	} else {
@@ -101,6 +102,7 @@ func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distloc
 		slog.String("owner", r.Value),
 		slog.String("outcome", outcome),
 	}
+	attrs = appendKind(attrs, r)
 	if !r.Acquired.IsZero() {
 		attrs = append(attrs, slog.Duration("hold", time.Since(r.Acquired)))
 	}
@@ -128,4 +130,17 @@ func (h *Handler) LockLost(r *distlock.Request, cause error) {
 	}
 	attrs = append(attrs, slog.Any("error", cause))
 	l.LogAttrs(ctx, slog.LevelWarn, "distlock lost", attrs...)
+}
+
+// appendKind adds the kind of lock, and a semaphore's limit, unless it is
+// a mutex.
+func appendKind(attrs []slog.Attr, r *distlock.Request) []slog.Attr {
+	if r.Kind == distlock.KindMutex {
+		return attrs
+	}
+	attrs = append(attrs, slog.String("kind", r.Kind.String()))
+	if r.Kind == distlock.KindSemaphore {
+		attrs = append(attrs, slog.Int("limit", r.Limit))
+	}
+	return attrs
 }

@@ -24,6 +24,8 @@
 // # Optional abilities
 //
 // Found by type assertion, as database/sql finds driver.ExecerContext:
+//   - [KindChecker]: hold semaphores and read/write locks, not only mutexes;
+//   - [Withdrawer]: withdraw a waiting writer's intent;
 //   - [Refresher]: extend a held lock (used by WithAutoRenew);
 //   - [Notifier]: wake spinning waiters when a key is released;
 //   - [KeyValidator]: reject keys the store cannot hold before any I/O.
@@ -35,6 +37,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -71,6 +74,50 @@ func (e *AbandonedError) Error() string { return e.Err.Error() }
 // Unwrap returns Err.
 func (e *AbandonedError) Unwrap() error { return e.Err }
 
+// Kind is the kind of lock a lease is for. A key's locks of different kinds
+// are distinct locks: the mutex "k", the semaphore "k" and the read/write
+// lock "k" do not exclude one another (a store keeps them apart, under
+// different names or in different structures). Read and Write are the two
+// sides of one read/write lock.
+type Kind uint8
+
+const (
+	// KindMutex: one holder at a time. Every store supports it.
+	KindMutex Kind = iota
+	// KindSemaphore: at most Lease.Limit holders at once, each with its
+	// own value, TTL and token. Holders that disagree on the limit: the
+	// acquire of the one whose limit differs from the current holders'
+	// fails with ErrLimitMismatch.
+	KindSemaphore
+	// KindRead: the shared side of a read/write lock: any number of
+	// readers at once, and no writer.
+	KindRead
+	// KindWrite: the exclusive side of a read/write lock: one writer, and
+	// no reader. Requests are served in order of arrival, readers
+	// together, so a stream of readers cannot starve a writer nor writers
+	// readers (see KindChecker).
+	KindWrite
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindMutex:
+		return "mutex"
+	case KindSemaphore:
+		return "semaphore"
+	case KindRead:
+		return "read"
+	case KindWrite:
+		return "write"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// ErrLimitMismatch is returned by an acquire of a semaphore whose current
+// holders took it with another limit. The facade returns it wrapped; it
+// is the same value as distlock.ErrLimitMismatch.
+var ErrLimitMismatch = errors.New("distlock: the semaphore is held with a different limit")
+
 // Lease is one acquisition as a backend sees it. The facade fills Key,
 // Value and TTL before the first attempt; the backend fills Token and may
 // fill Validity, Lost and Handle when it acquires.
@@ -83,9 +130,19 @@ type Lease struct {
 	// TTL is the lease time for this acquisition, > 0. A store that rounds
 	// it (etcd: whole seconds) rounds up and says so in its package doc.
 	TTL time.Duration
+	// Kind is the kind of lock: KindMutex unless the store said, through
+	// [KindChecker], that it holds the kind.
+	Kind Kind
+	// Limit is a semaphore's limit (Kind == KindSemaphore), >= 1; 0 for the
+	// other kinds.
+	Limit int
 
 	// Token is the fencing token: strictly increasing across successive
-	// holders of Key on one store. 0 when the store cannot make one.
+	// holders of Key on one store. 0 when the store cannot make one. For a
+	// semaphore, strictly increasing across the grants of its permits; for
+	// a read/write lock, across its grants, read and write, so that a write
+	// grant's token is larger than every earlier grant's and a read
+	// grant's larger than every earlier write grant's.
 	Token uint64
 	// Validity, when > 0, is how long the lock is known valid, counted from
 	// the start of the successful TryAcquire (for a Waiter: from Acquire's
@@ -175,6 +232,39 @@ type Notifier interface {
 	// the facade calls them under a lock shared by all keys); a store
 	// subscribes in the background.
 	Subscribe(key string) (ch <-chan struct{}, cancel func())
+}
+
+// KindChecker is implemented by stores that hold more kinds of lock than
+// mutexes. CheckKind returns nil when the store holds locks of kind k, and
+// otherwise an error that says why not (Redlock: majorities cannot bound a
+// semaphore). The facade calls it before any I/O; a store without it holds
+// mutexes only.
+//
+// For a pull store the kind rides in the lease given to TryAcquire,
+// Release and Refresh. A read/write lock serves its requests in order of
+// arrival, readers together: an attempt that cannot hold records an intent
+// numbered in arrival order, which lasts l.TTL from the attempt, is renewed
+// by its next attempt and ends when it acquires or withdraws
+// ([Withdrawer]). A writer holds when no grant is held and no intent
+// precedes its own (or, without an intent, when there is no intent at
+// all); a reader holds when no writer holds and no writer's intent precedes
+// its own. So readers arriving after a waiting writer wait for it (a
+// stream of readers cannot starve it, as with sync.RWMutex), and readers
+// waiting for a writer get in before the writers that arrived after them.
+// For a push store its queue gives that order: a reader holds when no
+// writer is queued before it, a writer when it is first; a semaphore
+// holder when fewer than Limit holders are queued before it.
+type KindChecker interface {
+	CheckKind(k Kind) error
+}
+
+// Withdrawer is implemented by pull stores that record the intents of
+// waiting readers and writers (see [KindChecker]). The facade calls
+// Withdraw, in the background, when a read or write wait ends without the
+// lock after the store answered an attempt: it deletes l.Value's intent,
+// if any, wakes those it kept waiting, and touches nothing else.
+type Withdrawer interface {
+	Withdraw(ctx context.Context, l *Lease) error
 }
 
 // KeyValidator is implemented by stores with limits on keys. The facade

@@ -57,6 +57,7 @@ func TestConformance(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			testsuite.Run(t, testsuite.Harness{
+				Unsupported: testsuite.NotYet, // issue 24: semaphores and read/write locks are being built for this store
 				NewResource: func(t *testing.T) backend.RemoteResource {
 					return newResource(t, endpoints, m.opts...)
 				},

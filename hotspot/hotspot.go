@@ -36,6 +36,17 @@ type Handler struct {
 
 	notifier backend.Notifier // standing subscriptions; nil: none
 	yieldMax time.Duration    // yield mode; 0: off
+
+	// Semaphores and read/write locks of hot keys: their local gates,
+	// and the gate each acquisition holds until its Release.
+	gates    map[gateID]*gate
+	gateHeld map[*distlock.Request]heldGate
+}
+
+type heldGate struct {
+	id gateID
+	g  *gate
+	n  int64
 }
 
 // entry is the local lock of one key.
@@ -180,6 +191,8 @@ func newHandler() *Handler {
 		now:       time.Now,
 		waiting:   make(map[string]int),
 		lru:       list.New(),
+		gates:     make(map[gateID]*gate),
+		gateHeld:  make(map[*distlock.Request]heldGate),
 	}
 }
 
@@ -237,6 +250,9 @@ func (h *Handler) Hot() []string {
 // takes that lock within r's deadline and ctx before calling next, and
 // frees it at once when next fails.
 func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
+	if r.Kind != distlock.KindMutex {
+		return h.acquireGate(ctx, r, next)
+	}
 	e := h.enter(r.Key)
 	if e == nil {
 		err := next(ctx, r)
@@ -269,6 +285,11 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 // Release implements [distlock.Handler]: it calls next, then frees the
 // local lock r holds, if any, whatever next returned.
 func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distlock.ReleaseFunc) error {
+	if r.Kind != distlock.KindMutex {
+		err := next(ctx, r)
+		h.releaseGate(r)
+		return err
+	}
 	h.mu.Lock()
 	e := h.entries[r.Key]
 	if e == nil || e.owner != r {
@@ -479,5 +500,62 @@ func (e *entry) lock(ctx context.Context, deadline time.Time) error {
 		return fmt.Errorf("%w: %q was held in this process for the whole wait", distlock.ErrNotAcquired, e.key)
 	case <-ctx.Done():
 		return errors.Join(distlock.ErrNotAcquired, ctx.Err())
+	}
+}
+
+// acquireGate is Acquire for a semaphore or a read/write lock: for a hot
+// key, its local gate (see [gate]) is taken within r's deadline and ctx
+// before next, and given back at once when next fails.
+func (h *Handler) acquireGate(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
+	h.mu.Lock()
+	e := h.entries[r.Key]
+	if e == nil || !e.active() {
+		h.mu.Unlock()
+		return next(ctx, r)
+	}
+	id, n := gateOf(r)
+	g := h.gates[id]
+	if g == nil {
+		g = &gate{size: int64(r.Limit)}
+		if id.rw {
+			g.size = rwSize
+		}
+		h.gates[id] = g
+	}
+	g.refs++
+	h.mu.Unlock()
+	err := g.acquire(ctx, n, r.Deadline, r.Key)
+	if err == nil {
+		if err = next(ctx, r); err != nil {
+			g.release(n)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.dropGateLocked(id, g)
+		return err
+	}
+	h.gateHeld[r] = heldGate{id: id, g: g, n: n}
+	return nil
+}
+
+// releaseGate gives back the gate r took, if any.
+func (h *Handler) releaseGate(r *distlock.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held, ok := h.gateHeld[r]
+	if !ok {
+		return
+	}
+	delete(h.gateHeld, r)
+	held.g.release(held.n)
+	h.dropGateLocked(held.id, held.g)
+}
+
+// dropGateLocked counts a goroutine out of g, forgetting g when unused.
+func (h *Handler) dropGateLocked(id gateID, g *gate) {
+	if g.refs--; g.refs == 0 && h.gates[id] == g {
+		delete(h.gates, id)
 	}
 }

@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 
 func harness(c goredis.UniversalClient) testsuite.Harness {
 	return testsuite.Harness{
+		Unsupported: testsuite.NotYet, // issue 24: semaphores and read/write locks are being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},

@@ -16,6 +16,11 @@ import (
 func TestConformance(t *testing.T) {
 	c := startNodes(t, 5, nil)
 	testsuite.Run(t, testsuite.Harness{
+		Unsupported: map[backend.Kind]string{
+			backend.KindSemaphore: "majorities cannot bound a semaphore",
+			backend.KindRead:      "majorities cannot order readers and writers",
+			backend.KindWrite:     "majorities cannot order readers and writers",
+		},
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return c.newResource(t)
 		},

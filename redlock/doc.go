@@ -133,6 +133,15 @@
 // slow node at that timeout; without it the Resource still stops waiting
 // then, and the request ends within the client's ReadTimeout.
 //
+// # Mutexes only
+//
+// Redlock holds mutexes, not semaphores nor read/write locks
+// ([Resource.CheckKind]; the facade returns distlock.ErrUnsupported before
+// any I/O). Majorities cannot bound a semaphore: each node only knows the
+// permits it granted, and majorities overlap, so with a limit of 2 on three
+// nodes, holders on nodes {1,2}, {2,3} and {1,3} are three, while no node
+// counts more than two. Readers and writers have the same flaw.
+//
 // # Errors
 //
 // Store errors are wrapped with the operation and key ("redlock: acquire

@@ -1,5 +1,7 @@
 // Package memory is an in-process lock store: a map under a mutex, with TTL
-// expiry, a fencing-token counter and release notices.
+// expiry, a fencing-token counter and release notices. It holds every kind
+// of lock (mutexes, semaphores, read/write locks) and is the reference for
+// their behaviour.
 //
 // Several [github.com/distlock/distlock.DistributeLock]s over one [Store]
 // behave like several processes over one server, which makes it the store
@@ -8,6 +10,7 @@ package memory
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 
@@ -15,9 +18,11 @@ import (
 )
 
 var (
-	_ backend.Spinner   = (*Store)(nil)
-	_ backend.Refresher = (*Store)(nil)
-	_ backend.Notifier  = (*Store)(nil)
+	_ backend.Spinner     = (*Store)(nil)
+	_ backend.Refresher   = (*Store)(nil)
+	_ backend.Notifier    = (*Store)(nil)
+	_ backend.KindChecker = (*Store)(nil)
+	_ backend.Withdrawer  = (*Store)(nil)
 )
 
 // sweepEvery is how many acquisitions pass between sweeps of expired keys,
@@ -29,20 +34,45 @@ type entry struct {
 	expires time.Time // monotonic
 }
 
+// group is a semaphore's or a read/write lock's state under one key.
+type group struct {
+	holders map[string]holder // owner value -> its grant
+	limit   int               // a semaphore's limit while it has holders
+	intents map[string]intent // waiting requests of a read/write lock, by owner value
+}
+
+// intent is a waiting reader's or writer's place in line.
+type intent struct {
+	kind    backend.Kind
+	seq     uint64 // arrival order
+	expires time.Time
+}
+
+type holder struct {
+	kind    backend.Kind
+	expires time.Time
+}
+
 // Store is an in-process lock store. The zero value is not usable; call
 // [New]. It is safe for concurrent use.
 type Store struct {
 	mu     sync.Mutex
-	locks  map[string]entry
-	token  uint64 // last token handed out; one counter for the store
+	locks  map[string]entry  // mutexes
+	sems   map[string]*group // semaphores
+	rws    map[string]*group // read/write locks
+	token  uint64            // last token handed out; one counter for the store
 	subs   map[string]map[chan struct{}]struct{}
 	sweeps int // acquisitions since the last sweep
 }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{locks: make(map[string]entry), subs: make(map[string]map[chan struct{}]struct{})}
+	return &Store{locks: make(map[string]entry), sems: make(map[string]*group), rws: make(map[string]*group),
+		subs: make(map[string]map[chan struct{}]struct{})}
 }
+
+// CheckKind implements [backend.KindChecker]: the store holds every kind.
+func (s *Store) CheckKind(backend.Kind) error { return nil }
 
 // get returns key's entry if it has not expired, removing it if it has.
 func (s *Store) get(key string, now time.Time) (entry, bool) {
@@ -54,62 +84,232 @@ func (s *Store) get(key string, now time.Time) (entry, bool) {
 	return e, ok
 }
 
-// TryAcquire adds l.Key with l.Value for l.TTL if no live entry holds it,
-// and hands out the next token. Otherwise it reports the holder's time left.
+// group returns the live state of a semaphore or read/write lock, dropping
+// expired holders and intents, or nil.
+func (s *Store) group(m map[string]*group, key string, now time.Time) *group {
+	g := m[key]
+	if g == nil {
+		return nil
+	}
+	for v, h := range g.holders {
+		if !now.Before(h.expires) {
+			delete(g.holders, v)
+		}
+	}
+	for v, in := range g.intents {
+		if !now.Before(in.expires) {
+			delete(g.intents, v)
+		}
+	}
+	if len(g.holders) == 0 && len(g.intents) == 0 {
+		delete(m, key)
+		return nil
+	}
+	return g
+}
+
+func (s *Store) groups(kind backend.Kind) map[string]*group {
+	if kind == backend.KindSemaphore {
+		return s.sems
+	}
+	return s.rws
+}
+
+// TryAcquire takes l if its kind's rules let it, and hands out the next
+// token; otherwise it reports when the first holder's time runs out.
 func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.get(l.Key, now); ok {
-		return false, e.expires.Sub(now), nil
-	}
 	if s.sweeps++; s.sweeps >= sweepEvery {
 		s.sweeps = 0
-		for k, e := range s.locks {
-			if !now.Before(e.expires) {
-				delete(s.locks, k)
-			}
-		}
+		s.sweepLocked(now)
 	}
+	if l.Kind == backend.KindMutex {
+		if e, ok := s.get(l.Key, now); ok {
+			return false, e.expires.Sub(now), nil
+		}
+		s.token++
+		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
+		l.Token = s.token
+		return true, 0, nil
+	}
+	m := s.groups(l.Kind)
+	g := s.group(m, l.Key, now)
+	if g == nil {
+		g = &group{holders: make(map[string]holder), intents: make(map[string]intent)}
+		m[l.Key] = g
+	}
+	var ok bool
+	switch l.Kind {
+	case backend.KindSemaphore:
+		if len(g.holders) > 0 && g.limit != l.Limit {
+			return false, 0, backend.ErrLimitMismatch
+		}
+		ok = len(g.holders) < l.Limit
+	case backend.KindRead:
+		ok = !g.hasWriter() && !g.precedes(l.Value, backend.KindWrite)
+	case backend.KindWrite:
+		ok = len(g.holders) == 0 && !g.precedes(l.Value, backend.KindRead) && !g.precedes(l.Value, backend.KindWrite)
+	}
+	if !ok {
+		if l.Kind != backend.KindSemaphore { // take, or keep, a place in line
+			in, had := g.intents[l.Value]
+			if !had {
+				s.token++ // the store's counter orders arrivals too
+				in = intent{kind: l.Kind, seq: s.token}
+			}
+			in.expires = now.Add(l.TTL)
+			g.intents[l.Value] = in
+		}
+		return false, g.firstExpiry(now), nil
+	}
+	if len(g.holders) == 0 {
+		g.limit = l.Limit
+	}
+	delete(g.intents, l.Value)
+	g.holders[l.Value] = holder{kind: l.Kind, expires: now.Add(l.TTL)}
 	s.token++
-	s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
 	l.Token = s.token
 	return true, 0, nil
 }
 
-// Release deletes l.Key if it still holds l.Value, and sends a release
-// notice to the key's subscribers. backend.ErrNotHeld otherwise.
+// precedes reports whether an intent of kind is ahead of value's in line:
+// any such intent when value has none.
+func (g *group) precedes(value string, kind backend.Kind) bool {
+	own, has := g.intents[value]
+	for v, in := range g.intents {
+		if v != value && in.kind == kind && (!has || in.seq < own.seq) {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *group) hasWriter() bool {
+	for _, h := range g.holders {
+		if h.kind == backend.KindWrite {
+			return true
+		}
+	}
+	return false
+}
+
+// firstExpiry is how long until the first holder or intent may end.
+func (g *group) firstExpiry(now time.Time) time.Duration {
+	var first time.Time
+	for _, h := range g.holders {
+		if first.IsZero() || h.expires.Before(first) {
+			first = h.expires
+		}
+	}
+	for _, in := range g.intents {
+		if first.IsZero() || in.expires.Before(first) {
+			first = in.expires
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return first.Sub(now)
+}
+
+func (s *Store) sweepLocked(now time.Time) {
+	for k, e := range s.locks {
+		if !now.Before(e.expires) {
+			delete(s.locks, k)
+		}
+	}
+	for _, m := range []map[string]*group{s.sems, s.rws} {
+		for k := range m {
+			s.group(m, k, now)
+		}
+	}
+}
+
+// Release deletes l's grant if the store still holds l.Value for it, and
+// sends a release notice to the key's subscribers. backend.ErrNotHeld
+// otherwise.
 func (s *Store) Release(_ context.Context, l *backend.Lease) error {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.get(l.Key, now); !ok || e.value != l.Value {
-		return backend.ErrNotHeld
+	if l.Kind == backend.KindMutex {
+		if e, ok := s.get(l.Key, now); !ok || e.value != l.Value {
+			return backend.ErrNotHeld
+		}
+		delete(s.locks, l.Key)
+	} else {
+		m := s.groups(l.Kind)
+		g := s.group(m, l.Key, now)
+		if g == nil {
+			return backend.ErrNotHeld
+		}
+		if h, ok := g.holders[l.Value]; !ok || h.kind != l.Kind {
+			return backend.ErrNotHeld
+		}
+		delete(g.holders, l.Value)
+		s.group(m, l.Key, now)
 	}
-	delete(s.locks, l.Key)
-	for ch := range s.subs[l.Key] {
+	s.notifyLocked(l.Key)
+	return nil
+}
+
+func (s *Store) notifyLocked(key string) {
+	for ch := range s.subs[key] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	return nil
 }
 
-// Refresh extends l.Key for another l.TTL if it still holds l.Value.
-// backend.ErrNotHeld otherwise.
+// Refresh extends l's grant for another l.TTL if the store still holds
+// l.Value for it. backend.ErrNotHeld otherwise.
 func (s *Store) Refresh(_ context.Context, l *backend.Lease) error {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.get(l.Key, now); !ok || e.value != l.Value {
+	if l.Kind == backend.KindMutex {
+		if e, ok := s.get(l.Key, now); !ok || e.value != l.Value {
+			return backend.ErrNotHeld
+		}
+		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
+		return nil
+	}
+	g := s.group(s.groups(l.Kind), l.Key, now)
+	if g == nil {
 		return backend.ErrNotHeld
 	}
-	s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
+	h, ok := g.holders[l.Value]
+	if !ok || h.kind != l.Kind {
+		return backend.ErrNotHeld
+	}
+	h.expires = now.Add(l.TTL)
+	g.holders[l.Value] = h
 	return nil
 }
 
-// Subscribe returns a channel that receives a value when key is released.
+// Withdraw implements [backend.Withdrawer]: it drops a waiting request's
+// intent, and wakes those it kept waiting.
+func (s *Store) Withdraw(_ context.Context, l *backend.Lease) error {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.group(s.rws, l.Key, now)
+	if g == nil {
+		return nil
+	}
+	if _, ok := g.intents[l.Value]; ok {
+		delete(g.intents, l.Value)
+		s.group(s.rws, l.Key, now)
+		s.notifyLocked(l.Key)
+	}
+	return nil
+}
+
+// Subscribe returns a channel that receives a value when a lock of key,
+// of any kind, is released.
 func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
@@ -130,8 +330,8 @@ func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
 	}
 }
 
-// Holder returns the owner value holding key and its time left, if any.
-// Tests use it to look into the store.
+// Holder returns the owner value holding the mutex key and its time left,
+// if any. Tests use it to look into the store.
 func (s *Store) Holder(key string) (value string, ttl time.Duration, ok bool) {
 	now := time.Now()
 	s.mu.Lock()
@@ -140,17 +340,50 @@ func (s *Store) Holder(key string) (value string, ttl time.Duration, ok bool) {
 	return e.value, e.expires.Sub(now), ok
 }
 
-// Evict deletes key whoever holds it, as an operator or a failover would,
-// without a release notice. It reports whether a live entry was there.
-func (s *Store) Evict(key string) bool {
+// Contents lists what the store keeps for key, of every kind: holders as
+// "kind value", waiting requests' intents as "kind intent value", sorted. Tests
+// use it to look for leftovers.
+func (s *Store) Contents(key string) []string {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.get(key, time.Now())
+	var out []string
+	if e, ok := s.get(key, now); ok {
+		out = append(out, "mutex "+e.value)
+	}
+	for _, m := range []map[string]*group{s.sems, s.rws} {
+		if g := s.group(m, key, now); g != nil {
+			for v, h := range g.holders {
+				out = append(out, h.kind.String()+" "+v)
+			}
+			for v, in := range g.intents {
+				out = append(out, in.kind.String()+" intent "+v)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Evict deletes key whoever holds it, every kind of lock and intent, as an
+// operator or a failover would, without a release notice. It reports
+// whether a live entry was there.
+func (s *Store) Evict(key string) bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.get(key, now)
 	delete(s.locks, key)
+	for _, m := range []map[string]*group{s.sems, s.rws} {
+		if s.group(m, key, now) != nil {
+			ok = true
+		}
+		delete(m, key)
+	}
 	return ok
 }
 
-// Len returns the number of live entries.
+// Len returns the number of live grants and intents, of every kind.
 func (s *Store) Len() int {
 	now := time.Now()
 	s.mu.Lock()
@@ -159,6 +392,13 @@ func (s *Store) Len() int {
 	for _, e := range s.locks {
 		if now.Before(e.expires) {
 			n++
+		}
+	}
+	for _, m := range []map[string]*group{s.sems, s.rws} {
+		for k := range m {
+			if g := s.group(m, k, now); g != nil {
+				n += len(g.holders) + len(g.intents)
+			}
 		}
 	}
 	return n
