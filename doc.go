@@ -13,6 +13,14 @@
 // extends it while held. [Lock.Token] is a fencing token and [Lock.Done]
 // closes when the lock is known lost.
 //
+// # More than one lock at a time, and inspection
+//
+// [DistributeLock.TryLockAll] takes several keys, all or none, as one lock.
+// [Lock.Extend] extends a lock by hand and [Lock.Deadline] says when its
+// validity ends. [DistributeLock.Inspect] tells who holds a key, with the
+// holders' labels ([WithLabel]). [WaitForever] waits until the context
+// ends.
+//
 // # Semaphores and read/write locks
 //
 // [DistributeLock.Semaphore] gives a semaphore of a key: at most limit

@@ -132,3 +132,68 @@ func ExampleRWMutex() {
 	// writing with token above the readers': true
 	// <nil>
 }
+
+// Extend a lock by hand, and read when it ends.
+func ExampleLock_Extend() {
+	ctx := context.Background()
+	d, _ := distlock.New(memory.New())
+	defer d.Close()
+	lk, _ := d.TryLock(distlock.ContextWithTTL(ctx, time.Second), "job", 0)
+	before := lk.Deadline()
+	if err := lk.Extend(ctx, time.Minute); err != nil {
+		fmt.Println("lost:", err)
+	}
+	fmt.Println(lk.Deadline().Sub(before) > 50*time.Second)
+	lk.Unlock(ctx)
+	// Output: true
+}
+
+// Who holds a key, without taking it: the holder's token, time left and
+// label.
+func ExampleDistributeLock_Inspect() {
+	ctx := context.Background()
+	store := memory.New()
+	worker, _ := distlock.New(store, distlock.WithLabel("worker-7"))
+	defer worker.Close()
+	admin, _ := distlock.New(store)
+	defer admin.Close()
+	lk, _ := worker.TryLock(ctx, "shard:3", 0)
+	info, _ := admin.Inspect(ctx, "shard:3")
+	fmt.Println(info.Held(), info.Holders[0].Label, info.Holders[0].Token == lk.Token())
+	lk.Unlock(ctx)
+	info, _ = admin.Inspect(ctx, "shard:3")
+	fmt.Println(info.Held())
+	// Output:
+	// true worker-7 true
+	// false
+}
+
+// Several keys, all or none, in one wait; any order of keys is safe.
+func ExampleDistributeLock_TryLockAll() {
+	ctx := context.Background()
+	d, _ := distlock.New(memory.New())
+	defer d.Close()
+	lk, err := d.TryLockAll(ctx, []string{"account:9", "account:2"}, time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(lk.Keys(), len(lk.Tokens()))
+	lk.Unlock(ctx)
+	// Output: [account:2 account:9] 2
+}
+
+// Block until the lock is free or the context ends.
+func ExampleWaitForever() {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	store := memory.New()
+	a, _ := distlock.New(store)
+	defer a.Close()
+	b, _ := distlock.New(store)
+	defer b.Close()
+	lk, _ := a.TryLock(ctx, "k", 0)
+	defer lk.Unlock(context.Background())
+	_, err := b.TryLock(ctx, "k", distlock.WaitForever)
+	fmt.Println(errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded))
+	// Output: true true
+}

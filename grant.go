@@ -44,7 +44,8 @@ type grant struct {
 	d     *DistributeLock
 	req   Request
 	lease backend.Lease
-	actx  acqCtx // the acquisition's context, while acquiring
+	subs  []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &lease; nil otherwise
+	actx  acqCtx           // the acquisition's context, while acquiring
 
 	mu        sync.Mutex
 	state     grantState
@@ -96,16 +97,18 @@ const (
 	evRelease
 	evReleased
 	evReleaseFailed
+	evExtended
 )
 
 // event is what happens to a grant: its kind and what that kind carries.
 type event struct {
 	kind  eventKind
-	at    time.Time // commit: the granted attempt's start; renewed: the renewal's start; expire, renew failed: now
-	cause error     // lose, rollback
-	epoch uint64    // renewed, renew failed: the epoch the renewal started in
-	max   int       // reenter: the reentrancy limit (0: none)
-	err   error     // renew failed: the store's error
+	at    time.Time     // commit: the granted attempt's start; renewed: the renewal's start; expire, renew failed: now
+	cause error         // lose, rollback
+	epoch uint64        // renewed, renew failed: the epoch the renewal started in
+	max   int           // reenter: the reentrancy limit (0: none)
+	err   error         // renew failed: the store's error
+	ttl   time.Duration // extended: the new TTL
 }
 
 // outcome is what step asks its caller to do outside the grant's lock, and
@@ -133,15 +136,19 @@ func (g *grant) step(ev event) (out outcome) {
 			out.err = fmt.Errorf("%w: %s: its validity (%v) ended before the handler chain returned", ErrNotHeld, quote(g.req.Key), g.validity)
 			return
 		}
-		if isClosed(g.lease.Lost) {
-			out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.req.Key))
-			return
+		watch := false
+		for _, l := range g.subLeases() {
+			if isClosed(l.Lost) {
+				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.req.Key))
+				return
+			}
+			watch = watch || l.Lost != nil
 		}
 		g.state, g.refs, out.ok, out.register = held, 1, true, true
 		if g.d.cfg.autoRenew {
 			g.renewAt = ev.at.Add(g.renewInterval())
 		}
-		if g.lease.Lost != nil {
+		if watch {
 			g.stopLost = make(chan struct{})
 		}
 		g.scheduleLocked()
@@ -181,6 +188,24 @@ func (g *grant) step(ev event) (out outcome) {
 		if g.state == held && !g.renewing {
 			g.renewing, g.renewAt, out.ok = true, time.Time{}, true
 		}
+	case evExtended:
+		if ev.epoch != g.epoch || g.state != held {
+			out.err = fmt.Errorf("%w: %s was released or lost while it was extended", ErrNotHeld, quote(g.req.Key))
+			return
+		}
+		for _, l := range g.subLeases() {
+			// The validity is the new TTL's, from the extension's
+			// start (a store's own, such as Redlock's, was the
+			// acquisition's).
+			l.TTL, l.Validity = ev.ttl, 0
+		}
+		g.validity = validityAll(g.subLeases())
+		g.expiry = ev.at.Add(g.validity)
+		if g.d.cfg.autoRenew {
+			g.renewAt = ev.at.Add(g.renewInterval())
+		}
+		g.scheduleLocked()
+		out.ok = true
 	case evRenewed, evRenewFailed:
 		if ev.epoch != g.epoch || g.state != held {
 			g.renewing = false
@@ -319,15 +344,27 @@ func (g *grant) fire(now time.Time) {
 	g.apply(g.step(event{kind: evExpire, at: now}))
 }
 
+// leaseCopies returns copies of the grant's leases, for a renewal or an
+// extension that runs while Extend may change the TTL.
+func (g *grant) leaseCopiesLocked() []backend.Lease {
+	subs := g.subLeases()
+	out := make([]backend.Lease, len(subs))
+	for i, l := range subs {
+		out[i] = *l
+	}
+	return out
+}
+
 // renew extends the lock once and reports the result to step.
 func (g *grant) renew() {
 	g.mu.Lock()
 	epoch, expiry := g.epoch, g.expiry
+	leases := g.leaseCopiesLocked()
 	g.mu.Unlock()
 	start := time.Now()
 	// A renewal that answers after the validity ended is worthless.
 	ctx, cancel := context.WithDeadline(context.Background(), expiry)
-	err := g.d.refresher.Refresh(ctx, &g.lease)
+	err := refreshAll(ctx, g.d.refresher, leases)
 	cancel()
 	if err == nil {
 		g.apply(g.step(event{kind: evRenewed, at: start, epoch: epoch}))
@@ -341,7 +378,11 @@ func (g *grant) apply(out outcome) {
 	if out.register {
 		g.d.register(g)
 		if g.stopLost != nil {
-			go g.watchLost(g.lease.Lost, g.stopLost)
+			if subs := g.subLeases(); len(subs) > 1 {
+				go g.watchLostAll(subs, g.stopLost)
+			} else {
+				go g.watchLost(g.lease.Lost, g.stopLost)
+			}
 		}
 	}
 	if out.forget {
@@ -476,6 +517,36 @@ func isClosed(ch <-chan struct{}) bool {
 
 // isFinal reports whether a release's error leaves nothing to retry.
 func isFinal(err error) bool { return errors.Is(err, ErrNotHeld) }
+
+// extend extends the lock to ttl from now (Lock.Extend).
+func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
+	if g.d.refresher == nil {
+		return fmt.Errorf("%w: %T cannot extend locks", ErrUnsupported, g.d.res)
+	}
+	g.mu.Lock()
+	if g.state != held {
+		g.mu.Unlock()
+		return fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.req.Key), g.state)
+	}
+	epoch := g.epoch
+	leases := g.leaseCopiesLocked()
+	g.mu.Unlock()
+	for i := range leases {
+		leases[i].TTL = ttl
+	}
+	start := time.Now()
+	err := refreshAll(ctx, g.d.refresher, leases)
+	switch {
+	case err == nil:
+		out := g.step(event{kind: evExtended, at: start, epoch: epoch, ttl: ttl})
+		return out.err
+	case errors.Is(err, ErrNotHeld):
+		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("extending %s: %w", quote(g.req.Key), err)}))
+	case errors.Is(err, errors.ErrUnsupported):
+		return fmt.Errorf("%w: %w", ErrUnsupported, err)
+	}
+	return err
+}
 
 // safeValidity is how long after the start of its successful attempt a
 // lock is known held: the backend's validity (or the TTL), less an allowance

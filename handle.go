@@ -3,6 +3,7 @@ package distlock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -32,6 +33,53 @@ func (l *Lock) Token() uint64 {
 		return 0
 	}
 	return l.g.lease.Token
+}
+
+// Keys returns the keys of a lock of several keys
+// ([DistributeLock.TryLockAll]) in canonical order, or the one key.
+func (l *Lock) Keys() []string {
+	if l.g == nil {
+		return nil
+	}
+	if l.g.req.Keys != nil {
+		return slices.Clone(l.g.req.Keys)
+	}
+	return []string{l.g.req.Key}
+}
+
+// Tokens returns the fencing token of each key, in the order of
+// [Lock.Keys].
+func (l *Lock) Tokens() []uint64 {
+	if l.g == nil {
+		return nil
+	}
+	subs := l.g.subLeases()
+	out := make([]uint64, len(subs))
+	for i, s := range subs {
+		out[i] = s.Token
+	}
+	return out
+}
+
+// Extend extends the lock to ttl from now, if the store still holds it for
+// this owner (compare-and-extend; every key of a lock of several), with or
+// without [WithAutoRenew], which then keeps the new TTL. Deadline moves.
+//
+// Errors: [ErrNotHeld] when the lock is gone (Done closes: it is lost),
+// expired, or released, and nothing is touched then; an [ErrInvalid] error
+// for ttl <= 0 or a Lock not returned by TryLock, with no I/O;
+// [ErrUnsupported] when the store cannot extend locks or change a lock's
+// TTL; otherwise the store's error, the lock unchanged.
+func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
+	switch {
+	case ctx == nil:
+		return fmt.Errorf("%w: nil context", ErrInvalid)
+	case l.g == nil:
+		return fmt.Errorf("%w: a Lock not returned by TryLock", ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(l.g.req.Key))
+	}
+	return l.g.extend(ctx, ttl)
 }
 
 // Done returns a channel that is closed when the lock ends: on Unlock (or

@@ -10,8 +10,12 @@ import (
 // on release. Handlers may read every field; they should not change them,
 // and must not keep the pointer after Release returns.
 type Request struct {
-	// Key is the lock's name, already validated.
+	// Key is the lock's name, already validated; for a lock of several
+	// keys ([DistributeLock.TryLockAll]), the first in canonical order.
 	Key string
+	// Keys lists the keys of a lock of several keys, in canonical order;
+	// nil for a lock of one key.
+	Keys []string
 	// Kind is the kind of lock: a mutex ([DistributeLock.TryLock]), a
 	// semaphore's permit ([Semaphore]), or a read or write grant of a
 	// read/write lock ([RWMutex]).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -113,8 +114,12 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 	return d, nil
 }
 
+// WaitForever is a wait that ends only with the context: pass it to
+// TryLock (or any acquire) to block until the lock is had or ctx ends.
+const WaitForever time.Duration = math.MaxInt64
+
 // TryLock acquires key, waiting at most wait for another owner to let go:
-// wait == 0 makes exactly one attempt. The lease time is the context's
+// wait == 0 makes exactly one attempt, [WaitForever] waits until ctx ends. The lease time is the context's
 // ([ContextWithTTL]) or the default ([WithDefaultTTL]).
 //
 // TryLock returns within a few milliseconds of the earlier of ctx's end and
@@ -144,28 +149,15 @@ func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Dura
 
 // tryLock is TryLock for every kind of lock.
 func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Duration, kind Kind, limit int) (*Lock, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", ErrInvalid)
-	}
-	ttl, ok := TTLFromContext(ctx)
-	if !ok {
-		ttl = d.cfg.ttl
-	}
-	switch {
-	case key == "":
-		return nil, fmt.Errorf("%w: empty key", ErrInvalid)
-	case wait < 0:
-		return nil, fmt.Errorf("%w: negative wait %v for %s", ErrInvalid, wait, quote(key))
-	case ttl <= 0:
-		return nil, fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(key))
+	ttl, err := d.checkCall(ctx, key, wait)
+	if err != nil {
+		return nil, err
 	}
 	if err := d.checkKind(key, kind, limit); err != nil {
 		return nil, err
 	}
-	if d.validator != nil {
-		if err := d.validator.ValidateKey(key); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-		}
+	if err := d.checkKey(key); err != nil {
+		return nil, err
 	}
 	if g := otherSide(ctx, d, key, kind); g != nil {
 		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.req.Kind, quote(key))
@@ -180,6 +172,43 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 			return nil, out.err
 		}
 	}
+	return d.acquireNew(ctx, key, nil, wait, ttl, kind, limit)
+}
+
+// checkCall validates what every acquisition takes, ctx, key and wait, and
+// returns the call's TTL.
+func (d *DistributeLock) checkCall(ctx context.Context, key string, wait time.Duration) (time.Duration, error) {
+	if ctx == nil {
+		return 0, fmt.Errorf("%w: nil context", ErrInvalid)
+	}
+	ttl, ok := TTLFromContext(ctx)
+	if !ok {
+		ttl = d.cfg.ttl
+	}
+	switch {
+	case key == "":
+		return 0, fmt.Errorf("%w: empty key", ErrInvalid)
+	case wait < 0:
+		return 0, fmt.Errorf("%w: negative wait %v for %s", ErrInvalid, wait, quote(key))
+	case ttl <= 0:
+		return 0, fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(key))
+	}
+	return ttl, nil
+}
+
+// checkKey refuses a key the store cannot hold.
+func (d *DistributeLock) checkKey(key string) error {
+	if d.validator != nil {
+		if err := d.validator.ValidateKey(key); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+// acquireNew makes a grant for a fresh acquisition of key (or of keys, a
+// lock of several) and acquires it. The input is valid.
+func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []string, wait, ttl time.Duration, kind Kind, limit int) (*Lock, error) {
 	value := owner.New()
 	if d.cfg.valueFunc != nil {
 		if value = d.cfg.valueFunc(); value == "" {
@@ -191,7 +220,7 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 	}
 	defer d.leave()
 	g := &grant{d: d, index: -1}
-	g.req = Request{Key: key, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
+	g.req = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
 	if wait > 0 {
 		g.req.Deadline = time.Now().Add(wait)
 	}
@@ -320,10 +349,13 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		return err
 	}
 	g := r.g
-	g.lease = backend.Lease{Key: r.Key, Kind: r.Kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL, AutoRenew: d.cfg.autoRenew}
+	g.lease = backend.Lease{Key: r.Key, Kind: r.Kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL,
+		AutoRenew: d.cfg.autoRenew, Label: d.cfg.label}
 	var start time.Time
 	var err error
-	if d.waiter != nil {
+	if len(r.Keys) > 1 {
+		start, err = d.acquireAll(ctx, r)
+	} else if d.waiter != nil {
 		r.RemoteAttempts++
 		err = d.waiter.Acquire(ctx, &g.lease, r.Deadline)
 		start = time.Now()
@@ -346,7 +378,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	}
 	r.Token = g.lease.Token
 	r.Acquired = start
-	g.validity = safeValidity(g.lease)
+	g.validity = validityAll(g.subLeases())
 	return nil
 }
 
@@ -354,10 +386,15 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 // retries store errors until the store answers or Close's bound: nobody
 // else will release that lock.
 func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
-	if ctx.Value(rollbackKey{}) != nil {
-		return retry(ctx, func(ctx context.Context) error { return d.res.Release(ctx, &r.g.lease) })
+	release := func(ctx context.Context) error { return d.res.Release(ctx, &r.g.lease) }
+	if len(r.Keys) > 1 {
+		subs := r.g.subLeases()
+		release = func(ctx context.Context) error { return d.releaseAll(ctx, subs) }
 	}
-	return d.res.Release(ctx, &r.g.lease)
+	if ctx.Value(rollbackKey{}) != nil {
+		return retry(ctx, release)
+	}
+	return release(ctx)
 }
 
 // Do runs fn while holding key, acquired as by TryLock(ctx, key, wait).

@@ -3,6 +3,8 @@ package distlock
 import (
 	"fmt"
 	"time"
+
+	"github.com/distlock/distlock/backend"
 )
 
 type config struct {
@@ -14,6 +16,7 @@ type config struct {
 	valueFunc     func() string
 	maxReentrancy int
 	closeTimeout  time.Duration
+	label         string
 	err           error // a bad value an option could not store
 }
 
@@ -114,4 +117,18 @@ func WithMaxReentrancy(n int) Option {
 // TTL). Default 5s. d <= 0 makes New fail.
 func WithCloseTimeout(d time.Duration) Option {
 	return func(c *config) { c.closeTimeout = d }
+}
+
+// WithLabel sets the label stored with every lock taken through the
+// DistributeLock, which inspection shows ([DistributeLock.Inspect]): a
+// host name, a pid, a job's name. It is not part of the owner value, which
+// stays unique. At most 256 bytes; longer makes New fail. Default empty.
+func WithLabel(label string) Option {
+	return func(c *config) {
+		if len(label) > backend.MaxLabelLen {
+			c.err = fmt.Errorf("%w: label of %d bytes; at most %d", ErrInvalid, len(label), backend.MaxLabelLen)
+			return
+		}
+		c.label = label
+	}
 }

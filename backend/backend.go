@@ -26,7 +26,9 @@
 // Found by type assertion, as database/sql finds driver.ExecerContext:
 //   - [KindChecker]: hold semaphores and read/write locks, not only mutexes;
 //   - [Withdrawer]: withdraw a waiting writer's intent;
-//   - [Refresher]: extend a held lock (used by WithAutoRenew);
+//   - [Refresher]: extend a held lock (used by WithAutoRenew and Extend);
+//   - [Inspector]: tell who holds a lock;
+//   - [MultiSpinner]: take several keys in one request;
 //   - [Notifier]: wake spinning waiters when a key is released;
 //   - [KeyValidator]: reject keys the store cannot hold before any I/O.
 //
@@ -160,9 +162,60 @@ type Lease struct {
 	// one TTL instead of one lease per lock).
 	AutoRenew bool
 
+	// Label is the holder's label (distlock.WithLabel: a host, a pid), at
+	// most MaxLabelLen bytes, empty by default. A store keeps it with the
+	// grant and returns it from Inspect; it is not part of the owner value
+	// and no compare uses it.
+	Label string
+
 	// Handle is backend-private state carried from acquire to release and
 	// refresh (an etcd lease ID, a znode path). The facade never reads it.
 	Handle any
+}
+
+// MaxLabelLen is the longest Lease.Label the facade passes.
+const MaxLabelLen = 256
+
+// Holder is one holder of a lock, as [Inspector.Inspect] sees it.
+type Holder struct {
+	// Kind is the grant's kind: KindRead or KindWrite for a read/write
+	// lock, the lock's kind otherwise.
+	Kind Kind
+	// Token is the holder's fencing token (0 if the store has none).
+	Token uint64
+	// TTL is the time the holder has left by the store's clock, 0 if the
+	// store cannot tell.
+	TTL time.Duration
+	// Label is the holder's Lease.Label.
+	Label string
+}
+
+// Inspection is what a store holds of one lock.
+type Inspection struct {
+	// Holders lists the live holders; empty when the lock is free.
+	Holders []Holder
+	// Limit is a semaphore's limit while it has holders.
+	Limit int
+}
+
+// Inspector is implemented by stores that can tell who holds a lock
+// without taking it. Inspect reads the lock of key and kind (for a
+// read/write lock, KindWrite stands for both sides: it lists readers and
+// writers) and touches nothing. Expired holders are not listed.
+type Inspector interface {
+	Inspect(ctx context.Context, key string, kind Kind) (Inspection, error)
+}
+
+// MultiSpinner is implemented by pull stores that can take several keys in
+// one request, all or none. TryAcquireAll takes every lease (same owner
+// value, kind and TTL; keys distinct, in the facade's canonical order) or
+// none, as TryAcquire does for one: on success it sets each lease's Token;
+// when a key is held it takes none, and reports the holder's time left. It
+// returns errors.ErrUnsupported, before any I/O, for a set it cannot take
+// in one request (Redis Cluster: keys of several hash slots); the facade
+// then takes the keys one by one.
+type MultiSpinner interface {
+	TryAcquireAll(ctx context.Context, ls []*Lease) (acquired bool, holderTTL time.Duration, err error)
 }
 
 // RemoteResource is what every store implements, together with one of
@@ -215,8 +268,11 @@ type Waiter interface {
 // Release and Refresh of one lease may run concurrently; neither may modify
 // the Lease.
 type Refresher interface {
-	// Refresh extends l for another l.TTL if and only if the store still
-	// holds l.Value under l.Key (compare-and-expire). ErrNotHeld otherwise.
+	// Refresh extends l for another l.TTL from now if and only if the store
+	// still holds l.Value under l.Key (compare-and-expire). ErrNotHeld
+	// otherwise. The TTL may differ from the one l was acquired with
+	// (distlock's Lock.Extend); a store that cannot change it returns an
+	// error wrapping errors.ErrUnsupported before any I/O.
 	Refresh(ctx context.Context, l *Lease) error
 }
 

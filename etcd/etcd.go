@@ -183,9 +183,10 @@ type handle struct {
 	slot    int
 	freed   atomic.Bool // the name was given back
 
+	ttl time.Duration // the lease's granted TTL
+
 	// Only for a lock on a shared lease, which the Resource expires itself.
 	sess     *session
-	ttl      time.Duration
 	mu       sync.Mutex
 	state    int // held, released, expired
 	deadline time.Time
@@ -254,7 +255,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	}
 	pfx := r.queuePrefix(l.Key)
 	h := r.newHandle(l.Key, pfx)
-	h.lease = id
+	h.lease, h.ttl = id, ttl
 	defer func() {
 		if err != nil && r.revoke(ctx, id) {
 			r.free(h)
@@ -562,6 +563,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	}
 	if r.clientClosed() {
 		return fmt.Errorf("etcd: refresh %q: client closed", l.Key)
+	}
+	if ttlSeconds(l.TTL) > ttlSeconds(h.ttl) {
+		// An etcd lease keeps the TTL it was granted with (a shorter
+		// one is that TTL rounded up).
+		return fmt.Errorf("etcd: refresh %q to %v: %w: a lock keeps its lease's TTL (%v)", l.Key, l.TTL, errors.ErrUnsupported, h.ttl)
 	}
 	if h.sess != nil {
 		return r.refreshShared(ctx, l, h)

@@ -16,6 +16,7 @@ import (
 func TestConformance(t *testing.T) {
 	c := startNodes(t, 5, nil)
 	testsuite.Run(t, testsuite.Harness{
+		NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
 		Unsupported: map[backend.Kind]string{
 			backend.KindSemaphore: "majorities cannot bound a semaphore",
 			backend.KindRead:      "majorities cannot order readers and writers",

@@ -86,6 +86,14 @@ type Harness struct {
 	// majorities). The suite then expects ErrUnsupported, with no I/O, for
 	// them; every other kind it tests in full.
 	Unsupported map[backend.Kind]string
+	// FixedTTL says why the store cannot change a held lock's TTL (an etcd
+	// lease keeps the TTL it was granted with): Extend to another TTL must
+	// then fail with ErrUnsupported, touching nothing, and Extend to the
+	// same TTL must work.
+	FixedTTL string
+	// NoInspect says why the store cannot tell who holds a lock; the
+	// suite then expects ErrUnsupported from Inspect, with no I/O.
+	NoInspect string
 }
 
 // NotYet declares semaphores and read/write locks unsupported, for a store
@@ -96,6 +104,10 @@ var NotYet = map[backend.Kind]string{
 	backend.KindRead:      "not built for this store yet (issue 24)",
 	backend.KindWrite:     "not built for this store yet (issue 24)",
 }
+
+// NotYetInspect is NoInspect for a store whose inspection (issue 25) has
+// not landed.
+const NotYetInspect = "not built for this store yet (issue 25)"
 
 func (h *Harness) ttl() time.Duration {
 	if h.TTL > 0 {
@@ -135,6 +147,10 @@ func Run(t *testing.T, h Harness) {
 		{"Reentrancy", testReentrancy},
 		{"Semaphore", testSemaphore},
 		{"RWMutex", testRWMutex},
+		{"Extend", testExtend},
+		{"WaitForever", testWaitForever},
+		{"Inspect", testInspect},
+		{"TryLockAll", testTryLockAll},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })

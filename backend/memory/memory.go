@@ -10,6 +10,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -21,8 +22,10 @@ var (
 	_ backend.Spinner     = (*Store)(nil)
 	_ backend.Refresher   = (*Store)(nil)
 	_ backend.Notifier    = (*Store)(nil)
-	_ backend.KindChecker = (*Store)(nil)
-	_ backend.Withdrawer  = (*Store)(nil)
+	_ backend.KindChecker  = (*Store)(nil)
+	_ backend.Withdrawer   = (*Store)(nil)
+	_ backend.Inspector    = (*Store)(nil)
+	_ backend.MultiSpinner = (*Store)(nil)
 )
 
 // sweepEvery is how many acquisitions pass between sweeps of expired keys,
@@ -32,6 +35,8 @@ const sweepEvery = 1024
 type entry struct {
 	value   string
 	expires time.Time // monotonic
+	token   uint64
+	label   string
 }
 
 // group is a semaphore's or a read/write lock's state under one key.
@@ -51,6 +56,8 @@ type intent struct {
 type holder struct {
 	kind    backend.Kind
 	expires time.Time
+	token   uint64
+	label   string
 }
 
 // Store is an in-process lock store. The zero value is not usable; call
@@ -130,7 +137,7 @@ func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Dura
 			return false, e.expires.Sub(now), nil
 		}
 		s.token++
-		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
+		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL), token: s.token, label: l.Label}
 		l.Token = s.token
 		return true, 0, nil
 	}
@@ -168,10 +175,58 @@ func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Dura
 		g.limit = l.Limit
 	}
 	delete(g.intents, l.Value)
-	g.holders[l.Value] = holder{kind: l.Kind, expires: now.Add(l.TTL)}
 	s.token++
+	g.holders[l.Value] = holder{kind: l.Kind, expires: now.Add(l.TTL), token: s.token, label: l.Label}
 	l.Token = s.token
 	return true, 0, nil
+}
+
+// TryAcquireAll implements [backend.MultiSpinner] for mutexes: every key
+// or none, under one lock of the store.
+func (s *Store) TryAcquireAll(_ context.Context, ls []*backend.Lease) (bool, time.Duration, error) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range ls {
+		if l.Kind != backend.KindMutex {
+			return false, 0, errors.ErrUnsupported
+		}
+		if e, ok := s.get(l.Key, now); ok {
+			return false, e.expires.Sub(now), nil
+		}
+	}
+	for _, l := range ls {
+		s.token++
+		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL), token: s.token, label: l.Label}
+		l.Token = s.token
+	}
+	return true, 0, nil
+}
+
+// Inspect implements [backend.Inspector].
+func (s *Store) Inspect(_ context.Context, key string, kind backend.Kind) (backend.Inspection, error) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var in backend.Inspection
+	if kind == backend.KindMutex {
+		if e, ok := s.get(key, now); ok {
+			in.Holders = []backend.Holder{{Kind: kind, Token: e.token, TTL: e.expires.Sub(now), Label: e.label}}
+		}
+		return in, nil
+	}
+	g := s.group(s.groups(kind), key, now)
+	if g == nil {
+		return in, nil
+	}
+	for _, h := range g.holders {
+		in.Holders = append(in.Holders, backend.Holder{Kind: h.kind, Token: h.token, TTL: h.expires.Sub(now), Label: h.label})
+	}
+	sort.Slice(in.Holders, func(i, j int) bool { return in.Holders[i].Token < in.Holders[j].Token })
+	if len(in.Holders) > 0 && kind == backend.KindSemaphore {
+		in.Limit = g.limit
+	}
+	return in, nil
 }
 
 // precedes reports whether an intent of kind is ahead of value's in line:
@@ -271,10 +326,12 @@ func (s *Store) Refresh(_ context.Context, l *backend.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l.Kind == backend.KindMutex {
-		if e, ok := s.get(l.Key, now); !ok || e.value != l.Value {
+		e, ok := s.get(l.Key, now)
+		if !ok || e.value != l.Value {
 			return backend.ErrNotHeld
 		}
-		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL)}
+		e.expires = now.Add(l.TTL)
+		s.locks[l.Key] = e
 		return nil
 	}
 	g := s.group(s.groups(l.Kind), l.Key, now)

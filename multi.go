@@ -1,0 +1,209 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/spin"
+)
+
+// TryLockAll acquires every key of keys, or none, as one lock: one wait
+// budget for all (wait as TryLock's), one [Lock] whose Done closes when any
+// key is lost, whose Unlock releases them all, whose Extend and renewal
+// extend them all, and whose Deadline is the earliest key's. [Lock.Keys]
+// lists the keys in canonical order, [Lock.Tokens] their tokens (one per
+// key; [Lock.Key] and [Lock.Token] are the first key's).
+//
+// Keys are taken in a canonical order (sorted, duplicates dropped), so
+// processes that lock overlapping sets in any order cannot deadlock. A pull
+// store takes them in one request where it can ([backend.MultiSpinner]:
+// Redis keys of one hash slot in one script), otherwise one by one within
+// each attempt, giving back the ones it took when a later one is held; a
+// push store queues for them in order. A lock of several keys is not
+// reentered through the context.
+//
+// Errors as TryLock's; an [ErrInvalid] error for an empty list or any key
+// TryLock would refuse, with no I/O.
+func (d *DistributeLock) TryLockAll(ctx context.Context, keys []string, wait time.Duration) (*Lock, error) {
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: no keys", ErrInvalid)
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	if len(sorted) == 1 {
+		return d.TryLock(ctx, sorted[0], wait)
+	}
+	var ttl time.Duration
+	for _, k := range sorted {
+		var err error
+		if ttl, err = d.checkCall(ctx, k, wait); err != nil {
+			return nil, err
+		}
+		if err := d.checkKey(k); err != nil {
+			return nil, err
+		}
+	}
+	return d.acquireNew(ctx, sorted[0], sorted, wait, ttl, KindMutex, 0)
+}
+
+// subLeases returns one lease per key of the grant, the first g.lease
+// itself.
+func (g *grant) subLeases() []*backend.Lease {
+	if g.subs != nil {
+		return g.subs
+	}
+	return []*backend.Lease{&g.lease}
+}
+
+// acquireAll is the innermost acquire step of a lock of several keys.
+func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time, error) {
+	g := r.g
+	subs := make([]*backend.Lease, len(r.Keys))
+	subs[0] = &g.lease
+	for i, k := range r.Keys[1:] {
+		l := g.lease
+		l.Key = k
+		subs[i+1] = &l
+	}
+	if d.waiter != nil {
+		return d.waitAll(ctx, r, subs)
+	}
+	var st spin.Stats
+	start, err := spin.Acquire(ctx, multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, &st)
+	r.RemoteAttempts += st.Attempts
+	r.answered += st.Answered
+	if err != nil {
+		return start, err
+	}
+	g.subs = subs
+	return start, nil
+}
+
+// multiSpinner makes one attempt at every lease of a lock of several keys,
+// for the spin loop: in one request where the store can, otherwise key by
+// key, giving back what it took when a key is held.
+type multiSpinner struct {
+	d    *DistributeLock
+	subs []*backend.Lease
+}
+
+func (m multiSpinner) Release(ctx context.Context, l *backend.Lease) error {
+	return m.d.res.Release(ctx, l)
+}
+
+func (m multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, time.Duration, error) {
+	if ms, ok := m.d.res.(backend.MultiSpinner); ok {
+		ok, ttl, err := ms.TryAcquireAll(ctx, m.subs)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return ok, ttl, err
+		}
+	}
+	for i, l := range m.subs {
+		ok, ttl, err := m.d.spinner.TryAcquire(ctx, l)
+		if ok && err == nil {
+			continue
+		}
+		// Give back what this attempt took, in the background if the
+		// store does not answer: a wait never holds some keys of a set.
+		if gerr := m.giveBack(ctx, m.subs[:i]); gerr != nil {
+			return false, 0, gerr
+		}
+		return false, ttl, err
+	}
+	return true, 0, nil
+}
+
+// giveBack releases the leases an attempt took before a key was held.
+func (m multiSpinner) giveBack(ctx context.Context, taken []*backend.Lease) error {
+	var left []*backend.Lease
+	for _, l := range taken {
+		if err := m.d.res.Release(ctx, l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
+			left = append(left, l)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return &backend.AbandonedError{
+		Err: fmt.Errorf("distlock: giving back %d keys of a set: %w", len(left), context.Cause(ctx)),
+		Cleanup: func(ctx context.Context) error {
+			var errs []error
+			for _, l := range left {
+				if err := m.d.res.Release(ctx, l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+// waitAll queues for every key of a lock of several keys, in order, on a
+// push store, giving back the ones it holds when one is not had.
+func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backend.Lease) (time.Time, error) {
+	for i, l := range subs {
+		r.RemoteAttempts++
+		if err := d.waiter.Acquire(ctx, l, r.Deadline); err != nil {
+			taken := subs[:i]
+			m := multiSpinner{d: d, subs: subs}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			gerr := m.giveBack(rctx, taken)
+			cancel()
+			return time.Time{}, errors.Join(err, gerr)
+		}
+	}
+	r.g.subs = subs
+	// A push store counts validity from Acquire's return: the first key's.
+	return time.Now(), nil
+}
+
+// validityAll is the shortest safe validity of a lock's leases.
+func validityAll(subs []*backend.Lease) time.Duration {
+	v := safeValidity(*subs[0])
+	for _, l := range subs[1:] {
+		v = min(v, safeValidity(*l))
+	}
+	return v
+}
+
+// releaseAll releases every lease of a lock, joining the errors; ErrNotHeld
+// when any key was no longer held.
+func (d *DistributeLock) releaseAll(ctx context.Context, subs []*backend.Lease) error {
+	var errs []error
+	for _, l := range subs {
+		if err := d.res.Release(ctx, l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// refreshAll extends every lease of a lock.
+func refreshAll(ctx context.Context, r backend.Refresher, subs []backend.Lease) error {
+	var errs []error
+	for i := range subs {
+		if err := r.Refresh(ctx, &subs[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// watchLostAll reports the first loss signal of any lease to step.
+func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(stop)}}
+	for _, l := range subs {
+		if l.Lost != nil {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.Lost)})
+		}
+	}
+	if i, _, _ := reflect.Select(cases); i > 0 {
+		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: the backend reported a key of the lock lost", ErrNotHeld, quote(g.req.Key))}))
+	}
+}
