@@ -31,7 +31,9 @@ import (
 //	            backend's Lost closed
 //	held        renewed (started after the last release        held        validity extended; next renewal scheduled
 //	            began: same epoch)
-//	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs
+//	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs (a
+//	            (a lost grant's once its loss was announced)                   release of a lost grant waits until the
+//	                                                                            observers were told and Done closed)
 //	releasing   released: the store said nil or ErrNotHeld     released    Done closed (if still open); unregistered
 //	releasing   release failed: a store error                  held, lost  back where it was: Unlock may be retried;
 //	                                                                       renewal stays stopped, the TTL frees it
@@ -48,22 +50,23 @@ type grant struct {
 	subs  []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &lease; nil otherwise
 	actx  acqCtx           // the acquisition's context, while acquiring
 
-	mu        sync.Mutex
-	state     grantState
-	prev      grantState    // while releasing: where a failed release returns
-	refs      int           // live handles
-	epoch     uint64        // bumped when a release begins: older renewal results are stale
-	validity  time.Duration // how long one grant or renewal is known valid (safeValidity)
-	expiry    time.Time     // when the validity ends, by the facade's clock
-	cause     error         // why Done closed: nil while held
-	done      chan struct{} // made on the first Done call; closed by announce
-	announced bool          // Done is closed (or will be closed as it is made)
-	watched   bool          // Done was asked for: the expiry is scheduled
-	renewAt   time.Time     // the next renewal; zero: none planned
-	renewing  bool          // a renewal is in flight
-	kept      bool          // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
-	stopLost  chan struct{} // closed when the grant leaves held; nil unless lease.Lost is set
-	settled   chan struct{} // made by a waiter, closed when the release in flight ends
+	mu         sync.Mutex
+	state      grantState
+	prev       grantState    // while releasing: where a failed release returns
+	refs       int           // live handles
+	epoch      uint64        // bumped when a release begins: older renewal results are stale
+	validity   time.Duration // how long one grant or renewal is known valid (safeValidity)
+	expiry     time.Time     // when the validity ends, by the facade's clock
+	cause      error         // why Done closed: nil while held
+	done       chan struct{} // made on the first Done call; closed by announce
+	announced  bool          // Done is closed (or will be closed as it is made)
+	announcing chan struct{} // made by a release waiting for a loss to be announced; closed by announce
+	watched    bool          // Done was asked for: the expiry is scheduled
+	renewAt    time.Time     // the next renewal; zero: none planned
+	renewing   bool          // a renewal is in flight
+	kept       bool          // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
+	stopLost   chan struct{} // closed when the grant leaves held; nil unless lease.Lost is set
+	settled    chan struct{} // made by a waiter, closed when the release in flight ends
 
 	// The scheduler's, guarded by its mutex.
 	due   time.Time
@@ -288,6 +291,9 @@ func (g *grant) announce() {
 	g.announced = true
 	if g.done != nil {
 		close(g.done)
+	}
+	if g.announcing != nil {
+		close(g.announcing)
 	}
 }
 
@@ -559,6 +565,23 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+		case lost:
+			if !g.announced {
+				// Lost a moment ago: the observers are being told. A
+				// release waits for them, so that none hears of the
+				// loss once a release has begun.
+				if g.announcing == nil {
+					g.announcing = make(chan struct{})
+				}
+				announcing := g.announcing
+				g.mu.Unlock()
+				select {
+				case <-announcing:
+					continue
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 		}
 		if h != nil && g.refs > 1 { // not the last handle: no I/O
