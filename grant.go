@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,7 +31,9 @@ import (
 //	            backend's Lost closed
 //	held        renewed (started after the last release        held        validity extended; next renewal scheduled
 //	            began: same epoch)
-//	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs
+//	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs (a
+//	            (a lost grant's once its loss was announced)                   release of a lost grant waits until the
+//	                                                                            observers were told and Done closed)
 //	releasing   released: the store said nil or ErrNotHeld     released    Done closed (if still open); unregistered
 //	releasing   release failed: a store error                  held, lost  back where it was: Unlock may be retried;
 //	                                                                       renewal stays stopped, the TTL frees it
@@ -47,25 +50,28 @@ type grant struct {
 	subs  []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &lease; nil otherwise
 	actx  acqCtx           // the acquisition's context, while acquiring
 
-	mu        sync.Mutex
-	state     grantState
-	prev      grantState    // while releasing: where a failed release returns
-	refs      int           // live handles
-	epoch     uint64        // bumped when a release begins: older renewal results are stale
-	validity  time.Duration // how long one grant or renewal is known valid (safeValidity)
-	expiry    time.Time     // when the validity ends, by the facade's clock
-	cause     error         // why Done closed: nil while held
-	done      chan struct{} // made on the first Done call; closed by announce
-	announced bool          // Done is closed (or will be closed as it is made)
-	watched   bool          // Done was asked for: the expiry is scheduled
-	renewAt   time.Time     // the next renewal; zero: none planned
-	renewing  bool          // a renewal is in flight
-	stopLost  chan struct{} // closed when the grant leaves held; nil unless lease.Lost is set
-	settled   chan struct{} // made by a waiter, closed when the release in flight ends
+	mu         sync.Mutex
+	state      grantState
+	prev       grantState    // while releasing: where a failed release returns
+	refs       int           // live handles
+	epoch      uint64        // bumped when a release begins: older renewal results are stale
+	validity   time.Duration // how long one grant or renewal is known valid (safeValidity)
+	expiry     time.Time     // when the validity ends, by the facade's clock
+	cause      error         // why Done closed: nil while held
+	done       chan struct{} // made on the first Done call; closed by announce
+	announced  bool          // Done is closed (or will be closed as it is made)
+	announcing chan struct{} // made by a release waiting for a loss to be announced; closed by announce
+	watched    bool          // Done was asked for: the expiry is scheduled
+	renewAt    time.Time     // the next renewal; zero: none planned
+	renewing   bool          // a renewal is in flight
+	kept       bool          // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
+	stopLost   chan struct{} // closed when the grant leaves held; nil unless lease.Lost is set
+	settled    chan struct{} // made by a waiter, closed when the release in flight ends
 
 	// The scheduler's, guarded by its mutex.
 	due   time.Time
-	index int // in the scheduler's heap; -1 when not in it
+	slack time.Duration // due may be taken this much early
+	index int           // in the scheduler's heap; -1 when not in it
 }
 
 // grantState is where a grant is in its life; see [grant].
@@ -145,7 +151,13 @@ func (g *grant) step(ev event) (out outcome) {
 			watch = watch || l.Lost != nil
 		}
 		g.state, g.refs, out.ok, out.register = held, 1, true, true
-		if g.d.cfg.autoRenew {
+		g.kept = g.d.cfg.autoRenew
+		for _, l := range g.subLeases() {
+			g.kept = g.kept && l.KeptAlive
+		}
+		if g.kept { // the store keeps it alive and reports its loss
+			g.expiry = neverExpires
+		} else if g.d.cfg.autoRenew {
 			g.renewAt = ev.at.Add(g.renewInterval())
 		}
 		if watch {
@@ -280,6 +292,9 @@ func (g *grant) announce() {
 	if g.done != nil {
 		close(g.done)
 	}
+	if g.announcing != nil {
+		close(g.announcing)
+	}
 }
 
 // finishLocked moves g to lost or released. The first time, it records
@@ -312,36 +327,45 @@ func (g *grant) renewInterval() time.Duration {
 	return max(g.validity/3, time.Millisecond)
 }
 
+// neverExpires is the expiry of a lock the store keeps alive itself.
+var neverExpires = time.Unix(1<<62, 0)
+
 // scheduleLocked tells the scheduler the grant's next event: the renewal,
-// or the expiry when someone watches Done or renewal is on.
+// or the expiry when someone watches Done or renewal is on. A renewal may
+// run up to half an interval early, so that the renewals due about the same
+// time go to the store together.
 func (g *grant) scheduleLocked() {
+	if g.kept {
+		g.d.sched.remove(g)
+		return
+	}
 	var at time.Time
+	var slack time.Duration
 	if !g.renewAt.IsZero() {
-		at = g.renewAt
+		at, slack = g.renewAt, g.renewInterval()/2
 	}
 	if (g.watched || g.d.cfg.autoRenew) && (at.IsZero() || g.expiry.Before(at)) {
-		at = g.expiry
+		at, slack = g.expiry, 0
 	}
 	if at.IsZero() {
 		g.d.sched.remove(g)
 		return
 	}
-	g.d.sched.schedule(g, at)
+	g.d.sched.schedule(g, at, slack)
 }
 
-// fire runs when the scheduler finds the grant due: a renewal in the
-// background, or the expiry.
-func (g *grant) fire(now time.Time) {
+// takeDue tells what the scheduler found due for g at now: a renewal (within
+// its slack), or else its expiry (applied here).
+func (g *grant) takeDue(now time.Time) (renew bool) {
 	g.mu.Lock()
-	renew := g.state == held && !g.renewing && !g.renewAt.IsZero() && !now.Before(g.renewAt)
+	renew = g.state == held && !g.renewing && !g.renewAt.IsZero() &&
+		!now.Add(g.renewInterval()/2).Before(g.renewAt)
 	g.mu.Unlock()
 	if renew {
-		if g.step(event{kind: evRenewStart}).ok {
-			go g.renew()
-		}
-		return
+		return g.step(event{kind: evRenewStart}).ok
 	}
 	g.apply(g.step(event{kind: evExpire, at: now}))
+	return false
 }
 
 // leaseCopies returns copies of the grant's leases, for a renewal or an
@@ -355,22 +379,91 @@ func (g *grant) leaseCopiesLocked() []backend.Lease {
 	return out
 }
 
-// renew extends the lock once and reports the result to step.
-func (g *grant) renew() {
-	g.mu.Lock()
-	epoch, expiry := g.epoch, g.expiry
-	leases := g.leaseCopiesLocked()
-	g.mu.Unlock()
-	start := time.Now()
-	// A renewal that answers after the validity ended is worthless.
-	ctx, cancel := context.WithDeadline(context.Background(), expiry)
-	err := refreshAll(ctx, g.d.refresher, leases)
-	cancel()
+// renewal is one grant's part of a renewal: its leases, copied.
+type renewal struct {
+	g      *grant
+	epoch  uint64
+	expiry time.Time
+	leases []backend.Lease
+}
+
+// renewed reports a renewal's result to step.
+func (rn renewal) renewed(start time.Time, err error) {
 	if err == nil {
-		g.apply(g.step(event{kind: evRenewed, at: start, epoch: epoch}))
+		rn.g.apply(rn.g.step(event{kind: evRenewed, at: start, epoch: rn.epoch}))
 		return
 	}
-	g.apply(g.step(event{kind: evRenewFailed, epoch: epoch, err: err}))
+	rn.g.apply(rn.g.step(event{kind: evRenewFailed, epoch: rn.epoch, err: err}))
+}
+
+// renewGrants renews grants due together: in batches where the store
+// takes them (backend.BatchRefresher), otherwise one by one, a few
+// goroutines at a time.
+func (d *DistributeLock) renewGrants(gs []*grant) {
+	rns := make([]renewal, len(gs))
+	for i, g := range gs {
+		g.mu.Lock()
+		rns[i] = renewal{g: g, epoch: g.epoch, expiry: g.expiry, leases: g.leaseCopiesLocked()}
+		g.mu.Unlock()
+	}
+	br, batch := d.res.(backend.BatchRefresher)
+	if !batch || len(rns) == 1 {
+		for chunk := range slices.Chunk(rns, 32) {
+			go func() {
+				for _, rn := range chunk {
+					start := time.Now()
+					// A renewal that answers after the validity ended is worthless.
+					ctx, cancel := context.WithDeadline(context.Background(), rn.expiry)
+					err := refreshAll(ctx, d.refresher, rn.leases)
+					cancel()
+					rn.renewed(start, err)
+				}
+			}()
+		}
+		return
+	}
+	// Batches of at most MaxRefreshBatch leases; a lock's leases stay in
+	// one batch.
+	var part []renewal
+	n := 0
+	for _, rn := range rns {
+		if n > 0 && n+len(rn.leases) > backend.MaxRefreshBatch {
+			go refreshBatch(br, part)
+			part, n = nil, 0
+		}
+		part = append(part, rn)
+		n += len(rn.leases)
+	}
+	go refreshBatch(br, part)
+}
+
+// refreshBatch renews rns in one request and reports each result.
+func refreshBatch(br backend.BatchRefresher, rns []renewal) {
+	var ls []*backend.Lease
+	deadline := rns[0].expiry
+	for _, rn := range rns {
+		for i := range rn.leases {
+			ls = append(ls, &rn.leases[i])
+		}
+		if rn.expiry.Before(deadline) {
+			deadline = rn.expiry
+		}
+	}
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	errs := br.RefreshAll(ctx, ls)
+	cancel()
+	for _, rn := range rns {
+		var gerrs []error
+		for range rn.leases {
+			err := errors.New("distlock: the store answered a batch renewal short")
+			if len(errs) > 0 {
+				err, errs = errs[0], errs[1:]
+			}
+			gerrs = append(gerrs, err)
+		}
+		rn.renewed(start, errors.Join(gerrs...))
+	}
 }
 
 // apply does what an outcome asks outside the grant's lock.
@@ -426,11 +519,11 @@ func (g *grant) doneChan() <-chan struct{} {
 }
 
 // deadline returns when the validity ends by the facade's clock; zero
-// once the grant is lost or released.
+// once the grant is lost or released, or when the store keeps it alive.
 func (g *grant) deadline() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != held {
+	if g.state != held || g.kept {
 		return time.Time{}
 	}
 	return g.expiry
@@ -472,6 +565,23 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+		case lost:
+			if !g.announced {
+				// Lost a moment ago: the observers are being told. A
+				// release waits for them, so that none hears of the
+				// loss once a release has begun.
+				if g.announcing == nil {
+					g.announcing = make(chan struct{})
+				}
+				announcing := g.announcing
+				g.mu.Unlock()
+				select {
+				case <-announcing:
+					continue
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 		}
 		if h != nil && g.refs > 1 { // not the last handle: no I/O

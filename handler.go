@@ -43,6 +43,12 @@ type Request struct {
 	// counted from here, so it errs early, never late.
 	Acquired time.Time
 
+	// RolledBack is true during the Release that gives back an
+	// acquisition TryLock did not return (a handler outside failed, Close
+	// ran, or the lock's validity ended first): the lock was never held by
+	// the caller.
+	RolledBack bool
+
 	g        *grant // the grant this request belongs to
 	acquired uint64 // bit i: depth i's Acquire returned nil (see chain)
 	answered int    // store calls that answered (spin stores)

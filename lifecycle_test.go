@@ -465,3 +465,56 @@ func TestTryLockAfterCloseError(t *testing.T) {
 		t.Errorf("TryLock after Close = %q; want %q", err, distlock.ErrClosed)
 	}
 }
+
+// slowObserver holds LockLost until let go, and records whether a Release
+// came while it was in it.
+type slowObserver struct {
+	in, out      chan struct{}
+	inLost       atomic.Bool
+	releaseEarly atomic.Bool
+}
+
+func (h *slowObserver) Acquire(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
+	return next(ctx, r)
+}
+
+func (h *slowObserver) Release(ctx context.Context, r *distlock.Request, next distlock.ReleaseFunc) error {
+	if h.inLost.Load() {
+		h.releaseEarly.Store(true)
+	}
+	return next(ctx, r)
+}
+
+func (h *slowObserver) LockLost(*distlock.Request, error) {
+	h.inLost.Store(true)
+	h.in <- struct{}{}
+	<-h.out
+	h.inLost.Store(false)
+}
+
+// An Unlock that races a loss's report waits for the observers: none hears
+// of the loss once a release has begun.
+func TestLossToldBeforeRelease(t *testing.T) {
+	lost := make(chan struct{})
+	store := &lostOnAcquire{Store: memory.New(), lost: lost}
+	h := &slowObserver{in: make(chan struct{}), out: make(chan struct{})}
+	d := mustNew(t, store, distlock.WithHandlers(h))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(lost)
+	within(t, h.in, "LockLost")
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- lk.Unlock(context.Background()) }()
+	select { // a negative check: Unlock must not get through meanwhile
+	case err := <-unlocked:
+		t.Fatalf("Unlock returned (%v) while the loss was being reported", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(h.out)
+	within(t, unlocked, "Unlock")
+	if h.releaseEarly.Load() {
+		t.Errorf("Release ran while LockLost was reporting the loss")
+	}
+}

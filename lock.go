@@ -265,6 +265,7 @@ func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
 	if !out.ok {
 		return
 	}
+	g.req.RolledBack = true
 	done := d.bg.goRun("rolling back "+quote(g.req.Key), func(ctx context.Context) error {
 		err := d.chain.release(context.WithValue(ctx, rollbackKey{}, true), &g.req)
 		if errors.Is(err, ErrNotHeld) {

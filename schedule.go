@@ -21,11 +21,12 @@ type scheduler struct {
 	armed time.Time   // when timer fires; zero: stopped
 }
 
-// schedule makes g due at at, adding it or moving it.
-func (s *scheduler) schedule(g *grant, at time.Time) {
+// schedule makes g due at at, adding it or moving it; it may be taken
+// up to slack earlier, with grants due before it.
+func (s *scheduler) schedule(g *grant, at time.Time, slack time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g.due = at
+	g.due, g.slack = at, slack
 	if g.index >= 0 {
 		heap.Fix(&s.q, g.index)
 	} else {
@@ -65,19 +66,27 @@ func (s *scheduler) armLocked() {
 	}
 }
 
-// run takes every grant that is due off the queue and fires it.
+// run takes every grant that is due off the queue, with those whose slack
+// lets them come early, applies the expiries and hands the renewals to
+// the DistributeLock together.
 func (s *scheduler) run() {
 	now := time.Now()
 	var due []*grant
 	s.mu.Lock()
-	for len(s.q) > 0 && !s.q[0].due.After(now) {
+	for len(s.q) > 0 && !s.q[0].due.After(now.Add(s.q[0].slack)) {
 		due = append(due, heap.Pop(&s.q).(*grant))
 	}
 	s.armed = time.Time{}
 	s.armLocked()
 	s.mu.Unlock()
+	var renew []*grant
 	for _, g := range due {
-		g.fire(now)
+		if g.takeDue(now) {
+			renew = append(renew, g)
+		}
+	}
+	if len(renew) > 0 {
+		renew[0].d.renewGrants(renew)
 	}
 }
 

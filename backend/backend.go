@@ -27,6 +27,7 @@
 //   - [KindChecker]: hold semaphores and read/write locks, not only mutexes;
 //   - [Withdrawer]: withdraw a waiting writer's intent;
 //   - [Refresher]: extend a held lock (used by WithAutoRenew and Extend);
+//   - [BatchRefresher]: extend many locks in one request;
 //   - [Inspector]: tell who holds a lock;
 //   - [MultiSpinner]: take several keys in one request;
 //   - [Notifier]: wake spinning waiters when a key is released;
@@ -161,6 +162,14 @@ type Lease struct {
 	// long as the process renews it (etcd: a lease shared by the locks of
 	// one TTL instead of one lease per lock).
 	AutoRenew bool
+	// KeptAlive is set by the store, when it acquires a lock with
+	// AutoRenew, to say that it keeps the lock alive itself for as long as
+	// the process runs and the store is reachable (etcd: the shared
+	// lease's keep-alive; ZooKeeper: the session), and closes Lost when it
+	// cannot: the facade then makes no refresh for it and no expiry timer,
+	// and its Deadline is unknown (the zero time). A key deleted from
+	// outside must close Lost too (a watch, not polling).
+	KeptAlive bool
 
 	// Label is the holder's label (distlock.WithLabel: a host, a pid), at
 	// most MaxLabelLen bytes, empty by default. A store keeps it with the
@@ -275,6 +284,19 @@ type Refresher interface {
 	// error wrapping errors.ErrUnsupported before any I/O.
 	Refresh(ctx context.Context, l *Lease) error
 }
+
+// BatchRefresher is implemented by stores that can extend many locks in
+// one request (a script over many keys, one statement). RefreshAll extends
+// each lease as Refresh does and returns one error per lease, in order:
+// nil, an error wrapping ErrNotHeld, or the store's error (one failed
+// lease does not fail the others). The facade's scheduler calls it with the
+// locks due for renewal together, at most MaxRefreshBatch at a time.
+type BatchRefresher interface {
+	RefreshAll(ctx context.Context, ls []*Lease) []error
+}
+
+// MaxRefreshBatch is the most leases the facade passes to RefreshAll.
+const MaxRefreshBatch = 500
 
 // Notifier is implemented by pull stores that can tell waiters a key was
 // released, so they retry at once instead of sleeping out the spin.

@@ -19,13 +19,14 @@ import (
 )
 
 var (
-	_ backend.Spinner     = (*Store)(nil)
-	_ backend.Refresher   = (*Store)(nil)
-	_ backend.Notifier    = (*Store)(nil)
-	_ backend.KindChecker  = (*Store)(nil)
-	_ backend.Withdrawer   = (*Store)(nil)
-	_ backend.Inspector    = (*Store)(nil)
-	_ backend.MultiSpinner = (*Store)(nil)
+	_ backend.Spinner        = (*Store)(nil)
+	_ backend.Refresher      = (*Store)(nil)
+	_ backend.Notifier       = (*Store)(nil)
+	_ backend.KindChecker    = (*Store)(nil)
+	_ backend.Withdrawer     = (*Store)(nil)
+	_ backend.Inspector      = (*Store)(nil)
+	_ backend.MultiSpinner   = (*Store)(nil)
+	_ backend.BatchRefresher = (*Store)(nil)
 )
 
 // sweepEvery is how many acquisitions pass between sweeps of expired keys,
@@ -345,6 +346,15 @@ func (s *Store) Refresh(_ context.Context, l *backend.Lease) error {
 	h.expires = now.Add(l.TTL)
 	g.holders[l.Value] = h
 	return nil
+}
+
+// RefreshAll implements [backend.BatchRefresher]: Refresh of each lease.
+func (s *Store) RefreshAll(ctx context.Context, ls []*backend.Lease) []error {
+	errs := make([]error, len(ls))
+	for i, l := range ls {
+		errs[i] = s.Refresh(ctx, l)
+	}
+	return errs
 }
 
 // Withdraw implements [backend.Withdrawer]: it drops a waiting request's

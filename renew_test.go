@@ -1,0 +1,150 @@
+package distlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/backend/memory"
+)
+
+// batchCounter counts the renewal requests that reach the store and the
+// leases each carries.
+type batchCounter struct {
+	*memory.Store
+	requests, leases atomic.Int64
+	largest          atomic.Int64
+	fail             sync.Map // keys whose renewal fails with a store error
+}
+
+func (b *batchCounter) RefreshAll(ctx context.Context, ls []*backend.Lease) []error {
+	b.requests.Add(1)
+	b.leases.Add(int64(len(ls)))
+	for n := int64(len(ls)); ; {
+		m := b.largest.Load()
+		if n <= m || b.largest.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	errs := b.Store.RefreshAll(ctx, ls)
+	for i, l := range ls {
+		if _, ok := b.fail.Load(l.Key); ok {
+			errs[i] = errors.New("fault: renewal failed")
+		}
+	}
+	return errs
+}
+
+func (b *batchCounter) Refresh(context.Context, *backend.Lease) error {
+	return errors.New("the batch path must be used")
+}
+
+// Many locks renewed by one scheduler go to the store in batches, and none
+// is lost; a lock whose renewal fails in a batch is lost on its own.
+func TestRenewalBatches(t *testing.T) {
+	store := &batchCounter{Store: memory.New()}
+	const n, ttl = 2000, 600 * time.Millisecond
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(ttl))
+	ctx := t.Context()
+	locks := make([]*distlock.Lock, n)
+	for i := range locks {
+		lk, err := d.TryLock(ctx, "k"+string(rune('a'+i%26))+itoa(i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks[i] = lk
+	}
+	store.fail.Store(locks[7].Key(), true)
+	// Three TTLs: every lock renewed several times.
+	time.Sleep(3 * ttl) // the renewals' time: what is measured, not synchronisation
+	for i, lk := range locks {
+		select {
+		case <-lk.Done():
+			if i != 7 {
+				t.Fatalf("lock %d lost", i)
+			}
+		default:
+			if i == 7 {
+				t.Errorf("lock 7, whose renewal failed until its validity ended, was not lost")
+			}
+		}
+	}
+	reqs, leases := store.requests.Load(), store.leases.Load()
+	t.Logf("%d locks, %d renewal requests carrying %d leases (largest %d)", n, reqs, leases, store.largest.Load())
+	if reqs == 0 || leases/reqs < 50 {
+		t.Errorf("%d requests for %d leases: want batches of many locks", reqs, leases)
+	}
+	if store.largest.Load() > backend.MaxRefreshBatch {
+		t.Errorf("a batch of %d leases; at most %d", store.largest.Load(), backend.MaxRefreshBatch)
+	}
+	for _, lk := range locks {
+		lk.Unlock(ctx)
+	}
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; i > 0; i /= 10 {
+		b = append([]byte{digits[i%10]}, b...)
+	}
+	return string(b)
+}
+
+// keptAlive marks every lease kept alive by the store, with a Lost channel
+// the test closes.
+type keptAlive struct {
+	*memory.Store
+	lost      chan struct{}
+	refreshes atomic.Int64
+}
+
+func (k *keptAlive) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	ok, ttl, err := k.Store.TryAcquire(ctx, l)
+	if ok && l.AutoRenew {
+		l.KeptAlive, l.Lost = true, k.lost
+	}
+	return ok, ttl, err
+}
+
+func (k *keptAlive) Refresh(ctx context.Context, l *backend.Lease) error {
+	k.refreshes.Add(1)
+	return k.Store.Refresh(ctx, l)
+}
+
+// A lock the store keeps alive itself costs no renewal and no timer; its
+// loss comes from the store.
+func TestKeptAliveNoRenewal(t *testing.T) {
+	store := &keptAlive{Store: memory.New(), lost: make(chan struct{})}
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(60*time.Millisecond))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl := lk.Deadline(); !dl.IsZero() {
+		t.Errorf("Deadline = %v; want zero (the store keeps the lock alive)", dl)
+	}
+	time.Sleep(200 * time.Millisecond) // three TTLs pass: what is checked, not synchronisation
+	if n := store.refreshes.Load(); n != 0 {
+		t.Errorf("%d renewals of a lock the store keeps alive", n)
+	}
+	select {
+	case <-lk.Done():
+		t.Fatal("Done closed without a loss")
+	default:
+	}
+	close(store.lost)
+	within(t, lk.Done(), "Done after the store's loss")
+	if err := lk.Unlock(t.Context()); !errors.Is(err, distlock.ErrNotHeld) {
+		// The memory store's key expired (60ms): the lock is gone.
+		t.Errorf("Unlock after the loss = %v; want ErrNotHeld", err)
+	}
+}
