@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -191,17 +190,6 @@ func positive(v attribute.Value) bool { return v.Type() == attribute.INT64 && v.
 
 func atLeast(n int64) func(attribute.Value) bool {
 	return func(v attribute.Value) bool { return v.Type() == attribute.INT64 && v.AsInt64() >= n }
-}
-
-func oneOf(s ...string) func(attribute.Value) bool {
-	return func(v attribute.Value) bool { return v.Type() == attribute.STRING && slices.Contains(s, v.AsString()) }
-}
-
-// notIn accepts a string attribute other than those given.
-func notIn(s ...string) func(attribute.Value) bool {
-	return func(v attribute.Value) bool {
-		return v.Type() == attribute.STRING && v.AsString() != "" && !slices.Contains(s, v.AsString())
-	}
 }
 
 func poll(t testing.TB, what string, cond func() bool) {

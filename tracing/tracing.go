@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strconv"
@@ -347,7 +348,9 @@ func (h *Handler) LockLost(r *distlock.Request, cause error) {
 }
 
 // errorType is err's error.type: the distlock and context sentinels by
-// name, otherwise the type under fmt.Errorf's wrappers.
+// name, otherwise the type of the first error under fmt.Errorf's wrappers
+// and errors.Join's (a store joins a clean-up's error to the one that made
+// it clean up).
 func errorType(err error) attribute.KeyValue {
 	switch {
 	case errors.Is(err, distlock.ErrNotHeld):
@@ -359,5 +362,32 @@ func errorType(err error) attribute.KeyValue {
 	case errors.Is(err, context.DeadlineExceeded):
 		return semconv.ErrorTypeKey.String("context.DeadlineExceeded")
 	}
-	return semconv.ErrorType(err)
+	return semconv.ErrorType(primary(err))
+}
+
+var fmtWrapType = reflect.TypeOf(fmt.Errorf("%w", errors.New("e")))
+
+// primary returns the error that classifies err: err itself if it has an
+// ErrorType method, else the first of the errors it joins or wraps with
+// fmt.Errorf, recursively.
+func primary(err error) error {
+	for {
+		switch u := err.(type) {
+		case interface{ ErrorType() string }:
+			return err
+		case interface{ Unwrap() []error }: // errors.Join, fmt.Errorf with several %w
+			if es := u.Unwrap(); len(es) > 0 && es[0] != nil {
+				err = es[0]
+				continue
+			}
+			return err
+		}
+		if reflect.TypeOf(err) == fmtWrapType {
+			if u := errors.Unwrap(err); u != nil {
+				err = u
+				continue
+			}
+		}
+		return err
+	}
 }
