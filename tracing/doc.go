@@ -50,9 +50,9 @@
 // the error as an "exception" event. Renewals make neither spans nor
 // events: the handler chain does not see them.
 //
-// Release's own context is not changed: the store's release call nests
-// under the span of the context given to Unlock (the hold span has ended
-// by the time an exporter sees either).
+// Release passes its context on unchanged: the store's release call
+// nests under the span of the context given to Unlock, not under the hold
+// span.
 //
 // Reentrant acquisitions ([distlock.ContextWithLock]) make no span: they
 // do no I/O and do not pass through the handler chain.
@@ -73,8 +73,12 @@
 //     that does not answer is reported so too.
 //   - error: any other error, a store's. error.type is
 //     "context.DeadlineExceeded" when the store did not answer within the
-//     wait, otherwise the type of the error under its fmt.Errorf wrappers
-//     (semconv.ErrorType), for example "*net.OpError".
+//     wait, "distlock.ErrClosed" or "distlock.ErrNotHeld" for those errors
+//     (from a handler inside this one), otherwise the type of the error
+//     under its fmt.Errorf and errors.Join wrappers (the first joined
+//     error: a store joins a clean-up's error to the one that caused it),
+//     or its ErrorType method's value (semconv.ErrorType), for example
+//     "*net.OpError" when Redis cannot be reached.
 //
 // A wait whose end cut its last attempt short, after earlier attempts
 // found the key held, is not_acquired, as TryLock reports it.
