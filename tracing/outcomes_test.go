@@ -255,7 +255,7 @@ func testLostExpired(t *testing.T, k kit) {
 	res, _ := k.open(t)
 	d := newLock(t, res, distlock.WithHandlers(f.h))
 	ctx, caller := f.caller(t.Context(), "request")
-	lk, err := d.TryLock(distlock.ContextWithTTL(ctx, 50*time.Millisecond), uniqueKey(t), 0)
+	lk, err := d.TryLock(distlock.ContextWithTTL(ctx, 100*time.Millisecond), uniqueKey(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func testLostExpired(t *testing.T, k kit) {
 	checkHold(t, hold, f.one(t, tracing.SpanAcquire))
 	checkAttrs(t, hold, want{
 		tracing.KeyOutcome:   tracing.OutcomeLost,
-		tracing.KeyTTL:       0.05,
+		tracing.KeyTTL:       0.1,
 		tracing.KeyToken:     lk.Token(),
 		semconv.ErrorTypeKey: "distlock.ErrNotHeld",
 	})
@@ -351,7 +351,7 @@ func testClose(t *testing.T, k kit) {
 			t.Fatal(err)
 		}
 	}
-	lost, err := d.TryLock(distlock.ContextWithTTL(ctx, 30*time.Millisecond), uniqueKey(t), 0)
+	lost, err := d.TryLock(distlock.ContextWithTTL(ctx, 100*time.Millisecond), uniqueKey(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

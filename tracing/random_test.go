@@ -74,8 +74,9 @@ func TestRandomized(t *testing.T) {
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 
 	var (
-		mu    sync.Mutex
-		locks []*held
+		mu         sync.Mutex
+		locks      []*held
+		rolledBack atomic.Int64 // acquisitions the facade rolled back: a hold span each, no lock
 	)
 	var wg sync.WaitGroup
 	for w := range 4 {
@@ -96,7 +97,13 @@ func TestRandomized(t *testing.T) {
 				wait := []time.Duration{0, 5 * time.Millisecond, 20 * time.Millisecond}[rng.IntN(3)]
 				lk, err := d.TryLock(distlock.ContextWithTTL(ctx, ttl), key, wait)
 				if err != nil {
-					if !errors.Is(err, distlock.ErrNotAcquired) {
+					switch {
+					case errors.Is(err, distlock.ErrNotAcquired):
+					case errors.Is(err, distlock.ErrNotHeld):
+						// The validity ended before the chain returned
+						// (a short TTL on a loaded machine): rolled back.
+						rolledBack.Add(1)
+					default:
 						t.Errorf("TryLock: %v", err)
 					}
 					cancel()
@@ -220,8 +227,8 @@ func TestRandomized(t *testing.T) {
 			t.Errorf("held acquisition span %v has %d hold spans; want 1", id, linked[id])
 		}
 	}
-	if len(holds) != len(locks) {
-		t.Errorf("%d hold spans (by token); want %d, one per lock", len(holds), len(locks))
+	if want := len(locks) + int(rolledBack.Load()); len(holds) != want {
+		t.Errorf("%d hold spans (by token); want %d, one per lock and per rolled-back acquisition", len(holds), want)
 	}
 	for _, h := range locks {
 		s, ok := holds[h.token]
