@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend/memory"
@@ -52,6 +53,12 @@ func TestGlobalProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A noop provider set globally costs nothing either.
+	otel.SetTracerProvider(noop.NewTracerProvider())
+	if a := testing.AllocsPerRun(100, func() { cycle(t, ctx, d) }); !raceEnabled && a > bareAllocs(t) {
+		t.Errorf("global noop provider: %v allocations per cycle; want %v, as with no handler", a, bareAllocs(t))
+	}
+
 	for i := range 2 {
 		rec := tracetest.NewSpanRecorder()
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -71,4 +78,10 @@ func TestGlobalProvider(t *testing.T) {
 		}
 		_ = tp.Shutdown(ctx)
 	}
+}
+
+// bareAllocs is what an uncontended cycle allocates with no handler.
+func bareAllocs(t *testing.T) float64 {
+	d := newLock(t, memory.New())
+	return testing.AllocsPerRun(100, func() { cycle(t, context.Background(), d) })
 }

@@ -71,8 +71,9 @@ type config struct {
 
 // WithTracerProvider makes the spans on tp. Default: the global
 // TracerProvider (otel.GetTracerProvider), looked up at every acquisition;
-// while none is set, no span is made. A nil tp is ignored; a
-// [noop.TracerProvider] makes no span and costs no allocation.
+// while none is set, no span is made. A nil tp is ignored. A
+// [noop.TracerProvider], given here or set globally, makes no span and
+// costs no allocation.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) {
 		if tp != nil {
@@ -165,6 +166,9 @@ func (h *Handler) tracer() trace.Tracer {
 	if tp == unsetGlobal { // never panics: unsetGlobal's type is a pointer
 		return nil
 	}
+	if _, ok := tp.(noop.TracerProvider); ok {
+		return nil
+	}
 	if c := h.global.Load(); c != nil && c.tp == tp { // the cache holds comparable providers only
 		return c.tr
 	}
@@ -193,11 +197,7 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 		}
 		h.startHold(tr, ctx, r, span.SpanContext())
 	case OutcomeContextEnded:
-		cerr := ctx.Err()
-		if cerr == nil { // ended since
-			cerr = err
-		}
-		span.SetAttributes(errorType(cerr))
+		span.SetAttributes(errorType(ctx.Err()))
 		span.SetStatus(codes.Error, err.Error())
 	case OutcomeError:
 		span.SetAttributes(errorType(err))
