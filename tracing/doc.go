@@ -80,8 +80,13 @@
 //     or its ErrorType method's value (semconv.ErrorType), for example
 //     "*net.OpError" when Redis cannot be reached.
 //
-// A wait whose end cut its last attempt short, after earlier attempts
-// found the key held, is not_acquired, as TryLock reports it.
+// A wait that its own end cut short (the facade's bound: an attempt or a
+// sleep between attempts ran past it) is not_acquired once the store had
+// answered, as TryLock reports it, and error when it never had. The
+// handler infers which from the remote attempts and the error (TryLock
+// counts the answers, a handler cannot see them); a caller's deadline
+// falling within the bound's few milliseconds of grace after the wait's
+// end is taken for the wait's end (TryLock calls it the caller's).
 //
 // A hold span ends with status unset when released; with status Error and
 // error.type "distlock.ErrNotHeld" when the release found the lock expired

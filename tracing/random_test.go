@@ -76,7 +76,8 @@ func TestRandomized(t *testing.T) {
 	var (
 		mu         sync.Mutex
 		locks      []*held
-		rolledBack atomic.Int64 // acquisitions the facade rolled back: a hold span each, no lock
+		rolledBack atomic.Int64                    // acquisitions the facade rolled back: a hold span each, no lock
+		expect     = make(map[trace.SpanID]string) // by caller span: the outcome TryLock's error implies
 	)
 	var wg sync.WaitGroup
 	for w := range 4 {
@@ -96,6 +97,9 @@ func TestRandomized(t *testing.T) {
 				ttl := time.Duration(20+rng.IntN(100)) * time.Millisecond
 				wait := []time.Duration{0, 5 * time.Millisecond, 20 * time.Millisecond}[rng.IntN(3)]
 				lk, err := d.TryLock(distlock.ContextWithTTL(ctx, ttl), key, wait)
+				mu.Lock()
+				expect[caller.SpanContext().SpanID()] = expectedOutcome(err)
+				mu.Unlock()
 				if err != nil {
 					switch {
 					case errors.Is(err, distlock.ErrNotAcquired):
@@ -180,6 +184,10 @@ func TestRandomized(t *testing.T) {
 		if !ops[s.Parent().SpanID()] {
 			t.Errorf("acquisition span's parent %v is not a caller's span", s.Parent().SpanID())
 		}
+		if e := expect[s.Parent().SpanID()]; o != e {
+			t.Errorf("acquisition outcome %q (%q, wait %v, attempts %v); TryLock's error says %q", o,
+				s.Status().Description, attrs(s)[tracing.KeyWait].Emit(), attrs(s)[tracing.KeyRemoteAttempts].Emit(), e)
+		}
 		switch o {
 		case tracing.OutcomeHeld:
 			acquired[s.SpanContext().SpanID()] = s
@@ -193,7 +201,7 @@ func TestRandomized(t *testing.T) {
 				t.Errorf("%s acquisition with status %v", o, s.Status())
 			}
 		default:
-			t.Errorf("acquisition outcome %q", o)
+			t.Errorf("acquisition outcome %q: %q, wait %v, attempts %v", o, s.Status().Description, attrs(s)[tracing.KeyWait].Emit(), attrs(s)[tracing.KeyRemoteAttempts].Emit())
 		}
 	}
 	holds := make(map[uint64]sdktrace.ReadOnlySpan) // by token
@@ -265,4 +273,19 @@ func TestRandomized(t *testing.T) {
 		t.Errorf("%d hold spans ended lost, %d LockLost calls", lost, n)
 	}
 	t.Logf("acquisitions %v; %d holds, %d lost (%d LockLost calls)", outcomes, len(holds), lost, losses.n.Load())
+}
+
+// expectedOutcome is the acquisition span's outcome TryLock's error
+// implies. A rolled-back acquisition (ErrNotHeld: its validity ended
+// before the chain returned) was held as far as the handler saw.
+func expectedOutcome(err error) string {
+	switch {
+	case err == nil, errors.Is(err, distlock.ErrNotHeld):
+		return tracing.OutcomeHeld
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return tracing.OutcomeContextEnded
+	case errors.Is(err, distlock.ErrNotAcquired):
+		return tracing.OutcomeNotAcquired
+	}
+	return tracing.OutcomeError
 }

@@ -215,20 +215,34 @@ func acquireOutcome(ctx context.Context, r *distlock.Request, err error) string 
 	if err == nil {
 		return OutcomeHeld
 	}
-	ended := ctx.Err() != nil
-	waitOver := r.Wait > 0 && !time.Now().Before(r.Deadline)
-	switch {
-	case ended && !waitOver:
+	switch cerr := ctx.Err(); {
+	case cerr != nil && !endedByWait(ctx, r, cerr):
 		return OutcomeContextEnded
 	case errors.Is(err, distlock.ErrNotAcquired):
 		return OutcomeNotAcquired
-	case ended && r.RemoteAttempts > 1:
-		// The bound cut the wait's last attempt; the earlier ones
-		// answered (a spin loop tries again only after an answer) and
-		// found the key held: TryLock reports contention.
+	case cerr != nil && (r.RemoteAttempts > 1 || r.RemoteAttempts == 1 && err == cerr):
+		// The bound ended the wait after the store had answered: during
+		// a later attempt (a spin loop tries again only after an answer),
+		// or between attempts (the spin loop returns the bare context
+		// error then). TryLock reports contention. (The facade counts the
+		// answers; a handler cannot see them: this infers them.)
 		return OutcomeNotAcquired
 	}
 	return OutcomeError
+}
+
+// endedByWait reports whether ctx, which ended with cerr, was ended by
+// the facade's bound on r's wait rather than by the caller or Close. The
+// context's deadline is the earlier of the caller's and the bound, which
+// is at or after the wait's end: a deadline before the wait's end is the
+// caller's. (A caller's deadline within the bound's grace after the wait's
+// end counts as the wait's; TryLock calls that the caller's.)
+func endedByWait(ctx context.Context, r *distlock.Request, cerr error) bool {
+	if r.Wait <= 0 || !errors.Is(cerr, context.DeadlineExceeded) {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !dl.Before(r.Deadline)
 }
 
 // requestAttrs are the attributes of r known before the outcome.
