@@ -57,6 +57,7 @@ var apps = []struct {
 	{"zookeeper", []string{"", "/zookeeper"}, 0, 0},
 	{"sqldb (PostgreSQL and MySQL)", []string{"", "/sqldb"}, 0, 0},
 	{"metrics", []string{"", "/metrics"}, 0, 0},
+	{"tracing", []string{"", "/tracing"}, 0, 0},
 }
 
 const root = "github.com/distlock/distlock"
@@ -65,7 +66,7 @@ const root = "github.com/distlock/distlock"
 // stores' tests inject faults with it); the others (examples, safety,
 // bench) are never required by them and not packed.
 var published = []string{"", "/testsuite", "/internal/testserver", "/internal/redisscript",
-	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics"}
+	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics", "/tracing"}
 
 func main() {
 	verbose := flag.Bool("v", false, "print each application's build list")
