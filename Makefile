@@ -1,6 +1,7 @@
 # make test is the test command: what the README names and .ci/run calls.
 # It installs the servers the tests start (scripts/install-test-deps.sh),
-# checks that nothing a build makes is tracked and that every go.mod is
+# checks that nothing a build makes is tracked, that every Go file is
+# gofmt'ed and that every go.mod is
 # tidy, then vets and runs every test of every module with the race
 # detector, and checks what an application using one store gets in its
 # build list. Steps run in this order even under make -j.
@@ -15,11 +16,12 @@ GO ?= go
 # Every module of the workspace as a package pattern: /path/to/module/...
 MODULES = $(shell $(GO) list -m -f '{{.Dir}}/...')
 
-.PHONY: test deps check-tracked tidy tidy-check vet deps-table deps-check fuzz soak bench-check
+.PHONY: test deps check-tracked check-format tidy tidy-check vet deps-table deps-check fuzz soak bench-check
 
 test:
 	./scripts/install-test-deps.sh
 	./scripts/check-tracked.sh
+	./scripts/check-format.sh
 	./scripts/tidy.sh -check
 	$(GO) vet $(MODULES)
 	$(GO) vet scripts/deps.go
@@ -32,6 +34,9 @@ deps:
 
 check-tracked:
 	./scripts/check-tracked.sh
+
+check-format:
+	./scripts/check-format.sh
 
 # tidy runs go mod tidy in every module, against the local copies of the
 # others; tidy-check fails if that would change anything, or if the root
