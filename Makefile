@@ -1,10 +1,9 @@
 # make test is the test command: what the README names and .ci/run calls.
 # It installs the servers the tests start (scripts/install-test-deps.sh),
 # checks that nothing a build makes is tracked, that every Go file is
-# gofmt'ed and that every go.mod is
-# tidy, then vets and runs every test of every module with the race
-# detector, and checks what an application using one store gets in its
-# build list. Steps run in this order even under make -j.
+# gofmt'ed and that every go.mod is tidy, then vets and runs every test of
+# every module with the race detector, and checks what an application
+# using one store gets in its build list. Steps run in this order even under make -j.
 #
 # The repository is several modules tied by go.work (see "Modules" in the
 # README). ./... in the root does not reach the nested modules, so the
