@@ -44,8 +44,9 @@ func stalled(t *testing.T, zs *testserver.ZooKeeperServer) (resume func()) {
 // server frozen (SIGSTOP), a TryLock with a 300ms context and a 5s wait, a
 // TryLock with a 500ms wait, an Unlock with a 300ms context and a Close
 // bounded to 500ms each return at their bound, whatever the server does;
-// once it answers again, the abandoned attempts are never granted the
-// key and leave no znode, the lock Unlock could not release is released
+// once it answers again, the abandoned attempts, whose creates land then
+// (their keys were used before: the parent znode exists), are never
+// granted the key and leave no znode, the lock Unlock could not release is released
 // by the next Unlock, and the one Close gave up is gone.
 //
 // The session timeout is 10s, so go-zookeeper notices nothing during a
@@ -114,8 +115,22 @@ func TestStalledServer(t *testing.T) {
 		}
 	}
 
+	// warm takes key once and lets it go: its parent znode exists then,
+	// so a create sent during a stall lands once the server answers.
+	warm := func(t *testing.T, key string) {
+		t.Helper()
+		lk, err := other.TryLock(ctx, key, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	t.Run("TryLockContext", func(t *testing.T) {
 		key := uniqueKey(t)
+		warm(t, key)
 		resume := stalled(t, zs)
 		err := timed(t, "TryLock with a 300ms context and a 5s wait", 300*time.Millisecond, func() error {
 			cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -136,6 +151,7 @@ func TestStalledServer(t *testing.T) {
 
 	t.Run("TryLockWait", func(t *testing.T) {
 		key := uniqueKey(t)
+		warm(t, key)
 		resume := stalled(t, zs)
 		err := timed(t, "TryLock with a 500ms wait", 500*time.Millisecond, func() error {
 			lk, err := d.TryLock(ctx, key, 500*time.Millisecond)
