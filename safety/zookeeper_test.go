@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,6 +75,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("SilentPartition", func(t *testing.T) { testZKSilentPartition(t, tg) })
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
+	t.Run("StoreStalled", func(t *testing.T) { testZKStalled(t, tg, srv) })
 }
 
 func TestZooKeeperEnsemble(t *testing.T) {
@@ -161,4 +165,44 @@ func testZKSilentPartition(t *testing.T, tg target) {
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
 	}
+}
+
+// testZKStalled runs the stalled-store scenario against the server,
+// frozen by SIGSTOP, in two rounds with a 3s session: a stall of 1s, which
+// the connections ride (go-zookeeper's receive timeout is 2s), and one of
+// 2.5s, after which they reconnect (a create in flight then has no reply).
+func testZKStalled(t *testing.T, tg target, srv *testserver.ZooKeeperServer) {
+	b := tg.backend
+	b.SessionTimeout = 3 * time.Second
+	conn, events, err := zk.Connect(tg.backend.Addrs, 10*time.Second, zk.WithLogger(quietZK{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range events {
+		}
+	}()
+	t.Cleanup(conn.Close)
+	head := func(ctx context.Context, key string) (string, error) {
+		parent := zookeeper.DefaultRoot + "/" + key
+		children, _, err := conn.Children(parent)
+		if errors.Is(err, zk.ErrNoNode) || err == nil && len(children) == 0 {
+			return "", nil
+		} else if err != nil {
+			return "", err
+		}
+		first := slices.MinFunc(children, func(a, b string) int { return strings.Compare(a[len(a)-10:], b[len(b)-10:]) })
+		data, _, err := conn.Get(parent + "/" + first)
+		if errors.Is(err, zk.ErrNoNode) {
+			return "", nil
+		}
+		return string(data), err
+	}
+	testStalledStore(t, tg, b, []time.Duration{time.Second, 2500 * time.Millisecond}, func() func() {
+		srv.Pause()
+		var once sync.Once
+		resume := func() { once.Do(srv.Resume) }
+		t.Cleanup(resume)
+		return resume
+	}, head)
 }

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/go-zookeeper/zk"
@@ -13,7 +14,8 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	addrs := []string{testserver.ZooKeeper(t).Addr}
+	zs := testserver.ZooKeeper(t)
+	addrs := []string{zs.Addr}
 	admin := connect(t, addrs) // the operator's view
 	probe := New(admin)
 	testsuite.Run(t, testsuite.Harness{
@@ -41,6 +43,14 @@ func TestConformance(t *testing.T) {
 			return nil
 		},
 		MaxKeyLen: MaxKeyLen,
+		// The server frozen (SIGSTOP) answers nobody until SIGCONT.
+		Stall: func(t *testing.T) func() {
+			zs.Pause()
+			var once sync.Once
+			resume := func() { once.Do(zs.Resume) }
+			t.Cleanup(resume)
+			return resume
+		},
 		NewClosedResource: func(t *testing.T) backend.RemoteResource {
 			r, conn := newResource(t, addrs)
 			conn.Close()

@@ -8,6 +8,8 @@
 //
 // The caller owns conn: [Resource.Close] deletes the locks still held
 // through the resource and stops its goroutines, and never closes conn.
+// Close conn after the resource: deletions the server has not answered
+// go on until it answers or conn is closed.
 //
 // # The recipe
 //
@@ -25,7 +27,8 @@
 // context, then lists again. Because each waiter watches a different
 // znode, one release wakes exactly one waiter: no thundering herd, and
 // the queue is FIFO. A waiter that gives up (deadline, context, error)
-// deletes its own child, so nothing is left behind in the store. Its
+// deletes its own child, so nothing is left behind in the store (in the
+// background when its context has ended: see below). Its
 // watch stays armed until the predecessor changes (the protocol
 // go-zookeeper speaks cannot remove a watch); the next wait on the same
 // predecessor through the resource uses it instead of setting another,
@@ -43,6 +46,30 @@
 // create failed, the clean-up syncs before it lists. A deletion
 // that fails on a broken connection is retried in the background until
 // it succeeds or the session, and with it the ephemeral node, ends.
+//
+// # A server that does not answer
+//
+// go-zookeeper takes no context: a request returns when the server
+// answers or the client gives the connection up (its receive timeout is
+// 2/3 of the session timeout, and a frozen server can hold a
+// reconnection for ten times that). The resource sends every request from
+// a goroutine of its own and waits for it only until the call's context
+// ends, so Acquire, Release and Refresh return then, whatever the server
+// does; the request goes on and completes on its own.
+//
+// An Acquire cut short that way may leave a znode behind: a create sent
+// but not answered, or a znode whose deletion was not answered. It
+// returns a backend.AbandonedError, whose Cleanup the facade runs in the
+// background (Close waits for it within its bound), and deletes the
+// znode as soon as the server answers: once the create's reply comes, by
+// its path, or, if the reply was lost, by the guid in its name. The
+// deletion does not stop at Close, since a create may land after it;
+// it ends when nothing is left, or when the connection is closed (the
+// session, and its ephemeral znodes, end with it). An abandoned attempt
+// is never granted the lock: nothing can return its grant, and its znode
+// goes as soon as the server lets it. A Release cut short returns an
+// error wrapping the context's; its delete goes on, retried in the
+// background if it fails, and calling Release again sends another.
 //
 // # Session and TTL
 //
@@ -105,8 +132,9 @@
 // # Errors
 //
 // Acquire returns backend.ErrNotAcquired at its deadline, ctx.Err() when
-// the context ends, [ErrClosed] after Close, and go-zookeeper's errors
-// wrapped with the operation and key. Release and Refresh return
+// the context ends (in a backend.AbandonedError when a znode may be left
+// to delete), [ErrClosed] after Close, and go-zookeeper's errors wrapped
+// with the operation and key. Release and Refresh return
 // backend.ErrNotHeld when the znode is gone or the lock was reported
 // lost. Keys longer than [MaxKeyLen] bytes are rejected before any I/O
 // ([Resource.ValidateKey]).

@@ -129,8 +129,12 @@ type Resource struct {
 	held    map[string]*held // znode path -> lock held through this resource
 	polling bool
 	closed  bool
-	stop    chan struct{} // closed by Close: background work ends
-	wg      sync.WaitGroup
+	stop    chan struct{} // closed by Close: waits and the session watcher end
+	// wg counts the session watcher, which Close waits for. The
+	// goroutines that may wait for the server (requests, probes, jobs)
+	// are not counted: Close does not wait for a server that does not
+	// answer; they end when the client gives their request up.
+	wg sync.WaitGroup
 
 	// Watches set on predecessors and not fired yet, shared by the waits
 	// on the same predecessor: see watch.
@@ -257,6 +261,14 @@ func sequence(name string) (int64, bool) {
 // the deadline, ctx.Err() when ctx ends, [ErrClosed] after Close, and the
 // store's error wrapped with the key otherwise; in every failure its znode
 // is deleted (retried in the background while the connection is down).
+//
+// Acquire returns when ctx ends, whatever the server does: a request then
+// in flight is left to complete on its own. When its znode may exist (a
+// create sent, not answered; a znode whose deletion was not answered),
+// the error is a [backend.AbandonedError] wrapping ctx's error (or
+// ErrNotAcquired, at the deadline): the znode is deleted in the
+// background once the server answers, the create's reply first, and its
+// Cleanup waits for that. An abandoned attempt is never granted the lock.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if err := r.ValidateKey(l.Key); err != nil {
 		return err
@@ -283,10 +295,36 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 		err = r.track(l, path, token, sid, heard)
 	}
 	if err != nil {
-		r.remove(path)
-		return r.wrap("acquire", l.Key, err)
+		return r.wrap("acquire", l.Key, r.discard(ctx, cleanup{path: path}, err))
 	}
 	return nil
+}
+
+// discard deletes what a failed attempt left (c) and returns err once that
+// is done; when ctx ends first, it returns an AbandonedError carrying err,
+// whose Cleanup waits for the deletion, which goes on in the background.
+func (r *Resource) discard(ctx context.Context, c cleanup, err error) error {
+	j := r.later(c)
+	select {
+	case <-j.done:
+		return err
+	default:
+	}
+	select {
+	case <-j.done:
+		return err
+	case <-ctx.Done():
+		return r.abandoned(err, ctx, j)
+	}
+}
+
+// abandoned is the error of an attempt that left j to clean up after it
+// when ctx ended (err is why it failed: ctx's error, or ErrNotAcquired).
+func (r *Resource) abandoned(err error, ctx context.Context, j *job) error {
+	if !errors.Is(err, ctx.Err()) && !errors.Is(err, backend.ErrNotAcquired) {
+		err = errors.Join(err, ctx.Err())
+	}
+	return &backend.AbandonedError{Err: err, Cleanup: j.wait}
 }
 
 // wrap adds op and key to store errors; sentinels and context errors pass
@@ -301,25 +339,61 @@ func (r *Resource) wrap(op, key string, err error) error {
 
 // create makes our ephemeral sequential child of parent and returns its
 // path. The guid in its name finds it again when the reply was lost.
+//
+// When ctx ends with a create in flight, or after a create whose reply
+// was lost, the error is an AbandonedError: its job waits for the
+// create's reply and deletes what it made, or whatever carries the guid.
 func (r *Resource) create(ctx context.Context, parent, guid string, data []byte) (path string, err error) {
 	prefix := parent + "/" + guidPrefix + guid + lockInfix
+	byGUID := cleanup{parent: parent, guid: guid}
 	lostReply := false
 	defer func() {
-		if err != nil && lostReply {
+		var ab *backend.AbandonedError
+		if err != nil && lostReply && !errors.As(err, &ab) {
 			// A create whose reply was lost may still land after we
 			// looked: look once more, later.
-			r.later(cleanup{parent: parent, guid: guid})
+			j := r.later(byGUID)
+			if ctx.Err() != nil {
+				err = r.abandoned(err, ctx, j)
+			} else {
+				err = &backend.AbandonedError{Err: err, Cleanup: j.wait}
+			}
 		}
 	}()
 	for range 5 {
-		path, err = r.conn.Create(prefix, data, zk.FlagEphemeralSequential, r.cfg.acl)
+		if err = ctx.Err(); err != nil {
+			return "", err
+		}
+		pending := send(func() (string, error) {
+			return r.conn.Create(prefix, data, zk.FlagEphemeralSequential, r.cfg.acl)
+		})
+		var res result[string]
+		select {
+		case res = <-pending:
+		case <-ctx.Done():
+			// Abandoned in flight: the create may land whenever the
+			// server answers. Delete what it made then.
+			lost := lostReply
+			lostReply = false // the job below covers the guid too
+			return "", r.abandoned(ctx.Err(), ctx, r.later(cleanup{after: func() (cleanup, bool) {
+				res := <-pending
+				switch {
+				case res.err == nil && !lost:
+					return cleanup{path: res.v}, true
+				case res.err == nil, lost, ambiguous(res.err):
+					return byGUID, true
+				}
+				return cleanup{}, false
+			}}))
+		}
+		path, err = res.v, res.err
 		switch {
 		case err == nil:
 			return path, nil
 		case errors.Is(err, zk.ErrNoNode):
 			// The parent is missing, or the server removed the empty
 			// container between our calls: make it and retry.
-			if err = r.ensureParents(parent); err != nil {
+			if err = r.ensureParents(ctx, parent); err != nil {
 				return "", err
 			}
 		case ambiguous(err):
@@ -330,14 +404,14 @@ func (r *Resource) create(ctx context.Context, parent, guid string, data []byte)
 				return "", errors.Join(err, ferr)
 			}
 			if found != "" {
+				// Ours, from a create whose reply was lost; any other
+				// with the guid goes when wait lists the parent.
+				lostReply = false
 				return found, nil
 			}
 			// Not applied: create again under the same guid.
 		default:
 			return "", err
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			return "", cerr
 		}
 	}
 	return "", err
@@ -364,8 +438,13 @@ func (r *Resource) find(ctx context.Context, parent, guid string) (string, error
 	var err error
 	for i := range 5 {
 		var children []string
-		children, _, err = r.conn.Children(parent)
+		children, err = call(ctx, func() ([]string, error) {
+			cs, _, err := r.conn.Children(parent)
+			return cs, err
+		})
 		switch {
+		case ctx.Err() != nil:
+			return "", ctx.Err()
 		case err == nil:
 			for _, c := range children {
 				if strings.Contains(c, guid) {
@@ -386,8 +465,11 @@ func (r *Resource) find(ctx context.Context, parent, guid string) (string, error
 // ensureParents creates parent and the missing znodes above it: root and
 // parent as containers, which the server removes once they are empty, and
 // root's ancestors as persistent znodes.
-func (r *Resource) ensureParents(parent string) error {
-	err := r.createParent(parent, true)
+//
+// A parent create abandoned in flight (ctx ended) needs no undoing: an
+// empty container goes by itself, and root's ancestors are meant to stay.
+func (r *Resource) ensureParents(ctx context.Context, parent string) error {
+	err := r.createParent(ctx, parent, true)
 	if !errors.Is(err, zk.ErrNoNode) {
 		return err
 	}
@@ -396,18 +478,20 @@ func (r *Resource) ensureParents(parent string) error {
 			continue
 		}
 		p := parent[:i]
-		if err := r.createParent(p, len(p) >= len(r.cfg.root)); err != nil {
+		if err := r.createParent(ctx, p, len(p) >= len(r.cfg.root)); err != nil {
 			return err
 		}
 	}
-	return r.createParent(parent, true)
+	return r.createParent(ctx, parent, true)
 }
 
 // createParent creates one parent znode; an existing one is fine.
-func (r *Resource) createParent(path string, container bool) error {
+func (r *Resource) createParent(ctx context.Context, path string, container bool) error {
 	var err error
 	if container && !r.noContainers.Load() {
-		_, err = r.conn.CreateContainer(path, nil, zk.FlagContainer, r.cfg.acl)
+		_, err = call(ctx, func() (string, error) {
+			return r.conn.CreateContainer(path, nil, zk.FlagContainer, r.cfg.acl)
+		})
 		if err != nil && err.Error() == "unknown error: -6" { // ZUNIMPLEMENTED: server < 3.5
 			r.noContainers.Store(true)
 		} else if !errors.Is(err, zk.ErrNodeExists) {
@@ -416,7 +500,7 @@ func (r *Resource) createParent(path string, container bool) error {
 			return nil
 		}
 	}
-	_, err = r.conn.Create(path, nil, 0, r.cfg.acl)
+	_, err = call(ctx, func() (string, error) { return r.conn.Create(path, nil, 0, r.cfg.acl) })
 	if errors.Is(err, zk.ErrNodeExists) {
 		return nil
 	}
@@ -427,32 +511,35 @@ func (r *Resource) createParent(path string, container bool) error {
 // immediate predecessor in between. sid is the session read after the
 // create. It returns the fencing token, the session owning our node, and
 // when the listing that granted the lock was sent (the server had heard
-// from the session by then).
+// from the session by then). It returns ctx's error as soon as ctx ends,
+// leaving a request then in flight to complete on its own.
 func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, heard time.Time, err error) {
 	name := path[len(parent)+1:]
 	mySeq, ok := sequence(name)
 	if !ok {
 		return 0, 0, heard, fmt.Errorf("server gave %q no sequence number", path)
 	}
-	heard = time.Now()
-	children, pstat, err := r.conn.Children(parent)
-	owner = sid
-	var czxid int64
-	// stat reads our node's czxid and owner session, once.
-	stat := func() error {
-		if czxid != 0 {
-			return nil
-		}
+	type listing struct {
+		children []string
+		stat     *zk.Stat
+	}
+	list := func() (listing, error) {
+		cs, st, err := r.conn.Children(parent)
+		return listing{cs, st}, err
+	}
+	// stat reads our node's czxid and owner session.
+	stat := func() (*zk.Stat, error) {
 		exists, st, err := r.conn.Exists(path)
 		switch {
 		case err != nil:
-			return err
+			return nil, err
 		case !exists:
-			return errVanished
+			return nil, errVanished
 		}
-		czxid, owner = st.Czxid, st.EphemeralOwner
-		return nil
+		return st, nil
 	}
+	owner = sid
+	var czxid int64
 
 	var timer *time.Timer
 	defer func() {
@@ -461,19 +548,21 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 		}
 	}()
 	for {
+		heard = time.Now()
+		ls, err := call(ctx, list)
 		if err != nil {
 			return 0, 0, heard, err
 		}
 		pred, found := "", false
 		var predSeq int64 = -1
-		for _, c := range children {
+		for _, c := range ls.children {
 			if c == name {
 				found = true
 				continue
 			}
 			if strings.Contains(c, guid) {
 				// A create we retried after a lost reply landed twice.
-				r.remove(parent + "/" + c)
+				r.later(cleanup{path: parent + "/" + c})
 				continue
 			}
 			if s, ok := sequence(c); ok && s < mySeq && s > predSeq {
@@ -484,15 +573,19 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 			return 0, 0, heard, errVanished
 		}
 		if pred == "" {
-			if czxid == 0 && len(children) == 1 {
+			if czxid == 0 && len(ls.children) == 1 {
 				// We are alone: the parent's pzxid, the zxid of its last
 				// child change, is our token, with no round trip for our
 				// czxid. No later holder's token can be lower (see
 				// "Fencing token" in the package doc).
-				return pstat.Pzxid, owner, heard, nil
+				return ls.stat.Pzxid, owner, heard, nil
 			}
-			if err := stat(); err != nil {
-				return 0, 0, heard, err
+			if czxid == 0 {
+				st, err := call(ctx, stat)
+				if err != nil {
+					return 0, 0, heard, err
+				}
+				czxid, owner = st.Czxid, st.EphemeralOwner
 			}
 			return czxid, owner, heard, nil
 		}
@@ -501,16 +594,21 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 		}
 		// Read our czxid now, so that the handoff does not wait for it,
 		// pipelined with setting the watch.
-		var statDone chan error
+		var statDone <-chan result[*zk.Stat]
 		if czxid == 0 {
-			statDone = make(chan error, 1)
-			go func() { statDone <- stat() }()
+			statDone = send(stat)
 		}
 		// Watch the predecessor only: one release wakes one waiter.
-		ch, werr := r.watch(parent + "/" + pred)
+		ch, werr := r.watch(ctx, parent+"/"+pred)
 		if statDone != nil {
-			if err := <-statDone; err != nil {
-				return 0, 0, heard, err
+			select {
+			case res := <-statDone:
+				if res.err != nil {
+					return 0, 0, heard, res.err
+				}
+				czxid, owner = res.v.Czxid, res.v.EphemeralOwner
+			case <-ctx.Done():
+				return 0, 0, heard, ctx.Err()
 			}
 		}
 		switch {
@@ -537,8 +635,6 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 				return 0, 0, heard, ErrClosed
 			}
 		}
-		heard = time.Now()
-		children, pstat, err = r.conn.Children(parent)
 	}
 }
 
@@ -558,7 +654,10 @@ var errVanished = errors.New("our znode vanished while queued (session expired?)
 // leaves no watch behind when the znode is already gone. A session that
 // ends closes every watch channel (go-zookeeper invalidates them), so a
 // watch is never shared across sessions.
-func (r *Resource) watch(path string) (<-chan zk.Event, error) {
+//
+// The request that sets a watch is abandoned when ctx ends; when it
+// returns, its watch is kept for the next wait all the same.
+func (r *Resource) watch(ctx context.Context, path string) (<-chan zk.Event, error) {
 	r.wmu.Lock()
 	ch, ok := r.watches[path]
 	if ok && fired(ch) {
@@ -569,14 +668,22 @@ func (r *Resource) watch(path string) (<-chan zk.Event, error) {
 	if ok {
 		return ch, nil
 	}
-	_, _, ch, err := r.conn.GetW(path)
-	if err != nil {
-		return nil, err
-	}
+	return call(ctx, func() (<-chan zk.Event, error) {
+		_, _, ch, err := r.conn.GetW(path)
+		if err != nil {
+			return nil, err
+		}
+		r.keepWatch(path, ch)
+		return ch, nil
+	})
+}
+
+// keepWatch records the armed watch ch on path for the next waits.
+func (r *Resource) keepWatch(path string, ch <-chan zk.Event) {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if r.watches == nil { // closed
-		return ch, nil
+		return
 	}
 	if len(r.watches) >= r.pruneAt {
 		for p, c := range r.watches {
@@ -587,7 +694,6 @@ func (r *Resource) watch(path string) (<-chan zk.Event, error) {
 		r.pruneAt = max(64, 2*len(r.watches))
 	}
 	r.watches[path] = ch
-	return ch, nil
 }
 
 // fired reports whether a watch channel has delivered its event (it may
@@ -662,7 +768,7 @@ func (r *Resource) expire(h *held) {
 	}
 	r.forget(h)
 	close(h.lost)
-	r.remove(h.path)
+	r.later(cleanup{path: h.path})
 }
 
 // poll watches the connection while locks are held: a changed session id
@@ -688,7 +794,8 @@ func (r *Resource) poll() {
 		if d > 0 && state == zk.StateHasSession && (probing == nil || isClosedChan(probing)) &&
 			now.Sub(lastProbe) >= d/probeDivisor {
 			probing, lastProbe = make(chan struct{}), now
-			r.wg.Add(1) // poll's own count keeps the group open
+			// Not counted in r.wg: Close does not wait for a server
+			// that does not answer. It ends when the client gives up.
 			go r.probe(probing)
 		}
 		var lost []*held
@@ -728,7 +835,6 @@ func (r *Resource) poll() {
 // the server answers: any answer counts, the server heard from the
 // session (go-zookeeper's own pings are answered out of our sight).
 func (r *Resource) probe(done chan struct{}) {
-	defer r.wg.Done()
 	defer close(done)
 	sent := time.Now()
 	if _, _, err := r.conn.Exists(r.cfg.root); err == nil {
@@ -753,6 +859,10 @@ func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
 // ErrNotHeld when the znode is gone (released before, or its session
 // expired). Another store error is returned wrapped; the znode is then
 // deleted in the background as soon as the connection allows.
+//
+// Release returns when ctx ends, with an error wrapping ctx's: the delete
+// it sent goes on, and is retried in the background if it fails; calling
+// Release again sends another (ErrNotHeld once the first landed).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	path, err := r.handle("release", l)
 	if err != nil {
@@ -768,9 +878,19 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if h != nil && !h.finish() {
 		return backend.ErrNotHeld
 	}
-	// go-zookeeper takes no context: the delete is sent even when ctx has
-	// ended, because a release left undone would hold the lock for others.
-	err = r.conn.Delete(path, -1)
+	// The delete is sent even when ctx has ended, because a release left
+	// undone would hold the lock for others.
+	pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
+	select {
+	case res := <-pending:
+		err = res.err
+	case <-ctx.Done():
+		r.later(cleanup{after: func() (cleanup, bool) {
+			res := <-pending
+			return cleanup{path: path}, !gone(res.err)
+		}})
+		return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -784,7 +904,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 // Refresh checks that the lock's znode still exists under its session and
 // pushes its TTL deletion back by l.TTL. It returns [backend.ErrNotHeld]
 // when the znode is gone, the lock was reported lost or its TTL already
-// ran out; another store error wrapped (the TTL timer runs on then).
+// ran out; another store error wrapped (the TTL timer runs on then), and
+// ctx's error as soon as ctx ends (the read goes on unwatched).
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	path, err := r.handle("refresh", l)
 	if err != nil {
@@ -796,16 +917,19 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if h == nil {
 		return backend.ErrNotHeld
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	sent := time.Now()
-	exists, stat, err := r.conn.Exists(path)
+	stat, err := call(ctx, func() (*zk.Stat, error) {
+		exists, stat, err := r.conn.Exists(path)
+		if err == nil && !exists {
+			stat = nil
+		}
+		return stat, err
+	})
 	if err != nil {
 		return r.wrap("refresh", l.Key, err)
 	}
 	r.hear(sent)
-	if !exists || stat.EphemeralOwner != h.sid {
+	if stat == nil || stat.EphemeralOwner != h.sid {
 		if h.finish() {
 			r.forget(h)
 			close(h.lost)
@@ -822,10 +946,12 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 }
 
 // Close deletes the znodes of the locks still held through r (closing
-// their Lost channels), stops the session watcher and the background
-// deletions, and makes Acquire return [ErrClosed]. It does not close
-// the connection. Close is idempotent; it returns the deletion errors,
-// joined.
+// their Lost channels), stops the session watcher, and makes Acquire
+// return [ErrClosed]. It does not close the connection. It waits for the
+// deletions at most a second; those the server has not answered by
+// then go on in the background, as do the deletions of abandoned
+// attempts, until they are done or the connection is closed. Close is
+// idempotent; it returns an error naming the deletions not done.
 func (r *Resource) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -843,95 +969,49 @@ func (r *Resource) Close() error {
 	r.watches = nil // the watches fire or end with the connection
 	r.wmu.Unlock()
 
-	errs := make([]error, len(hs))
-	var wg sync.WaitGroup
-	for i, h := range hs {
+	close(r.stop)
+	type deletion struct {
+		path string
+		j    *job
+	}
+	var ds []deletion
+	for _, h := range hs {
 		if !h.finish() {
 			continue
 		}
 		close(h.lost)
-		wg.Go(func() {
-			if err := r.conn.Delete(h.path, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-				errs[i] = fmt.Errorf("zookeeper: close: delete %s: %w", h.path, err)
-			}
-		})
+		ds = append(ds, deletion{h.path, r.later(cleanup{path: h.path})})
 	}
-	wg.Wait()
-	close(r.stop)
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	var errs []error
+	expired := false
+	for _, d := range ds {
+		if !expired {
+			select {
+			case <-d.j.done:
+				continue
+			case <-t.C:
+				expired = true
+			}
+		}
+		select {
+		case <-d.j.done:
+		default:
+			errs = append(errs, fmt.Errorf("zookeeper: close: delete %s: not done within %v; it goes on in the background", d.path, closeWait))
+		}
+	}
 	r.wg.Wait()
 	return errors.Join(errs...)
 }
+
+// closeWait bounds how long [Resource.Close] waits for the server.
+const closeWait = time.Second
 
 func (r *Resource) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.closed
-}
-
-// cleanup is a znode to delete: by path, or by the guid in its name when
-// a create's reply was lost.
-type cleanup struct {
-	path         string
-	parent, guid string
-}
-
-// attempt makes one try; true when nothing is left to delete.
-func (r *Resource) attempt(c cleanup) bool {
-	if c.path != "" {
-		err := r.conn.Delete(c.path, -1)
-		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
-	}
-	// A sync first: an ensemble member that lags then lists every create
-	// of ours the leader accepted, one whose reply was lost included (the
-	// leader refuses the later ones: the session moved). In Acquire the
-	// create that succeeded orders the listing after the lost ones; here
-	// every create failed, and nothing else does.
-	if _, err := r.conn.Sync(c.parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return errors.Is(err, zk.ErrClosing)
-	}
-	children, _, err := r.conn.Children(c.parent)
-	switch {
-	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrClosing):
-		return true
-	case err != nil:
-		return false
-	}
-	ok := true
-	for _, name := range children {
-		if strings.Contains(name, c.guid) {
-			ok = r.attempt(cleanup{path: c.parent + "/" + name}) && ok
-		}
-	}
-	return ok
-}
-
-// remove deletes path now, or in the background when that fails.
-func (r *Resource) remove(path string) {
-	if !r.attempt(cleanup{path: path}) {
-		r.later(cleanup{path: path})
-	}
-}
-
-// later retries c in the background, backing off, until it is done or the
-// resource closes. An ephemeral znode cannot outlive its session, so this
-// ends at the latest when the session does (Delete then finds no node).
-func (r *Resource) later(c cleanup) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return
-	}
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		backoff := 50 * time.Millisecond
-		for !r.attempt(c) {
-			if sleep(context.Background(), r.stop, backoff) != nil {
-				return
-			}
-			backoff = min(2*backoff, 2*time.Second)
-		}
-	}()
 }
 
 // sleep waits d, or returns an error when ctx ends or stop closes first.

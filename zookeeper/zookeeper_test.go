@@ -163,8 +163,19 @@ func testCancelledWaitsLeaveNoChildren(t *testing.T, addrs []string) {
 	}
 	cancel()
 	for _, ch := range results {
-		if err := <-ch; !errors.Is(err, context.Canceled) {
+		err := <-ch
+		if !errors.Is(err, context.Canceled) {
 			t.Errorf("cancelled Acquire = %v; want context.Canceled", err)
+		}
+		// A cancelled Acquire returns at once; its znode is deleted in
+		// the background, which the error's Cleanup waits for.
+		var ab *backend.AbandonedError
+		if errors.As(err, &ab) {
+			cctx, ccancel := context.WithTimeout(t.Context(), 10*time.Second)
+			if err := ab.Cleanup(cctx); err != nil {
+				t.Errorf("Cleanup of a cancelled Acquire = %v; want nil", err)
+			}
+			ccancel()
 		}
 	}
 	if got := mustChildren(t, conn, r1, key); len(got) != 1 {

@@ -149,7 +149,8 @@ func (p *process) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// pause stops the server with SIGSTOP; resume continues it.
+// pause stops the server with SIGSTOP, and returns once every thread of
+// it and of the processes under it has stopped; resume continues it.
 func (p *process) pause() error {
 	if err := p.signal(syscall.SIGSTOP); err != nil {
 		return err
@@ -157,7 +158,43 @@ func (p *process) pause() error {
 	p.mu.Lock()
 	p.paused = true
 	p.mu.Unlock()
+	if root := p.pid(); root != 0 {
+		return waitStopped(p.name, append([]int{root}, descendants(root)...))
+	}
 	return nil
+}
+
+// waitStopped waits until every thread of pids is stopped. kill returns
+// once SIGSTOP is sent; each thread stops when it next leaves the kernel,
+// and on a loaded machine a server (a JVM's many threads) was seen
+// answering requests for milliseconds after that.
+func waitStopped(name string, pids []int) error {
+	deadline := time.Now().Add(stopTimeout)
+	for {
+		running := 0
+		for _, pid := range pids {
+			tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+			if err != nil {
+				continue // gone, or no /proc: nothing to wait for
+			}
+			for _, task := range tasks {
+				b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + task.Name() + "/stat")
+				if err != nil {
+					continue // the thread ended
+				}
+				if state, ok := statState(b); ok && !strings.ContainsRune("TtZX", rune(state)) {
+					running++
+				}
+			}
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d threads still running %v after SIGSTOP", name, running, stopTimeout)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
 }
 
 func (p *process) resume() error {
@@ -260,6 +297,16 @@ func descendants(root int) []int {
 	return out
 }
 
+// statState returns the state letter of a /proc/.../stat line: "pid
+// (comm) state ppid ...", where comm may hold spaces and parentheses.
+func statState(b []byte) (byte, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) || b[i+1] != ' ' {
+		return 0, false
+	}
+	return b[i+2], true
+}
+
 // alive reports whether pid exists and is not a zombie.
 func alive(pid int) bool {
 	state, _, ok := procStat(pid)
@@ -272,11 +319,11 @@ func procStat(pid int) (state byte, ppid int, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
+	state, ok = statState(b)
+	if !ok {
 		return 0, 0, false
 	}
+	i := bytes.LastIndexByte(b, ')')
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 2 || len(f[0]) != 1 {
 		return 0, 0, false
@@ -285,7 +332,7 @@ func procStat(pid int) (state byte, ppid int, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	return f[0][0], ppid, true
+	return state, ppid, true
 }
 
 // killAll kills the processes concurrently. It ends clusters at cleanup:

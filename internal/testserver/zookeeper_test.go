@@ -2,6 +2,8 @@ package testserver
 
 import (
 	"bytes"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,6 +32,40 @@ func TestZooKeeperCreateGet(t *testing.T) {
 	got, _, err := conn.Get("/smoke")
 	if err != nil || !bytes.Equal(got, []byte("hello")) {
 		t.Fatalf("Get(/smoke) = %q, %v; want hello", got, err)
+	}
+}
+
+// TestZooKeeperPauseStopsEveryThread: once Pause returns, no thread of
+// the JVM runs, and a request sent then is not answered until Resume.
+func TestZooKeeperPauseStopsEveryThread(t *testing.T) {
+	s := ZooKeeper(t)
+	conn := zkConnect(t, []string{s.Addr})
+	for range 5 {
+		s.Pause()
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(s.PID()) + "/task")
+		if err != nil {
+			t.Skipf("no /proc: %v", err)
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(s.PID()) + "/task/" + task.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			if state, ok := statState(b); ok && state != 'T' {
+				t.Errorf("thread %s of the paused server is in state %c", task.Name(), state)
+			}
+		}
+		answered := make(chan error, 1)
+		go func() { _, _, err := conn.Exists("/"); answered <- err }()
+		select {
+		case err := <-answered:
+			t.Fatalf("Exists answered (%v) while the server was paused", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		s.Resume()
+		if err := <-answered; err != nil {
+			t.Fatalf("Exists after Resume: %v", err)
+		}
 	}
 }
 
