@@ -414,9 +414,11 @@ func (p *blackholeProxy) blackhole() {
 
 // testAmbiguousAcquire loses the reply of an acquire that the server
 // executed and committed: it takes over an expired row. TryAcquire cannot
-// know, so it must delete its owner's row before returning the error. Were
-// the takeover not undone, the row would stay with the new owner; had the
-// statement not run, the old owner's expired row would stay.
+// know: it returns at its context's end with an AbandonedError, whose
+// Cleanup, once no reply has come a second past the statement's bound,
+// must delete its owner's row. Were the takeover not undone, the row
+// would stay with the new owner; had the statement not run, the old
+// owner's expired row would stay.
 func testAmbiguousAcquire(t *testing.T, pg *pgFixture) {
 	cfg, err := pgxpool.ParseConfig(pg.dsn)
 	if err != nil {
@@ -451,8 +453,14 @@ func testAmbiguousAcquire(t *testing.T, pg *pgFixture) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, _, err = r.TryAcquire(ctx, lb)
-	if err == nil || errors.Is(err, backend.ErrNotAcquired) {
-		t.Fatalf("TryAcquire with its reply lost = %v; want the store error", err)
+	var ab *backend.AbandonedError
+	if !errors.As(err, &ab) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with its reply lost = %v; want an AbandonedError wrapping ctx's error", err)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
 	}
 	wantRows(t, pg.fixture(), key)
 }
