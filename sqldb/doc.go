@@ -153,8 +153,7 @@
 // statement wrote it after all, or if no reply came by a second past the
 // statement's server-side bound (the connection is then dropped, best
 // effort: a server that answers nothing for that long may still be
-// holding the statement). The connection of an abandoned statement is
-// closed, not returned to the pool.
+// holding the statement).
 //
 // The server-side bound is the time left until the context's deadline, at
 // most 5s, counted from when the statement reached the server: past it an

@@ -264,7 +264,7 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 		stop()
 		f.finish(r, func(bool) {}) // database/sql settles the connection
 	}()
-	if r, ok := f.wait(ctx); ok {
+	if r, ok := f.wait(ctx, nil); ok {
 		return m.outcome(ctx, l, r, bound)
 	}
 	time.AfterFunc(time.Until(f.replyBy()), stop)

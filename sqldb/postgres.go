@@ -218,7 +218,8 @@ func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitC
 // connection is gone. A statement the bound stops while ctx lives fails
 // with an error wrapping [context.DeadlineExceeded]. A row taken as ctx
 // ended is deleted the same way, in Cleanup. The connection of an
-// abandoned statement is closed, not returned to the pool.
+// abandoned statement goes back to the pool once the server has
+// acknowledged the cancel request, and is closed if it did not.
 //
 // A statement whose connection fails (its outcome unknown) returns the
 // error as an AbandonedError too, whose Cleanup deletes l.Value's row;
@@ -246,21 +247,24 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	bound := statementBound(ctx)
 	pc := c.Conn().PgConn() // before the flight: c is the flight's from now on
 	f := newFlight[pgReply](bound)
+	// Once abandoned, the cancel request's result: the connection goes
+	// back to the pool only once the server acknowledged it (as pgx's
+	// own CancelRequestContextWatcherHandler waits before reuse), so that
+	// it cannot cancel a later statement on it.
+	var cancelled chan error
 	go func() {
 		r := p.acquireOn(context.WithoutCancel(ctx), c, l, bound)
 		f.finish(r, func(abandoned bool) {
-			if !abandoned {
+			if !abandoned || <-cancelled == nil {
 				c.Release()
 				return
 			}
-			// A cancel request may still reach it: no other
-			// statement runs on this connection.
 			cctx, cancel := context.WithTimeout(context.Background(), replyGrace)
 			_ = c.Hijack().Close(cctx)
 			cancel()
 		})
 	}()
-	if r, ok := f.wait(ctx); ok {
+	if r, ok := f.wait(ctx, func() { cancelled = make(chan error, 1) }); ok {
 		return p.outcome(ctx, l, r, bound)
 	}
 	// Abandoned: ask the server to cancel the statement, so that its reply
@@ -268,7 +272,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	go func() {
 		cctx, cancel := context.WithDeadline(context.Background(), f.replyBy())
 		defer cancel()
-		_ = pc.CancelRequest(cctx)
+		cancelled <- pc.CancelRequest(cctx)
 		select {
 		case <-f.done:
 		case <-cctx.Done():

@@ -50,7 +50,7 @@ func statementBound(ctx context.Context) time.Duration {
 // Who settles the statement's connection is decided once, in one place:
 // the first of the reply (finish) and the caller's giving up (wait)
 // wins. A replied flight's connection goes back to the pool; an abandoned
-// one's is closed, since a cancel request may still be on its way to it.
+// one's only once no cancel request can reach a later statement on it.
 type flight[T any] struct {
 	state atomic.Uint32
 	done  chan struct{} // closed once res is set and the connection settled
@@ -79,12 +79,17 @@ func (f *flight[T]) finish(res T, settle func(abandoned bool)) {
 
 // wait returns the reply, or ok == false once ctx has ended first: the
 // flight is then abandoned and its goroutine settles the connection when
-// the reply comes. A reply that lands as ctx ends wins.
-func (f *flight[T]) wait(ctx context.Context) (res T, ok bool) {
+// the reply comes. A reply that lands as ctx ends wins. prepare, if not
+// nil, runs before the flight may be abandoned: what it writes, settle
+// reads when told the flight was abandoned.
+func (f *flight[T]) wait(ctx context.Context, prepare func()) (res T, ok bool) {
 	select {
 	case <-f.done:
 		return f.res, true
 	case <-ctx.Done():
+	}
+	if prepare != nil {
+		prepare()
 	}
 	if f.state.CompareAndSwap(flying, abandoned) {
 		return res, false

@@ -219,15 +219,19 @@ func TestFlightRace(t *testing.T) {
 		f := newFlight[int](time.Second)
 		var settles atomic.Int32
 		var settledAbandoned atomic.Bool
+		var prepared chan int // written by prepare, read by an abandoned settle (the race detector checks the order)
 		go func() {
 			time.Sleep(replyIn)
 			f.finish(i, func(abandoned bool) {
 				settles.Add(1)
 				settledAbandoned.Store(abandoned)
+				if abandoned && prepared == nil {
+					t.Errorf("trial %d: settled as abandoned before prepare ran", i)
+				}
 			})
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), cancelIn)
-		res, ok := f.wait(ctx)
+		res, ok := f.wait(ctx, func() { prepared = make(chan int) })
 		cancel()
 		if ok {
 			took++
