@@ -20,6 +20,8 @@ import (
 
 // sqlStall is what the stalled-table scenario needs of a SQL database.
 type sqlStall struct {
+	// how names the lock, for the report.
+	how string
 	// lock has another session lock table until resume.
 	lock func(t testing.TB, table string) (resume func())
 	// running counts the acquire statements on table the server runs.
@@ -40,6 +42,7 @@ func pgStall(t testing.TB, dsn string) sqlStall {
 	}
 	t.Cleanup(admin.Close)
 	return sqlStall{
+		how: "LOCK TABLE in a transaction",
 		lock: func(t testing.TB, table string) func() {
 			ctx := context.Background()
 			tx, err := admin.Begin(ctx)
@@ -103,6 +106,7 @@ func mariaCounterKey(key string) string {
 // LAST_INSERT_ID).
 func mariaStall(t testing.TB, db *sql.DB) sqlStall {
 	return sqlStall{
+		how: "LOCK TABLES ... WRITE",
 		lock: func(t testing.TB, table string) func() {
 			ctx := context.Background()
 			c, err := db.Conn(ctx)
@@ -310,9 +314,9 @@ func testStalledTable(t *testing.T, tg target, st sqlStall) {
 		notes = append(notes, fmt.Sprintf("%s worst %v", f.what, f.worst.Round(time.Millisecond)))
 	}
 	out := &harness.Result{
-		Backend: tg.name, Fault: "lock table locked by another session (LOCK TABLE / LOCK TABLES ... WRITE), 3 calls per round",
+		Backend: tg.name, Fault: "lock table locked by another session (" + st.how + ")",
 		Acquisitions: acquisitions, Orphans: orphaned, LossLatency: -1, Recovery: recovery,
-		Notes: fmt.Sprintf("%d rounds; %s; abandoned statements ended on the server within %v of the second TryLock's return; %d late grants; recovery from the unlock",
+		Notes: fmt.Sprintf("%d rounds of 3 calls; %s; abandoned statements ended on the server within %v of the second TryLock's return; %d late grants; recovery from the unlock",
 			rounds, strings.Join(notes, ", "), ended.Round(time.Millisecond), late),
 	}
 	out.Log(t)
