@@ -28,6 +28,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
+	t.Run("LateStatementWritesNothing", func(t *testing.T) { testLateStatement(t, pg) })
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
 	t.Run("TableSpellingsTokenOrder", func(t *testing.T) { testSpellingsTokenOrder(t, pg) })
