@@ -38,6 +38,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 	t.Run("TableSpellings", func(t *testing.T) { testPGTableSpellings(t, tg, srv) })
+	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, tg, pgStall(t, srv.DSN)) })
 }
 
 func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
@@ -81,6 +82,14 @@ func TestMariaDB(t *testing.T) {
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
 	t.Run("ServerKillRestart", func(t *testing.T) { testSQLServerKill(t, tg, srv) })
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
+	t.Run("StalledTable", func(t *testing.T) {
+		db, err := sql.Open("mysql", srv.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		testStalledTable(t, tg, mariaStall(t, db))
+	})
 }
 
 func mariaTarget(t testing.TB, srv *testserver.MariaDBServer) target {

@@ -28,6 +28,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
+	t.Run("LateStatementWritesNothing", func(t *testing.T) { testLateStatement(t, pg) })
 	t.Run("ConcurrentSetup", func(t *testing.T) { testConcurrentSetup(t, pgNewRes(pg)) })
 	t.Run("LeastPrivilege", func(t *testing.T) { testPostgresLeastPrivilege(t, pg) })
 	t.Run("TableSpellingsTokenOrder", func(t *testing.T) { testSpellingsTokenOrder(t, pg) })
@@ -65,6 +66,8 @@ func harness(f fixture) testsuite.Harness {
 		RejectsInvalidUTF8: f.unit == unitChars,
 		// A pool or *sql.DB the application closed under the resource.
 		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },
+		// Another session locks the lock table, as a migration would.
+		Stall: f.stallHarness,
 	}
 }
 
@@ -81,14 +84,18 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("ConcurrencyManyKeys", func(t *testing.T) { testConcurrencyManyKeys(t, f.newResource) })
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
 	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
+	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, f) })
 }
 
 // testCancelWhileRunning cancels an acquire whose statement is waiting on
 // the server (on a lock an admin session holds) and only then lets the
-// statement go on: it inserts the row and commits. A clean-up that did
-// not wait for the statement would find nothing and leave that row behind
-// (the safety suite's CancelStorm found it by chance; here it is staged).
-// TryAcquire must report ctx's error and leave no row.
+// statement go on. TryAcquire must return at once, abandoning the
+// statement with an AbandonedError wrapping ctx's error; its Cleanup must
+// wait for the statement's reply, whatever it was (PostgreSQL cancels the
+// statement; on MariaDB it inserts the row and commits), and leave no
+// row. A clean-up that did not wait for the statement would find nothing
+// and leave the row behind (the safety suite's CancelStorm found it by
+// chance; here it is staged).
 func testCancelWhileRunning(t *testing.T, f fixture) {
 	r := f.newResource(t)
 	key := testsuite.Key(t)
@@ -113,28 +120,124 @@ func testCancelWhileRunning(t *testing.T, f fixture) {
 	}()
 	eventually(t, 10*time.Second, "the acquire statement waits on the server", waiting)
 	cancel()
-	// TryAcquire must not return while its statement is pending: it could
-	// not know the outcome. A correct one stays blocked whatever the
-	// window; the window only bounds how long a wrong one has to show it.
 	var res result
 	select {
 	case res = <-done:
-		t.Errorf("TryAcquire returned (%v, %v) while its statement was still waiting on the server", res.ok, res.err)
-		release()
-		released = true
-	case <-time.After(100 * time.Millisecond):
-		release()
-		released = true
-		res = <-done
+	case <-time.After(10 * time.Second):
+		t.Fatalf("TryAcquire did not return within 10s of its context's end")
 	}
-	if res.ok || !errors.Is(res.err, context.Canceled) {
-		t.Errorf("TryAcquire cancelled mid-statement = %v, %v; want false and ctx's error", res.ok, res.err)
+	var ab *backend.AbandonedError
+	if res.ok || !errors.Is(res.err, context.Canceled) || !errors.As(res.err, &ab) || ab.Cleanup == nil {
+		t.Fatalf("TryAcquire cancelled mid-statement = %v, %v; want false and an AbandonedError wrapping ctx's error", res.ok, res.err)
+	}
+	release()
+	released = true
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
 	}
 	eventually(t, 10*time.Second, "the acquire statement has finished", func() (bool, error) {
 		w, err := waiting()
 		return !w, err
 	})
 	wantRows(t, f, key)
+}
+
+// stallSlack is how far past its bound a call may return in
+// testStalledTable: far below the seconds of issue 26, and room for a
+// loaded 2-core machine under the race detector. (The figures are
+// logged; the fault suite measures them.)
+const stallSlack = time.Second
+
+// testStalledTable replays issue 26's table against the real server:
+// another session locks the lock table (a migration, say); TryLock with
+// a 300ms context and a 5s wait, TryLock with a 500ms wait, and Unlock
+// with a 300ms context must each return within its bound, with the
+// errors the facade promises; once the abandoned statements have ended
+// on the server (PostgreSQL cancels them, MariaDB cuts them at their
+// bound) the table is unlocked, and no abandoned attempt may have written
+// a row, then or later (a trigger records every write), nor left one.
+func testStalledTable(t *testing.T, f fixture) {
+	table := fmt.Sprintf("stall_%d", time.Now().UnixNano()%1e9)
+	r := f.newResourceWith(t, WithTable(table))
+	d, err := distlock.New(r, distlock.WithDefaultTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := testsuite.Key(t)
+	kHeld, kCtx, kWait := key+"-held", key+"-ctx", key+"-wait"
+	held, err := d.TryLock(ctx, kHeld, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commits := f.audit(t, table, kCtx, kWait)
+	resume := f.lockTable(t, table)
+
+	timed := func(what string, bound time.Duration, fn func() error) (time.Duration, error) {
+		t.Helper()
+		start := time.Now()
+		err := fn()
+		el := time.Since(start)
+		if el > bound+stallSlack {
+			t.Errorf("%s returned after %v; its bound was %v", what, el, bound)
+		}
+		return el, err
+	}
+	elCtx, err := timed("TryLock with a 300ms context and a 5s wait", 300*time.Millisecond, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := d.TryLock(cctx, kCtx, 5*time.Second)
+		return err
+	})
+	if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("TryLock with a 300ms context = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
+	}
+	elWait, err := timed("TryLock with a 500ms wait", 500*time.Millisecond, func() error {
+		_, err := d.TryLock(ctx, kWait, 500*time.Millisecond)
+		return err
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNotAcquired) {
+		t.Errorf("TryLock with a 500ms wait = %v; want a store error wrapping context.DeadlineExceeded, not ErrNotAcquired", err)
+	}
+	elUnlock, err := timed("Unlock with a 300ms context", 300*time.Millisecond, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		return held.Unlock(cctx)
+	})
+	if err == nil {
+		t.Errorf("Unlock on a locked table = nil; want an error")
+	}
+	// The abandoned statements end on the server while the table is still
+	// locked; then the store answers again.
+	eventually(t, 10*time.Second, "no acquire statement runs on the server", func() (bool, error) {
+		n, err := f.acquiresWaiting(ctx, table)
+		return n == 0, err
+	})
+	resume()
+	if err := held.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
+		t.Errorf("Unlock once the table is unlocked = %v; want nil or ErrNotHeld", err)
+	}
+	start := time.Now()
+	if err := d.Close(); err != nil { // waits for the clean-ups
+		t.Errorf("Close once the table is unlocked = %v", err)
+	}
+	elClose := time.Since(start)
+	late, err := commits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late != 0 {
+		t.Errorf("%d acquire statements of the abandoned attempts committed after their TryLock returned; want 0", late)
+	}
+	for _, k := range []string{kHeld, kCtx, kWait} {
+		if left, err := f.rowsIn(ctx, table, k); err != nil || len(left) > 0 {
+			t.Errorf("rows of %q once the clean-ups ran: %q, %v; want none", k, left, err)
+		}
+	}
+	t.Logf("%s, table locked: TryLock(300ms ctx, 5s wait) %v; TryLock(500ms wait) %v; Unlock(300ms ctx) %v; after the unlock: Close %v, abandoned attempts' writes %d",
+		f.name, elCtx.Round(time.Millisecond), elWait.Round(time.Millisecond), elUnlock.Round(time.Millisecond), elClose.Round(time.Millisecond), late)
 }
 
 func newLease(t *testing.T, key string, ttl time.Duration) *backend.Lease {

@@ -134,17 +134,55 @@
 // work. Any other
 // database error is returned wrapped with the operation and key.
 //
-// An acquire whose context ends while its statement is in flight does not
-// abandon the statement: the drivers would drop the connection while the
-// server went on to commit, and a clean-up sent over another connection
-// could run first and find nothing. It waits for the reply instead (at
-// most 5s past the context's end); if the statement took the key after
-// all, the row is deleted again and TryAcquire returns the context's
-// error. Only when no reply comes (a broken connection, a lost reply)
-// is the outcome unknown: the backend then deletes the row it may have
-// written (key and owner) before returning the error, best effort, since
-// that delete can overtake a statement the server has yet to finish; such
-// a row expires with its TTL.
+// # A stalled database
+//
+// Every call returns when its context ends, whatever the database does
+// (a table locked by a migration, a frozen server, a lost reply): the
+// facade bounds every acquire attempt by the caller's context and wait.
+// Release and Refresh run their statements under the caller's context:
+// the drivers drop the connection when it ends, and a statement left
+// running on the server deletes or extends only the caller's own row.
+//
+// An acquire statement runs in a goroutine of its own. When the context
+// ends before its reply, TryAcquire returns a backend.AbandonedError at
+// once, and the statement runs on: dropping it would not stop the server,
+// which could commit the row after a clean-up sent over another
+// connection had found nothing. Its Cleanup (the facade runs it in the
+// background; Close waits for it within its bound) waits for the
+// statement's reply, then deletes the row by key and owner if the
+// statement wrote it after all, or if no reply came by a second past the
+// statement's server-side bound (the connection is then dropped, best
+// effort: a server that answers nothing for that long may still be
+// holding the statement).
+//
+// The server-side bound is the time left until the context's deadline, at
+// most 5s, counted from when the statement reached the server: past it an
+// acquire writes nothing, so an abandoned attempt takes no key once the
+// database answers again. A statement stopped so while its context lives
+// (the table was locked for over 5s) fails with a store error wrapping
+// context.DeadlineExceeded.
+//
+//   - PostgreSQL: the statement compares clock_timestamp() with the start
+//     of its transaction, after every lock it waited for; past the bound
+//     its token is null and the insert fails its NOT NULL constraint (the
+//     statement is rolled back), and a conflicting row is left as it was.
+//     The statement still waits for the table's lock, so an abandoned one
+//     is also cancelled at once with a cancel request (pgconn's
+//     CancelRequest, over a new connection to the same server): its reply
+//     comes within milliseconds and the clean-up is over.
+//   - MariaDB: SET STATEMENT max_statement_time, which interrupts the
+//     statement wherever it waits and rolls it back (ER_STATEMENT_TIMEOUT).
+//     The bound is a constant of the prepared statement, so the acquire is
+//     prepared with bounds of 250ms, 500ms, 1s, 2s and 5s, and an attempt
+//     takes the shortest not below its time left: an abandoned statement
+//     runs on until that bound, and should the table be unlocked meanwhile
+//     it takes the key, until its clean-up deletes the row on its reply. (A
+//     trigger on the lock table cannot be used to watch this: MariaDB loses
+//     the acquire's LAST_INSERT_ID when a trigger runs a statement.)
+//   - MySQL has no per-statement time limit for an INSERT (its optimizer
+//     hints cover SELECT): the acquire runs unbounded, and an abandoned
+//     statement that the server runs more than 6s later may leave a row
+//     that expires with its TTL.
 //
 // # Wake-up
 //

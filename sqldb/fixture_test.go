@@ -3,8 +3,10 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +52,51 @@ type fixture struct {
 	// an admin session holds, until release; waiting polls whether one
 	// is waiting there now.
 	stall func(t testing.TB, key string) (waiting func() (bool, error), release func())
+
+	// newResourceWith returns a resource made with opts over its own
+	// pool or *sql.DB.
+	newResourceWith func(t testing.TB, opts ...Option) resource
+	// lockTable has another session lock table (PostgreSQL: LOCK TABLE
+	// in a transaction; MariaDB: LOCK TABLES ... WRITE) until resume,
+	// which t's cleanup calls too; a second call does nothing.
+	lockTable func(t testing.TB, table string) (resume func())
+	// acquiresWaiting counts the acquire statements on table that the
+	// server is running now.
+	acquiresWaiting func(ctx context.Context, table string) (int, error)
+	// audit starts counting the acquire statements on keys of table
+	// that commit, and returns the count so far. PostgreSQL: a trigger
+	// records every lock row written. MariaDB: the keys' fencing
+	// counters, which every acquire statement that commits bumps once
+	// (a trigger with a statement in it would lose the acquire's
+	// LAST_INSERT_ID); counters shared with other keys count theirs too.
+	audit func(t testing.TB, table string, keys ...string) (commits func(ctx context.Context) (int, error))
+	// rowsIn is rows for table.
+	rowsIn func(ctx context.Context, table, key string) ([]string, error)
+}
+
+// stallHarness is the Harness.Stall of the conformance suite: another
+// session locks the lock table.
+func (f fixture) stallHarness(t *testing.T) (resume func()) { return f.lockTable(t, DefaultTable) }
+
+// once makes fn safe to call twice and registers it with t's cleanup.
+func once(t testing.TB, fn func()) func() {
+	var o sync.Once
+	do := func() { o.Do(fn) }
+	t.Cleanup(do)
+	return do
+}
+
+// scanOwners lists "row owned by o" for each o the scan yields.
+func scanOwners(next func() bool, scan func(...any) error, rowsErr func() error) ([]string, error) {
+	var out []string
+	for next() {
+		var o string
+		if err := scan(&o); err != nil {
+			return nil, err
+		}
+		out = append(out, "row owned by "+o)
+	}
+	return out, rowsErr()
 }
 
 // pgFixture is a PostgreSQL database for one top-level test.
@@ -193,6 +240,56 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND obji
 				}
 			}
 		},
+		newResourceWith: func(t testing.TB, opts ...Option) resource {
+			return f.resource(t, f.pool(t, nil), opts...)
+		},
+		lockTable: func(t testing.TB, table string) func() {
+			ctx := context.Background()
+			tx, err := f.admin.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `LOCK TABLE `+table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+				tx.Rollback(ctx)
+				t.Fatalf("LOCK TABLE %s: %v", table, err)
+			}
+			return once(t, func() {
+				if err := tx.Rollback(ctx); err != nil {
+					t.Errorf("unlock table %s: %v", table, err)
+				}
+			})
+		},
+		acquiresWaiting: func(ctx context.Context, table string) (int, error) {
+			var n int
+			err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE 'INSERT INTO "public".' || quote_ident($1) || '%'`, table).Scan(&n)
+			return n, err
+		},
+		audit: func(t testing.TB, table string, keys ...string) func(ctx context.Context) (int, error) {
+			ctx := context.Background()
+			if _, err := f.admin.Exec(ctx, `CREATE TABLE audit_`+table+` (lock_key text NOT NULL);
+CREATE FUNCTION audit_`+table+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO audit_`+table+` VALUES (NEW.lock_key);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER audit AFTER INSERT OR UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION audit_`+table+`()`); err != nil {
+				t.Fatalf("audit %s: %v", table, err)
+			}
+			return func(ctx context.Context) (int, error) {
+				var n int
+				err := f.admin.QueryRow(ctx, `SELECT count(*) FROM audit_`+table+` WHERE lock_key = ANY($1)`, keys).Scan(&n)
+				return n, err
+			}
+		},
+		rowsIn: func(ctx context.Context, table, key string) ([]string, error) {
+			rows, err := f.admin.Query(ctx, `SELECT owner FROM `+table+` WHERE lock_key = $1`, key)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			return scanOwners(rows.Next, rows.Scan, rows.Err)
+		},
 	}
 }
 
@@ -331,7 +428,7 @@ ON DUPLICATE KEY UPDATE token = token`, counterKey(key)); err != nil {
 			// (Not INNODB_TRX: polled often, it is never refreshed.)
 			waiting := func() (bool, error) {
 				var n int
-				err := f.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `distlock_locks`%'").Scan(&n)
+				err := f.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `distlock_locks`%' OR INFO LIKE 'SET STATEMENT %INSERT INTO `distlock_locks`%'").Scan(&n)
 				return n > 0, err
 			}
 			return waiting, func() {
@@ -339,6 +436,70 @@ ON DUPLICATE KEY UPDATE token = token`, counterKey(key)); err != nil {
 					t.Errorf("unlock the counter row: %v", err)
 				}
 			}
+		},
+		newResourceWith: func(t testing.TB, opts ...Option) resource {
+			return f.resource(t, f.db(t, nil), opts...)
+		},
+		lockTable: func(t testing.TB, table string) func() {
+			ctx := context.Background()
+			c, err := f.admin.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.ExecContext(ctx, "LOCK TABLES `"+table+"` WRITE"); err != nil {
+				c.Close()
+				t.Fatalf("LOCK TABLES %s WRITE: %v", table, err)
+			}
+			return once(t, func() {
+				defer c.Close()
+				if _, err := c.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+					t.Errorf("UNLOCK TABLES: %v", err)
+				}
+			})
+		},
+		acquiresWaiting: func(ctx context.Context, table string) (int, error) {
+			var n int
+			err := f.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND (INFO LIKE CONCAT('INSERT INTO `', ?, '`%') OR INFO LIKE CONCAT('SET STATEMENT %INSERT INTO `', ?, '`%'))", table, table).Scan(&n)
+			return n, err
+		},
+		audit: func(t testing.TB, table string, keys ...string) func(ctx context.Context) (int, error) {
+			counters := func(ctx context.Context) (map[string]uint64, error) {
+				m := map[string]uint64{}
+				for _, k := range keys {
+					var tok uint64
+					err := f.admin.QueryRowContext(ctx, "SELECT token FROM `"+table+"` WHERE lock_key = ?", counterKey(k)).Scan(&tok)
+					if err != nil && !errors.Is(err, sql.ErrNoRows) {
+						return nil, err
+					}
+					m[counterKey(k)] = tok
+				}
+				return m, nil
+			}
+			before, err := counters(context.Background())
+			if err != nil {
+				t.Fatalf("audit %s: %v", table, err)
+			}
+			return func(ctx context.Context) (int, error) {
+				after, err := counters(ctx)
+				n := 0
+				for c, tok := range after {
+					switch {
+					case before[c] == 0 && tok != 0:
+						n++ // created by an acquire (at the server's time, not a count)
+					case tok > before[c]:
+						n += int(tok - before[c])
+					}
+				}
+				return n, err
+			}
+		},
+		rowsIn: func(ctx context.Context, table, key string) ([]string, error) {
+			rows, err := f.admin.QueryContext(ctx, "SELECT owner FROM `"+table+"` WHERE lock_key = ?", key)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			return scanOwners(rows.Next, rows.Scan, rows.Err)
 		},
 	}
 }

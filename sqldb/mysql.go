@@ -54,7 +54,17 @@ type MySQL struct {
 	table string
 
 	acq, rel, relAny, ref *sql.Stmt
+	// acqBounded[i] is acq cut by the server (max_statement_time) at
+	// boundRungs[i]; all nil on servers without SET STATEMENT (MySQL).
+	acqBounded [len(boundRungs)]*sql.Stmt
 }
+
+// boundRungs are the server-side bounds the acquire statement is prepared
+// with on MariaDB. Its bound is a constant of its text, so an attempt
+// takes the shortest rung not below the time left until its context's
+// deadline (see maxStatementTime): a handful of prepared statements
+// instead of one per deadline.
+var boundRungs = [...]time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, maxStatementTime}
 
 // NewMySQL returns a lock backend over db, creating the lock table and its
 // fencing counter row if absent. Any DSN works (parseTime is not needed:
@@ -104,7 +114,7 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 	// session's time zone. The client reads the outcome from the OK
 	// packet's insert id: no second round trip.
 	isCounter := `LEFT(lock_key, ` + strconv.Itoa(len(counterPrefix)) + `) = X'` + hex.EncodeToString([]byte(counterPrefix)) + `'`
-	m.acq = prep(`INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
+	acqSQL := `INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
   (?, '', LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))), '9999-12-31 23:59:59'),
   (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
@@ -114,7 +124,23 @@ ON DUPLICATE KEY UPDATE
              token + 0 * LAST_INSERT_ID(9223372036854775808 | TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)),
              LAST_INSERT_ID())),
   expires_at = IF(` + isCounter + ` OR expires_at > UTC_TIMESTAMP(6), expires_at,
-                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`)
+                  UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
+	m.acq = prep(acqSQL)
+	// MariaDB's SET STATEMENT bounds one statement on the server: past
+	// max_statement_time it is interrupted wherever it waits (the table's
+	// metadata lock, a row lock) and rolled back. MySQL has no such
+	// syntax; there the acquire runs unbounded (see TryAcquire).
+	for i, b := range boundRungs {
+		if err != nil {
+			break
+		}
+		st, perr := db.PrepareContext(ctx, `SET STATEMENT max_statement_time=`+strconv.FormatFloat(b.Seconds(), 'f', -1, 64)+` FOR `+acqSQL)
+		var me *mysql.MySQLError
+		if i == 0 && errors.As(perr, &me) && me.Number == 1064 { // ER_PARSE_ERROR: not MariaDB
+			break
+		}
+		m.acqBounded[i], err = st, perr
+	}
 	m.rel = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
 	m.relAny = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ?`)
 	m.ref = prep(`UPDATE ` + q + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
@@ -188,44 +214,124 @@ func (m *MySQL) validate(l *backend.Lease) error {
 
 // TryAcquire makes one attempt to take l.Key for l.TTL by the database's
 // clock, in one statement. On success it sets l.Token from the key's
-// counter row (one of 1024 in the table, chosen by a hash of the key). When a live owner holds the key it returns acquired ==
-// false, a nil error and the holder's remaining time as holderTTL. A
-// deadlock or lock wait timeout (errors 1213, 1205) is also reported as
-// acquired == false with a nil error: it is contention, and the facade's
-// spin loop retries.
+// counter row (one of 1024 in the table, chosen by a hash of the key).
+// When a live owner holds the key it returns acquired == false, a nil
+// error and the holder's remaining time as holderTTL. A deadlock or lock
+// wait timeout (errors 1213, 1205) is also reported as acquired == false
+// with a nil error: it is contention, and the facade's spin loop retries.
 //
-// The statement is not abandoned when ctx ends: it runs on until its reply
-// comes (at most 5s more), and if it took the key after all, TryAcquire
-// deletes the row again and returns ctx's error. When the outcome stays
-// unknown (the connection failed, or no reply came within those 5s) it
-// deletes l.Value's row, if any, before returning the error; that delete
-// may come too early for a statement the server has yet to finish. (With
-// SetMaxOpenConns, a wait for a free connection also runs on past ctx's
-// end: database/sql has no way to prepare once per connection and pick the
-// connection first.) An owner value over 255 bytes is an error, without
-// I/O.
+// It returns when ctx ends, whatever the database does: a statement then
+// in flight (the table locked by another session, say) is abandoned with
+// a [backend.AbandonedError], whose Cleanup waits for the statement's
+// reply and deletes l.Value's row if the statement wrote it after all, or
+// if no reply came (the connection is dropped a second past the
+// statement's server-side bound). On MariaDB the server cuts the
+// statement (max_statement_time) at the time left until ctx's deadline,
+// rounded up to 250ms, 500ms, 1s or 2s, and at most 5s: past it the
+// statement writes nothing, so an abandoned attempt takes no key later.
+// A statement cut so while ctx lives fails with an error wrapping
+// [context.DeadlineExceeded]. MySQL, which has no per-statement time
+// limit for an INSERT, runs it unbounded: there an abandoned statement
+// that the server runs later than that second may write a row that
+// nobody deletes before its TTL. A row taken as ctx ended is deleted in
+// Cleanup too. A statement whose connection fails (its outcome unknown)
+// returns the error as an AbandonedError whose Cleanup deletes l.Value's
+// row; when ctx cannot end, TryAcquire deletes it itself before
+// returning. (With SetMaxOpenConns, a wait for a free connection runs in
+// the abandoned statement's goroutine past ctx's end: database/sql has no
+// way to prepare once per connection and pick the connection first. The
+// statement may then be sent after ctx ended; Cleanup still waits for
+// its reply.) An owner value over 255 bytes is an error, without I/O.
 func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if err := m.validate(l); err != nil {
 		return false, 0, err
 	}
 	ttl := micros(l.TTL)
-	sctx, stop := statementContext(ctx)
-	res, err := m.acq.ExecContext(sctx, counterKey(l.Key), l.Key, l.Value, ttl, l.Value, ttl)
-	stop()
-	var id int64
-	if err == nil {
-		id, err = res.LastInsertId()
+	args := []any{counterKey(l.Key), l.Key, l.Value, ttl, l.Value, ttl}
+	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
+		return m.outcome(ctx, l, m.acquireWith(ctx, m.acq, args), 0)
 	}
-	if err != nil {
-		if myContention(err) {
-			return false, 0, nil
-		}
-		if myAmbiguous(err) {
-			err = m.undo(ctx, l, err)
-		}
+	if err := ctx.Err(); err != nil {
 		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, err)
 	}
-	u := uint64(id)
+	st, bound := m.acquireStmt(statementBound(ctx))
+	// The driver drops the connection when sctx ends: only if no reply
+	// came by replyBy after the caller gave up.
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	f := newFlight[myReply](bound)
+	go func() {
+		r := m.acquireWith(sctx, st, args)
+		stop()
+		f.finish(r, func(bool) {}) // database/sql settles the connection
+	}()
+	if r, ok := f.wait(ctx, nil); ok {
+		return m.outcome(ctx, l, r, bound)
+	}
+	time.AfterFunc(time.Until(f.replyBy()), stop)
+	return false, 0, &backend.AbandonedError{
+		Err: fmt.Errorf("sqldb: mysql: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
+		Cleanup: func(ctx context.Context) error {
+			r, err := f.await(ctx)
+			if err != nil {
+				return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
+			}
+			if r.err == nil && (r.id == 0 || uint64(r.id)&contendedBit != 0) || r.err != nil && !myAmbiguous(r.err) {
+				return nil // it wrote nothing
+			}
+			return m.cleanup(ctx, l)
+		},
+	}
+}
+
+// acquireStmt returns the acquire statement bounded on the server by the
+// shortest rung not below bound, and that rung; the unbounded one and 0
+// on MySQL.
+func (m *MySQL) acquireStmt(bound time.Duration) (*sql.Stmt, time.Duration) {
+	if m.acqBounded[0] == nil {
+		return m.acq, 0
+	}
+	for i, b := range boundRungs {
+		if b >= bound {
+			return m.acqBounded[i], b
+		}
+	}
+	return m.acqBounded[len(boundRungs)-1], boundRungs[len(boundRungs)-1]
+}
+
+// myReply is an acquire statement's reply: LAST_INSERT_ID() or an error.
+type myReply struct {
+	id  int64
+	err error
+}
+
+func (m *MySQL) acquireWith(ctx context.Context, st *sql.Stmt, args []any) (r myReply) {
+	res, err := st.ExecContext(ctx, args...)
+	if err == nil {
+		r.id, err = res.LastInsertId()
+	}
+	r.err = err
+	return r
+}
+
+// outcome turns an acquire statement's reply into TryAcquire's result.
+func (m *MySQL) outcome(ctx context.Context, l *backend.Lease, r myReply, bound time.Duration) (bool, time.Duration, error) {
+	switch {
+	case r.err == nil:
+	case myContention(r.err):
+		return false, 0, nil
+	case myLate(r.err):
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, lateError(bound, r.err))
+	case !myAmbiguous(r.err):
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, r.err)
+	case ctx.Done() == nil:
+		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, m.undo(ctx, l, r.err))
+	default:
+		return false, 0, &backend.AbandonedError{
+			Err:     fmt.Errorf("sqldb: mysql: acquire %q: outcome unknown: %w", l.Key, r.err),
+			Cleanup: func(ctx context.Context) error { return m.cleanup(ctx, l) },
+		}
+	}
+	u := uint64(r.id)
 	if u&contendedBit != 0 {
 		return false, time.Duration(u&^contendedBit) * time.Microsecond, nil
 	}
@@ -233,16 +339,30 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: the statement returned no token (is the driver passing LAST_INSERT_ID through?)", l.Key)
 	}
 	if err := ctx.Err(); err != nil {
-		// The caller gave up before the reply came: undo, in order
-		// after the statement, which has committed.
-		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, m.undo(ctx, l, err))
+		// The caller gave up before the reply came: the row goes again.
+		return false, 0, &backend.AbandonedError{
+			Err:     fmt.Errorf("sqldb: mysql: acquire %q: taken after the caller gave up: %w", l.Key, err),
+			Cleanup: func(ctx context.Context) error { return m.cleanup(ctx, l) },
+		}
 	}
 	l.Token = u
 	return true, 0, nil
 }
 
-// undo deletes l.Value's row of l.Key, live or expired, after a failed or
-// abandoned acquire, and returns err joined with the delete's error.
+// cleanup deletes l.Value's row of l.Key, live or expired, for an
+// AbandonedError's Cleanup; nil when there was none.
+func (m *MySQL) cleanup(ctx context.Context, l *backend.Lease) error {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, err := m.exec(cctx, m.relAny, l.Key, l.Value); err != nil {
+		return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
+	}
+	return nil
+}
+
+// undo deletes l.Value's row of l.Key, live or expired, after an acquire
+// whose outcome is unknown, and returns err joined with the delete's
+// error.
 func (m *MySQL) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
@@ -309,7 +429,7 @@ func (m *MySQL) exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, err
 // Close closes the prepared statements. It does not close db.
 func (m *MySQL) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{m.acq, m.rel, m.relAny, m.ref} {
+	for _, st := range append([]*sql.Stmt{m.acq, m.rel, m.relAny, m.ref}, m.acqBounded[:]...) {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
@@ -322,6 +442,13 @@ func (m *MySQL) Close() error {
 func myContention(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+}
+
+// myLate reports whether err is MariaDB's max_statement_time cutting an
+// acquire statement (ER_STATEMENT_TIMEOUT): nothing was written.
+func myLate(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1969
 }
 
 // myAmbiguous reports whether a failed statement may have committed: the

@@ -83,11 +83,25 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	// came and went: a smaller token for a later holder. The lock sits in
 	// its own key space (the two-int4 form, the first int4 the table's
 	// oid, the same however the table was named) and is never held
-	// across statements. CASE evaluates WHEN before THEN, so the lock
-	// comes first (pg_advisory_xact_lock returns void, which is not null).
+	// across statements. CASE evaluates its WHENs in order and each
+	// before its THEN, so the lock comes first (pg_advisory_xact_lock
+	// returns void, which is not null).
+	//
+	// $4 bounds the statement on the server (0: no bound; see
+	// maxStatementTime): it writes only if it gets there within $4
+	// microseconds of its transaction's start, which is when the
+	// statement reached the server, whatever it waited for since (the
+	// table's lock, taken when the statement is bound; the advisory
+	// lock; a row lock). Past it the token is null: a new row fails its
+	// NOT NULL constraint (SQLSTATE 23502 on token) and the statement
+	// writes nothing; a conflicting row is neither taken over nor marked
+	// (the WHERE below). So an abandoned acquire that the server runs
+	// late, its connection long gone, takes no key.
+	inTime := `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * interval '1 microsecond')`
 	p.sqlAcq = `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
 VALUES ($1::text, $2::text,
-  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(id.class())) + `, hashtext($1::text)) IS NOT NULL
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(id.class())) + `, hashtext($1::text)) IS NULL THEN NULL
+    WHEN ` + inTime + `
     THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
   now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (lock_key) DO UPDATE
@@ -95,7 +109,7 @@ SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owne
     token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
     waited     = l.expires_at > now(),
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
-WHERE l.expires_at <= now() OR NOT l.waited
+WHERE (l.expires_at <= now() OR NOT l.waited) AND ` + inTime + `
 RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`
 	// The common release: our row, live, and no contender marked it
 	// waited. It returns no row and calls no function, which costs the
@@ -192,53 +206,155 @@ func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitC
 // time as holderTTL (and marks the row so that its release notifies);
 // later ones get 0.
 //
-// The statement is not abandoned when ctx ends: it runs on until its reply
-// comes (at most 5s more), and if it took the key after all, TryAcquire
-// deletes the row again and returns ctx's error. When the outcome stays
-// unknown (the connection failed, or no reply came within those 5s) it
-// deletes l.Value's row, if any, over another connection before returning
-// the error; that delete may come too early for a statement the server
-// has yet to finish.
+// It returns when ctx ends, whatever the database does: a statement
+// then in flight (the table locked by another session, say) is
+// abandoned with a [backend.AbandonedError]. TryAcquire sends a cancel
+// request for it, and its Cleanup waits for the statement's reply and
+// deletes l.Value's row if the statement wrote it after all, or if no
+// reply came (the connection is dropped a second past the statement's
+// server-side bound). That bound is the time left until ctx's deadline,
+// at most 5s: past it the statement writes nothing, so an abandoned
+// attempt takes no key later, even if the server runs it after the
+// connection is gone. A statement the bound stops while ctx lives fails
+// with an error wrapping [context.DeadlineExceeded]. A row taken as ctx
+// ended is deleted the same way, in Cleanup. The connection of an
+// abandoned statement goes back to the pool once the server has
+// acknowledged the cancel request, and is closed if it did not.
+//
+// A statement whose connection fails (its outcome unknown) returns the
+// error as an AbandonedError too, whose Cleanup deletes l.Value's row;
+// when ctx cannot end, TryAcquire deletes it itself before returning.
 func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return false, 0, err
 	}
 	// Waiting for a connection sends nothing: ctx may end it, no trace.
 	c, err := p.pool.Acquire(ctx)
+	if err == nil {
+		err = ctx.Err()
+		if err != nil {
+			c.Release()
+		}
+	}
 	if err != nil {
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
-	var (
-		ours        bool
-		token, left int64
-	)
-	sctx, stop := statementContext(ctx)
-	err = c.QueryRow(sctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL)).Scan(&ours, &token, &left)
-	stop()
-	c.Release() // before any clean-up: the pool may have this one connection only
-	switch {
-	case err == nil && ours && ctx.Err() != nil:
-		// The caller gave up before the reply came: undo, in order
-		// after the statement, which has committed.
-		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, p.undo(ctx, l, ctx.Err()))
-	case err == nil && ours:
-		l.Token = uint64(token)
-		return true, 0, nil
-	case err == nil:
-		return false, max(0, time.Duration(left)*time.Microsecond), nil
-	case errors.Is(err, pgx.ErrNoRows):
-		return false, 0, nil
-	case pgContention(err):
-		return false, 0, nil
+	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
+		r := p.acquireOn(ctx, c, l, 0)
+		c.Release()
+		return p.outcome(ctx, l, r, 0)
 	}
-	if pgAmbiguous(err) {
-		err = p.undo(ctx, l, err)
+	bound := statementBound(ctx)
+	pc := c.Conn().PgConn() // before the flight: c is the flight's from now on
+	f := newFlight[pgReply](bound)
+	// Once abandoned, the cancel request's result: the connection goes
+	// back to the pool only once the server acknowledged it (as pgx's
+	// own CancelRequestContextWatcherHandler waits before reuse), so that
+	// it cannot cancel a later statement on it.
+	var cancelled chan error
+	go func() {
+		r := p.acquireOn(context.WithoutCancel(ctx), c, l, bound)
+		f.finish(r, func(abandoned bool) {
+			if !abandoned || <-cancelled == nil {
+				c.Release()
+				return
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), replyGrace)
+			_ = c.Hijack().Close(cctx)
+			cancel()
+		})
+	}()
+	if r, ok := f.wait(ctx, func() { cancelled = make(chan error, 1) }); ok {
+		return p.outcome(ctx, l, r, bound)
 	}
-	return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
+	// Abandoned: ask the server to cancel the statement, so that its reply
+	// comes at once; drop the connection if none has come by replyBy.
+	go func() {
+		cctx, cancel := context.WithDeadline(context.Background(), f.replyBy())
+		defer cancel()
+		cancelled <- pc.CancelRequest(cctx)
+		select {
+		case <-f.done:
+		case <-cctx.Done():
+			_ = pc.Conn().SetDeadline(time.Now())
+		}
+	}()
+	return false, 0, &backend.AbandonedError{
+		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
+		Cleanup: func(ctx context.Context) error {
+			r, err := f.await(ctx)
+			if err != nil {
+				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
+			}
+			if r.err == nil && !r.ours || r.err != nil && !pgAmbiguous(r.err) {
+				return nil // it wrote nothing
+			}
+			return p.cleanup(ctx, l)
+		},
+	}
 }
 
-// undo deletes l.Value's row of l.Key, live or expired, after a failed or
-// abandoned acquire, and returns err joined with the delete's error.
+// pgReply is an acquire statement's reply.
+type pgReply struct {
+	ours        bool
+	token, left int64
+	err         error
+}
+
+// acquireOn runs the acquire statement on c, bounded on the server by
+// bound (0: unbounded).
+func (p *Postgres) acquireOn(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, bound time.Duration) (r pgReply) {
+	var b int64
+	if bound > 0 {
+		b = micros(bound)
+	}
+	r.err = c.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL), b).Scan(&r.ours, &r.token, &r.left)
+	return r
+}
+
+// outcome turns an acquire statement's reply into TryAcquire's result.
+func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bound time.Duration) (bool, time.Duration, error) {
+	switch {
+	case r.err == nil && r.ours && ctx.Err() != nil:
+		// The caller gave up before the reply came: the row goes again.
+		return false, 0, &backend.AbandonedError{
+			Err:     fmt.Errorf("sqldb: postgres: acquire %q: taken after the caller gave up: %w", l.Key, ctx.Err()),
+			Cleanup: func(ctx context.Context) error { return p.cleanup(ctx, l) },
+		}
+	case r.err == nil && r.ours:
+		l.Token = uint64(r.token)
+		return true, 0, nil
+	case r.err == nil:
+		return false, max(0, time.Duration(r.left)*time.Microsecond), nil
+	case errors.Is(r.err, pgx.ErrNoRows), pgContention(r.err):
+		return false, 0, nil
+	case pgLate(r.err):
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, lateError(bound, r.err))
+	case !pgAmbiguous(r.err):
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, r.err)
+	case ctx.Done() == nil:
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, p.undo(ctx, l, r.err))
+	}
+	return false, 0, &backend.AbandonedError{
+		Err:     fmt.Errorf("sqldb: postgres: acquire %q: outcome unknown: %w", l.Key, r.err),
+		Cleanup: func(ctx context.Context) error { return p.cleanup(ctx, l) },
+	}
+}
+
+// cleanup deletes l.Value's row of l.Key, live or expired, for an
+// AbandonedError's Cleanup; nil when there was none.
+func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	if _, err := p.release(cctx, l); err != nil {
+		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
+	}
+	return nil
+}
+
+// undo deletes l.Value's row of l.Key, live or expired, after an acquire
+// whose outcome is unknown, and returns err joined with the delete's
+// error.
 func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
@@ -341,6 +457,13 @@ func pgContention(err error) bool {
 		return true
 	}
 	return false
+}
+
+// pgLate reports whether err is an acquire statement's guard refusing to
+// write past its server-side bound: the null token's NOT NULL violation.
+func pgLate(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23502" && pe.ColumnName == "token"
 }
 
 // pgAmbiguous reports whether a statement that failed with err may have

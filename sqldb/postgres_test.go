@@ -414,9 +414,11 @@ func (p *blackholeProxy) blackhole() {
 
 // testAmbiguousAcquire loses the reply of an acquire that the server
 // executed and committed: it takes over an expired row. TryAcquire cannot
-// know, so it must delete its owner's row before returning the error. Were
-// the takeover not undone, the row would stay with the new owner; had the
-// statement not run, the old owner's expired row would stay.
+// know: it returns at its context's end with an AbandonedError, whose
+// Cleanup, once no reply has come a second past the statement's bound,
+// must delete its owner's row. Were the takeover not undone, the row
+// would stay with the new owner; had the statement not run, the old
+// owner's expired row would stay.
 func testAmbiguousAcquire(t *testing.T, pg *pgFixture) {
 	cfg, err := pgxpool.ParseConfig(pg.dsn)
 	if err != nil {
@@ -451,8 +453,73 @@ func testAmbiguousAcquire(t *testing.T, pg *pgFixture) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, _, err = r.TryAcquire(ctx, lb)
-	if err == nil || errors.Is(err, backend.ErrNotAcquired) {
-		t.Fatalf("TryAcquire with its reply lost = %v; want the store error", err)
+	var ab *backend.AbandonedError
+	if !errors.As(err, &ab) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with its reply lost = %v; want an AbandonedError wrapping ctx's error", err)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
 	}
 	wantRows(t, pg.fixture(), key)
+}
+
+// testLateStatement runs the acquire statement with a server-side bound
+// already past when it gets to write (1µs): on a free key, on an expired
+// row and on a live holder's row it must write nothing, and say so with
+// the error TryAcquire maps to a store error wrapping
+// context.DeadlineExceeded (or no row at all: nothing to take).
+func testLateStatement(t *testing.T, pg *pgFixture) {
+	f := pg.fixture()
+	p := pg.resource(t, pg.pool(t, nil))
+	other := pg.resource(t, pg.pool(t, nil))
+	run := func(l *backend.Lease) pgReply {
+		c, err := p.pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		// pg_sleep is not needed: a 1µs bound has passed by the time the
+		// statement gets past its advisory lock.
+		return p.acquireOn(t.Context(), c, l, time.Microsecond)
+	}
+	free := newLease(t, testsuite.Key(t), time.Minute)
+	if r := run(free); !pgLate(r.err) {
+		t.Errorf("late acquire of a free key = %+v; want the NOT NULL violation on token", r)
+	}
+	if _, _, err := p.outcome(t.Context(), free, run(free), time.Microsecond); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, backend.ErrNotAcquired) {
+		t.Errorf("TryAcquire's error for a late statement = %v; want one wrapping context.DeadlineExceeded", err)
+	}
+	wantRows(t, f, free.Key)
+
+	expired := newLease(t, testsuite.Key(t), 50*time.Millisecond)
+	mustAcquire(t, other, expired)
+	waitExpired(t, f, expired.Key)
+	late := newLease(t, expired.Key, time.Minute)
+	if r := run(late); r.err == nil && r.ours {
+		t.Errorf("late acquire took an expired row over: %+v", r)
+	}
+	wantRows(t, f, expired.Key, expired.Value)
+
+	held := newLease(t, testsuite.Key(t), time.Minute)
+	mustAcquire(t, other, held)
+	if r := run(newLease(t, held.Key, time.Minute)); r.err == nil && r.ours {
+		t.Errorf("late acquire took a live row: %+v", r)
+	}
+	wantRows(t, f, held.Key, held.Value)
+	if err := other.Release(t.Context(), held); err != nil {
+		t.Fatal(err)
+	}
+	// The same statement with time to spare takes the key.
+	l := newLease(t, held.Key, time.Minute)
+	c, err := p.pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.acquireOn(t.Context(), c, l, time.Minute)
+	c.Release()
+	if r.err != nil || !r.ours {
+		t.Errorf("acquire with a 1min bound = %+v; want the key", r)
+	}
 }

@@ -2,10 +2,14 @@ package sqldb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,22 +205,114 @@ func TestRetryConflicts(t *testing.T) {
 	}
 }
 
-func TestStatementContext(t *testing.T) {
-	if ctx := context.Background(); func() context.Context { s, stop := statementContext(ctx); stop(); return s }() != ctx {
-		t.Errorf("statementContext(Background) is a new context; want Background itself")
+// TestFlightRace races a statement's reply against its caller's context
+// at random moments, many times: exactly one of them wins, the
+// connection is settled once and as the winner says (back to the pool
+// only when the caller took the reply), and an abandoned flight's reply
+// still reaches its clean-up.
+func TestFlightRace(t *testing.T) {
+	rng := rand.New(rand.NewPCG(26, 26))
+	var took, gaveUp int
+	for i := range 2000 {
+		replyIn := time.Duration(rng.IntN(200)) * time.Microsecond
+		cancelIn := time.Duration(rng.IntN(200)) * time.Microsecond
+		f := newFlight[int](time.Second)
+		var settles atomic.Int32
+		var settledAbandoned atomic.Bool
+		var prepared chan int // written by prepare, read by an abandoned settle (the race detector checks the order)
+		go func() {
+			time.Sleep(replyIn)
+			f.finish(i, func(abandoned bool) {
+				settles.Add(1)
+				settledAbandoned.Store(abandoned)
+				if abandoned && prepared == nil {
+					t.Errorf("trial %d: settled as abandoned before prepare ran", i)
+				}
+			})
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), cancelIn)
+		res, ok := f.wait(ctx, func() { prepared = make(chan int) })
+		cancel()
+		if ok {
+			took++
+			if res != i {
+				t.Fatalf("trial %d: wait returned reply %d", i, res)
+			}
+			// The reply is taken only once its connection is settled.
+			if settles.Load() != 1 || settledAbandoned.Load() {
+				t.Fatalf("trial %d: reply taken with %d settles (abandoned %v); want 1, false", i, settles.Load(), settledAbandoned.Load())
+			}
+			continue
+		}
+		gaveUp++
+		actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res, err := f.await(actx)
+		acancel()
+		if err != nil || res != i {
+			t.Fatalf("trial %d: the clean-up got %d, %v; want reply %d", i, res, err, i)
+		}
+		if settles.Load() != 1 || !settledAbandoned.Load() {
+			t.Fatalf("trial %d: abandoned flight settled %d times (abandoned %v); want once, true", i, settles.Load(), settledAbandoned.Load())
+		}
 	}
-	type key struct{}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
-	sctx, stop := statementContext(ctx)
+	if took == 0 || gaveUp == 0 {
+		t.Errorf("replies taken %d, flights abandoned %d: the race was not run both ways", took, gaveUp)
+	}
+	// A clean-up whose context ends first says so.
+	f := newFlight[int](0)
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if sctx.Value(key{}) != "v" {
-		t.Errorf("the statement's context lost ctx's values")
+	if _, err := f.await(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("await with an ended context = %v; want context.Canceled", err)
 	}
-	if err := sctx.Err(); err != nil {
-		t.Errorf("the statement's context ended with ctx (%v); want it to outlive ctx", err)
+	if got, want := f.replyBy().Sub(f.sent), maxStatementTime+replyGrace; got != want {
+		t.Errorf("unbounded flight's reply awaited %v after it was sent; want %v", got, want)
 	}
-	stop()
-	if sctx.Err() == nil {
-		t.Errorf("the statement's context outlived stop")
+}
+
+func TestStatementBound(t *testing.T) {
+	if got := statementBound(context.Background()); got != maxStatementTime {
+		t.Errorf("statementBound without a deadline = %v; want %v", got, maxStatementTime)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if got := statementBound(ctx); got <= 0 || got > 300*time.Millisecond {
+		t.Errorf("statementBound 300ms before the deadline = %v; want within (0, 300ms]", got)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	if got := statementBound(ctx); got != maxStatementTime {
+		t.Errorf("statementBound an hour before the deadline = %v; want %v", got, maxStatementTime)
+	}
+	ctx, cancel = context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if got := statementBound(ctx); got != time.Microsecond {
+		t.Errorf("statementBound past the deadline = %v; want 1µs", got)
+	}
+}
+
+func TestAcquireStmtRungs(t *testing.T) {
+	m := &MySQL{acq: new(sql.Stmt)}
+	if st, b := m.acquireStmt(time.Second); st != m.acq || b != 0 {
+		t.Errorf("without bounded statements: got %p, %v; want the plain one, 0", st, b)
+	}
+	for i := range m.acqBounded {
+		m.acqBounded[i] = new(sql.Stmt)
+	}
+	for _, tt := range []struct{ bound, want time.Duration }{
+		{time.Microsecond, 250 * time.Millisecond},
+		{250 * time.Millisecond, 250 * time.Millisecond},
+		{300 * time.Millisecond, 500 * time.Millisecond},
+		{1500 * time.Millisecond, 2 * time.Second},
+		{maxStatementTime, maxStatementTime},
+		{time.Hour, maxStatementTime},
+	} {
+		st, b := m.acquireStmt(tt.bound)
+		if b != tt.want {
+			t.Errorf("acquireStmt(%v) rung %v; want %v", tt.bound, b, tt.want)
+		}
+		if i := slices.Index(boundRungs[:], b); i < 0 || st != m.acqBounded[i] {
+			t.Errorf("acquireStmt(%v) returned a statement not of rung %v", tt.bound, b)
+		}
 	}
 }
