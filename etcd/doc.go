@@ -93,10 +93,12 @@
 // Resource, like one concurrency.Session (locks that distlock renews,
 // distlock.WithAutoRenew, always do, option or not: they live while the
 // process renews them either way): an uncontended acquire is then one
-// transaction and a release one delete, as with concurrency.Mutex, instead
-// of a grant and a transaction, then a compare-and-delete and a revoke
-// (about 2.5 times faster, measured by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
-// process, which deletes a lock not refreshed in time; the shared lease
+// transaction and a release one compare-and-delete, as with
+// concurrency.Mutex, instead of a grant and a transaction, then a
+// compare-and-delete and a revoke (about 2.5 times faster, measured by
+// BenchmarkCycleVsMutex). Every delete of a queue key compares its create
+// revision: a name given back may already hold a later acquisition's key.
+// The lock's TTL is then kept by a timer in the process, which deletes a lock not refreshed in time; the shared lease
 // lives TTL plus a third of it (at least a second) and is renewed every
 // half of that third, so a lock taken on it is valid for its full TTL, and
 // a lock whose process died stays up to that longer. backend.Lease.Lost is

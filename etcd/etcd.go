@@ -67,6 +67,10 @@ type Resource struct {
 	// concurrency.Mutex does, instead of the one after; only benchmarks
 	// set it, to show what that costs.
 	watchAtRead bool
+	// hook, set only by tests before any use, is called at the named
+	// points, so that a test can force an interleaving that timers and
+	// the scheduler give only now and then.
+	hook func(point string)
 }
 
 var (
@@ -177,7 +181,8 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
 	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
-	rev     int64  // its create revision: the token
+	rev     int64  // its create revision: the token; 0 until known
+	value   string // the owner value it holds
 	lease   clientv3.LeaseID
 	lockKey string
 	slot    int
