@@ -55,9 +55,12 @@ type Resource struct {
 	prefix string
 	shared bool
 
-	mu       sync.Mutex
-	closed   bool
-	sessions map[int64]*session // shared leases by lock TTL in seconds
+	mu        sync.Mutex
+	closed    bool
+	sessions  map[int64]*session            // shared leases by lock TTL in seconds
+	retries   map[uint64]context.CancelFunc // clean-ups retried in the background
+	nextRetry uint64
+	bg        sync.WaitGroup // the retries' goroutines
 
 	id      string // names this Resource's queue keys, with a slot
 	names   names
@@ -118,7 +121,7 @@ func WithSharedLease() Option {
 // whose every call returns an error.
 func New(c *clientv3.Client, opts ...Option) *Resource {
 	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
-		id: fmt.Sprintf("%016x", rand.Uint64())}
+		retries: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64())}
 	if c != nil {
 		r.leases = clientv3.RetryLeaseClient(c)
 	}
@@ -253,7 +256,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	id, ttl, err := r.grant(ctx, l.TTL)
 	if err != nil {
 		if id != 0 { // the grant may have happened
-			r.revoke(ctx, id)
+			r.revokeSoon(ctx, id, nil)
 		}
 		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 	}
@@ -261,8 +264,8 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	h := r.newHandle(l.Key, pfx)
 	h.lease = id
 	defer func() {
-		if err != nil && r.revoke(ctx, id) {
-			r.free(h)
+		if err != nil {
+			r.revokeSoon(ctx, id, func() { r.free(h) })
 		}
 	}()
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
@@ -327,14 +330,20 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 	return clientv3.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
-// revoke ends a lease and its keys, best effort: a lease we fail to revoke
-// still expires with its TTL. It reports whether the lease is known gone.
+// revoke ends a lease and its keys, once, detached from ctx: see
+// revokeSoon for the retries. It reports whether the lease is known gone.
 func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
 	if r.clientClosed() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	return r.revokeNow(ctx, id)
+}
+
+// revokeNow revokes a lease within ctx. It reports whether the lease is
+// known gone.
+func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 	_, err := r.c.Revoke(ctx, id)
 	return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 }
@@ -545,8 +554,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	}
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
-	// its TTL; one we fail to revoke still expires, and holds nothing.
-	r.revoke(ctx, h.lease)
+	// its TTL.
+	r.revokeSoon(ctx, h.lease, nil)
 	if !resp.Succeeded {
 		return backend.ErrNotHeld
 	}
@@ -583,7 +592,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	}
 	if !exists { // deleted behind our back: the lease alone holds nothing
 		r.free(h)
-		r.revoke(ctx, h.lease)
+		r.revokeSoon(ctx, h.lease, nil)
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -598,10 +607,10 @@ func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
 	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == h.rev, nil
 }
 
-// Close stops the Resource: it ends the goroutines it runs and revokes its
-// shared leases, which releases the locks held on them. It leaves the
-// client open, and locks on leases of their own as they are. Acquire fails
-// after Close.
+// Close stops the Resource: it ends the goroutines it runs (the retries
+// of failed clean-ups among them) and revokes its shared leases, which
+// releases the locks held on them. It leaves the client open, and locks on
+// leases of their own as they are. Acquire fails after Close.
 func (r *Resource) Close() error {
 	if r == nil {
 		return nil
@@ -611,6 +620,7 @@ func (r *Resource) Close() error {
 	sessions := r.sessions
 	r.sessions = make(map[int64]*session)
 	r.mu.Unlock()
+	r.stopRetries()
 	var errs []error
 	for _, s := range sessions {
 		if err := s.close(); err != nil {

@@ -3,8 +3,15 @@ package etcd
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
@@ -78,4 +85,137 @@ func TestLateReleaseSparesNextHolder(t *testing.T) {
 		t.Errorf("Release of the next holder's lock = %v; want nil", err)
 	}
 	waitKeys(t, r, key, 0)
+}
+
+// failingClient returns a client whose transactions, deletes and lease
+// revokes fail at once while fail is set, as requests do when the
+// connection drops under them: the fault a real server cannot be asked to
+// give at the right moment. Keep-alives and watches (streams) go through.
+func failingClient(t testing.TB, endpoints []string, fail *atomic.Bool) *clientv3.Client {
+	failed := map[string]bool{
+		"/etcdserverpb.KV/Txn":            true,
+		"/etcdserverpb.KV/DeleteRange":    true,
+		"/etcdserverpb.Lease/LeaseRevoke": true,
+	}
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if fail.Load() && failed[method] {
+			// Not Unavailable: the client would retry a revoke until
+			// its context ends, and this test has no time to lose.
+			return status.Error(codes.Aborted, "injected fault: connection lost")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary)}})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestFailedCleanupRetried is issue 23's third defect: a waiter cancelled
+// while its clean-up requests fail must not leave its queue key blocking
+// the lock. On a shared lease the key lived as long as the Resource kept
+// the lease alive; on a lease of its own, until the lease's TTL (30s
+// here). The clean-up is retried in the background: once requests pass
+// again, the key goes and the next waiter gets the lock when the holder
+// leaves.
+func TestFailedCleanupRetried(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := uniqueKey(t)
+			holder := newResource(t, endpoints, m.opts...)
+			next := newResource(t, endpoints, m.opts...)
+			var fail atomic.Bool
+			waiter := newResourceOn(t, failingClient(t, endpoints, &fail), m.opts...)
+			lh := lease(key, 2*time.Second)
+			if err := holder.Acquire(ctx, lh, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			errc := make(chan error, 1)
+			go func() { errc <- waiter.Acquire(wctx, lease(key, 30*time.Second), time.Now().Add(time.Minute)) }()
+			waitKeys(t, holder, key, 2)
+			fail.Store(true)
+			cancel()
+			select {
+			case err := <-errc:
+				if err == nil {
+					t.Fatal("the cancelled waiter got the lock")
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the cancelled waiter's Acquire did not return")
+			}
+			fail.Store(false)
+			if err := holder.Release(ctx, lh); err != nil {
+				t.Fatal(err)
+			}
+			ln := lease(key, 2*time.Second)
+			if err := next.Acquire(ctx, ln, time.Now().Add(10*time.Second)); err != nil {
+				left, _ := holder.Leftovers(ctx, key)
+				t.Fatalf("Acquire after the holder left = %v; want the lock (queue: %q)", err, left)
+			}
+			if err := next.Release(ctx, ln); err != nil {
+				t.Fatal(err)
+			}
+			waitKeys(t, holder, key, 0)
+		})
+	}
+}
+
+// TestCleanupFailingForGood: when a shared-lease key's clean-up keeps
+// failing (here every delete and revoke of the waiter's client fails, while
+// its keep-alives pass), the Resource gives the lease up a TTL after the
+// first try, and the lease expires on the server with the key: the lock is
+// free again within about two TTLs, not when the Resource closes. Close
+// then ends the retries.
+func TestCleanupFailingForGood(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	ctx := t.Context()
+	key := uniqueKey(t)
+	holder := newResource(t, endpoints)
+	next := newResource(t, endpoints)
+	var fail atomic.Bool
+	waiter := New(failingClient(t, endpoints, &fail), WithSharedLease())
+	lh := lease(key, 2*time.Second)
+	if err := holder.Acquire(ctx, lh, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- waiter.Acquire(wctx, lease(key, 2*time.Second), time.Now().Add(time.Minute)) }()
+	waitKeys(t, holder, key, 2)
+	fail.Store(true)
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the cancelled waiter got the lock")
+	}
+	if err := holder.Release(ctx, lh); err != nil {
+		t.Fatal(err)
+	}
+	ln := lease(key, 2*time.Second)
+	if err := next.Acquire(ctx, ln, time.Now().Add(20*time.Second)); err != nil {
+		left, _ := holder.Leftovers(ctx, key)
+		t.Fatalf("Acquire behind a key whose clean-up keeps failing = %v; want the lock once its lease expired (queue: %q)", err, left)
+	}
+	if err := next.Release(ctx, ln); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- waiter.Close() }()
+	select {
+	case err := <-closed:
+		t.Logf("Close with every revoke failing: %v", err)
+	case <-time.After(2 * cleanupTimeout):
+		t.Fatal("Close did not end the retries")
+	}
+	waiter.mu.Lock()
+	left := len(waiter.retries)
+	waiter.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d clean-ups still retried after Close; want 0", left)
+	}
 }

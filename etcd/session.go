@@ -93,7 +93,7 @@ func (s *session) start(ctx context.Context) {
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
 		if id != 0 {
-			s.r.revoke(ctx, id)
+			s.r.revokeSoon(ctx, id, nil)
 		}
 		s.err = fmt.Errorf("grant shared lease: %w", err)
 		close(s.done)
@@ -196,8 +196,8 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	h := r.newHandle(l.Key, pfx)
 	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
 	defer func() {
-		if err != nil && !h.freed.Load() && r.deleteKey(ctx, h) {
-			r.free(h)
+		if err != nil && !h.freed.Load() {
+			r.deleteSoon(ctx, h)
 		}
 	}()
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
@@ -263,11 +263,12 @@ func (r *Resource) expire(h *handle) {
 	h.mu.Unlock()
 	if r.deleteKey(context.Background(), h) {
 		r.free(h)
-	} else {
-		// Our key would outlive its TTL: let the lease, and every key on it,
-		// expire instead.
-		h.sess.abandon()
+		return
 	}
+	// Our key would outlive its TTL: let the lease, and every key on it,
+	// expire instead, and give the name back once the key is gone.
+	h.sess.abandon()
+	r.deleteLater(h, time.Time{})
 }
 
 // deleteKey deletes h's key if it is still the one we made (best effort,
