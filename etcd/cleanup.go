@@ -29,26 +29,7 @@ func (r *Resource) later(clean func(ctx context.Context) bool) {
 	if r.clientClosed() {
 		return // what is left expires with its lease
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		cancel()
-		return
-	}
-	r.nextRetry++
-	id := r.nextRetry
-	r.retries[id] = cancel
-	r.bg.Add(1)
-	r.mu.Unlock()
-	go func() {
-		defer r.bg.Done()
-		defer func() {
-			r.mu.Lock()
-			delete(r.retries, id)
-			r.mu.Unlock()
-			cancel()
-		}()
+	r.background(func(ctx context.Context) {
 		t := time.NewTimer(firstRetry)
 		defer t.Stop()
 		for pause := firstRetry; ; pause = min(2*pause, lastRetry) {
@@ -60,21 +41,49 @@ func (r *Resource) later(clean func(ctx context.Context) bool) {
 			if r.clientClosed() {
 				return // what is left expires with its lease
 			}
-			cctx, ccancel := context.WithTimeout(ctx, cleanupTimeout)
+			cctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 			done := clean(cctx)
-			ccancel()
+			cancel()
 			if done {
 				return
 			}
 			t.Reset(pause)
 		}
+	})
+}
+
+// background runs f in a goroutine the Resource owns: its context ends
+// with [Resource.Close], which waits for f to return. After Close, f does
+// not run.
+func (r *Resource) background(f func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		cancel()
+		return
+	}
+	r.nextTask++
+	id := r.nextTask
+	r.tasks[id] = cancel
+	r.bg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.bg.Done()
+		defer func() {
+			r.mu.Lock()
+			delete(r.tasks, id)
+			r.mu.Unlock()
+			cancel()
+		}()
+		f(ctx)
 	}()
 }
 
-// stopRetries ends the background clean-ups and waits for them (Close).
-func (r *Resource) stopRetries() {
+// stopTasks ends the background clean-ups and waits for them (Close).
+func (r *Resource) stopTasks() {
 	r.mu.Lock()
-	for _, cancel := range r.retries {
+	for _, cancel := range r.tasks {
 		cancel()
 	}
 	r.mu.Unlock()
@@ -102,28 +111,36 @@ func (r *Resource) revokeSoon(ctx context.Context, id clientv3.LeaseID, gone fun
 }
 
 // deleteSoon deletes h's key if it is still ours and gives its name back,
-// retrying in the background if the delete fails. A key on a shared
-// lease still there a TTL after the first try makes the Resource give the
-// lease up, as the TTL timer does: the lease then expires on the server,
-// with the key, and the retries end once they find it gone.
+// retrying in the background if the delete fails. When h's create
+// revision is unknown (the reply of the transaction that may have made the
+// key was lost), finding no key does not end it: the transaction may still
+// be on its way to the server, so the background looks again for the
+// lock's TTL before it gives the name back.
 func (r *Resource) deleteSoon(ctx context.Context, h *handle) {
-	if r.deleteKey(ctx, h) {
+	doubt := h.rev == 0
+	deleted, err := r.deleteKey(ctx, h)
+	if err == nil && (deleted || !doubt) {
 		r.free(h)
 		return
 	}
-	r.deleteLater(h, time.Now().Add(h.ttl))
+	r.deleteLater(h, time.Now().Add(h.ttl), doubt)
 }
 
 // deleteLater retries the delete of h's key in the background and gives
-// its name back once the key is gone. After giveUp it gives h's shared
-// lease up.
-func (r *Resource) deleteLater(h *handle, giveUp time.Time) {
+// its name back once the key is known gone: deleted, or, when doubt says
+// the key may not have been made yet, not found after giveUp. A key on a
+// shared lease whose delete still fails after giveUp makes the Resource
+// give the lease up, as the TTL timer does: the lease then expires on the
+// server, with the key, and the retries end once they find it gone.
+func (r *Resource) deleteLater(h *handle, giveUp time.Time, doubt bool) {
 	r.later(func(ctx context.Context) bool {
-		if _, err := r.deleteOurs(ctx, h); err == nil {
+		deleted, err := r.deleteOurs(ctx, h)
+		late := time.Now().After(giveUp)
+		if err == nil && (deleted || !doubt || late) {
 			r.free(h)
 			return true
 		}
-		if h.sess != nil && time.Now().After(giveUp) {
+		if err != nil && late && h.sess != nil {
 			h.sess.abandon()
 		}
 		return false

@@ -55,12 +55,12 @@ type Resource struct {
 	prefix string
 	shared bool
 
-	mu        sync.Mutex
-	closed    bool
-	sessions  map[int64]*session            // shared leases by lock TTL in seconds
-	retries   map[uint64]context.CancelFunc // clean-ups retried in the background
-	nextRetry uint64
-	bg        sync.WaitGroup // the retries' goroutines
+	mu       sync.Mutex
+	closed   bool
+	sessions map[int64]*session            // shared leases by lock TTL in seconds
+	tasks    map[uint64]context.CancelFunc // background clean-ups, ended by Close
+	nextTask uint64
+	bg       sync.WaitGroup // the tasks' goroutines
 
 	id      string // names this Resource's queue keys, with a slot
 	names   names
@@ -121,7 +121,7 @@ func WithSharedLease() Option {
 // whose every call returns an error.
 func New(c *clientv3.Client, opts ...Option) *Resource {
 	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
-		retries: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64())}
+		tasks: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64())}
 	if c != nil {
 		r.leases = clientv3.RetryLeaseClient(c)
 	}
@@ -620,7 +620,7 @@ func (r *Resource) Close() error {
 	sessions := r.sessions
 	r.sessions = make(map[int64]*session)
 	r.mu.Unlock()
-	r.stopRetries()
+	r.stopTasks()
 	var errs []error
 	for _, s := range sessions {
 		if err := s.close(); err != nil {

@@ -213,7 +213,7 @@ func TestCleanupFailingForGood(t *testing.T) {
 		t.Fatal("Close did not end the retries")
 	}
 	waiter.mu.Lock()
-	left := len(waiter.retries)
+	left := len(waiter.tasks)
 	waiter.mu.Unlock()
 	if left != 0 {
 		t.Errorf("%d clean-ups still retried after Close; want 0", left)

@@ -195,12 +195,17 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	pfx := r.queuePrefix(l.Key)
 	h := r.newHandle(l.Key, pfx)
 	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
+	handedOff := false // h's clean-up is the background's
 	defer func() {
-		if err != nil && !h.freed.Load() {
+		if err != nil && !handedOff && !h.freed.Load() {
 			r.deleteSoon(ctx, h)
 		}
 	}()
-	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	isHolder, err := r.enqueueShared(ctx, pfx, h)
+	if err == errHandedOff {
+		handedOff = true
+		return ctx.Err()
+	}
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
@@ -247,6 +252,51 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	return nil
 }
 
+// errHandedOff says that enqueueShared left the transaction in flight
+// to the background, with the clean-up after it.
+var errHandedOff = errors.New("etcd: enqueue handed off")
+
+// enqueueShared runs enqueue for a key on a shared lease on a context of
+// its own (bounded by cleanupTimeout). If ctx ends first it returns
+// errHandedOff at once, and the Resource waits for the transaction's reply
+// in the background, then deletes the key it made, if any. A transaction
+// abandoned in flight may be applied after a clean-up that found nothing
+// to delete (a request sent as the connection came back, handled by the
+// server concurrently with the clean-up's): its key would then stay on the
+// shared lease, kept alive until Close.
+func (r *Resource) enqueueShared(ctx context.Context, pfx string, h *handle) (bool, error) {
+	type result struct {
+		isHolder bool
+		err      error
+	}
+	done := make(chan result, 1)
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	go func() {
+		defer cancel()
+		isHolder, err := r.enqueue(ectx, pfx, h, h.value)
+		done <- result{isHolder, err}
+	}()
+	select {
+	case res := <-done:
+		return res.isHolder, res.err
+	case <-ctx.Done():
+	}
+	r.background(func(bctx context.Context) {
+		select {
+		case res := <-done:
+			if errors.Is(res.err, rpctypes.ErrLeaseNotFound) { // nothing made
+				h.sess.abandon()
+				r.free(h)
+				return
+			}
+			r.deleteSoon(bctx, h)
+		case <-bctx.Done():
+			// Close: it revokes the shared lease, and any key on it.
+		}
+	})
+	return false, errHandedOff
+}
+
 // expire deletes h's key when its deadline passed without a Refresh.
 func (r *Resource) expire(h *handle) {
 	h.mu.Lock()
@@ -261,26 +311,25 @@ func (r *Resource) expire(h *handle) {
 	}
 	h.state = expired
 	h.mu.Unlock()
-	if r.deleteKey(context.Background(), h) {
+	if _, err := r.deleteKey(context.Background(), h); err == nil {
 		r.free(h)
 		return
 	}
 	// Our key would outlive its TTL: let the lease, and every key on it,
 	// expire instead, and give the name back once the key is gone.
 	h.sess.abandon()
-	r.deleteLater(h, time.Time{})
+	r.deleteLater(h, time.Time{}, false)
 }
 
-// deleteKey deletes h's key if it is still the one we made (best effort,
-// detached from ctx). It reports whether the key is gone.
-func (r *Resource) deleteKey(ctx context.Context, h *handle) bool {
+// deleteKey is deleteOurs once, detached from ctx and bounded by
+// cleanupTimeout: see deleteSoon for the retries.
+func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 	if r.clientClosed() {
-		return false
+		return false, errors.New("client closed")
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.deleteOurs(ctx, h)
-	return err == nil
+	return r.deleteOurs(ctx, h)
 }
 
 // deleteOurs deletes h's key in a transaction that compares its create
