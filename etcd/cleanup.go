@@ -54,14 +54,14 @@ func (r *Resource) later(clean func(ctx context.Context) bool) {
 
 // background runs f in a goroutine the Resource owns: its context ends
 // with [Resource.Close], which waits for f to return. After Close, f does
-// not run.
-func (r *Resource) background(f func(ctx context.Context)) {
+// not run and background reports false.
+func (r *Resource) background(f func(ctx context.Context)) bool {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		cancel()
-		return
+		return false
 	}
 	r.nextTask++
 	id := r.nextTask
@@ -78,6 +78,7 @@ func (r *Resource) background(f func(ctx context.Context)) {
 		}()
 		f(ctx)
 	}()
+	return true
 }
 
 // stopTasks ends the background clean-ups and waits for them (Close).

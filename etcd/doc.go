@@ -47,6 +47,33 @@
 // left behind. If the reply to a grant is lost, the lease (whose ID we chose)
 // is revoked all the same.
 //
+// backend.Lease.Lost is closed when the lock's key is deleted by anyone but
+// its own Release: its lease revoked or expired, or the key deleted by an
+// operator or a tool. The Resource learns it from one watch on its prefix,
+// for deletions only, that serves all its locks on leases of their own (a
+// lock costs a map entry, not a watch); it starts with the first such lock
+// and runs until [Resource.Close] or until the client is closed, after
+// which Lost is no longer closed. The price of one watch for all locks is
+// that the Resource hears of every deletion under its prefix, other
+// processes' releases included.
+//
+// # Clean-up
+//
+// A clean-up (the revoke or delete that undoes a failed, cancelled or
+// released acquisition) that fails, because the connection dropped under
+// it or no leader answered, is retried in the background by the Resource
+// (after 50ms, doubling up to 1s) until it succeeds, the client is closed,
+// or [Resource.Close]. On a shared lease a key left behind would otherwise
+// block the lock for every later waiter for as long as the Resource keeps
+// the lease alive: a key whose delete still fails a TTL after the first
+// try makes the Resource give the lease up (the locks on it report
+// themselves lost), so that it expires on the server with the key. A
+// transaction that makes a key on a shared lease is never abandoned while
+// in flight: when the caller's context ends first, Acquire returns at once
+// and the Resource waits for the reply in the background, then deletes
+// the key. When that reply is lost for good, a clean-up that finds no key
+// looks again for a TTL, in case the server applies the transaction late.
+//
 // # TTL
 //
 // etcd leases count whole seconds: the TTL is rounded up to whole seconds,
@@ -98,7 +125,8 @@
 // compare-and-delete and a revoke (about 2.5 times faster, measured by
 // BenchmarkCycleVsMutex). Every delete of a queue key compares its create
 // revision: a name given back may already hold a later acquisition's key.
-// The lock's TTL is then kept by a timer in the process, which deletes a lock not refreshed in time; the shared lease
+// The lock's TTL is then kept by a timer in the process, which deletes a
+// lock not refreshed in time; the shared lease
 // lives TTL plus a third of it (at least a second) and is renewed every
 // half of that third, so a lock taken on it is valid for its full TTL, and
 // a lock whose process died stays up to that longer. backend.Lease.Lost is

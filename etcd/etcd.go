@@ -64,6 +64,7 @@ type Resource struct {
 
 	id      string // names this Resource's queue keys, with a slot
 	names   names
+	watch   keyWatch     // deletions of keys on leases of their own
 	wakeups atomic.Int64 // predecessor deletions seen by waiters
 
 	// watchAtRead starts predecessor watches at the revision read, as
@@ -191,6 +192,14 @@ type handle struct {
 	slot    int
 	freed   atomic.Bool // the name was given back
 
+	// Only for a lock on a lease of its own: the loss signal, and what the
+	// Resource's key watch knows of the key (guarded by its mutex).
+	lost   chan struct{} // closed when the key is seen deleted
+	wrev   int64         // the key's create revision, once known
+	wdel   int64         // the latest deletion of the name seen before
+	wcheck bool          // the key needs a read once its revision is known
+	wrel   bool          // our release is deleting the key
+
 	// Only for a lock on a shared lease, which the Resource expires itself.
 	sess     *session
 	ttl      time.Duration
@@ -221,9 +230,10 @@ func ttlSeconds(ttl time.Duration) int64 {
 // Acquire queues for l.Key and blocks until it holds the lock, the deadline
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
-// key, l.TTL to the effective TTL and l.Validity, l.Handle (and l.Lost with
-// [WithSharedLease]). On any failure our key and lease are gone. A TTL
-// longer than [MaxTTL] is refused before any I/O.
+// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. On any
+// failure our key and lease are gone, or their clean-up runs on in the
+// background (see the package documentation). A TTL longer than [MaxTTL]
+// is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -265,12 +275,22 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	h.lease = id
 	defer func() {
 		if err != nil {
+			r.unwatchKey(h)
 			r.revokeSoon(ctx, id, func() { r.free(h) })
 		}
 	}()
+	if err := r.watchKey(ctx, h); err != nil {
+		if err == ctx.Err() {
+			return err
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
 	if err != nil {
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if !r.keyMade(h, h.rev) {
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
 	}
 	lastSent := start // the grant was sent after this
 	if !isHolder {
@@ -288,7 +308,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, pfx, h, deadline, ttl, renew, nil); err != nil {
+		if err := r.await(ctx, pfx, h, deadline, ttl, renew, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -302,6 +322,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	l.TTL = ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
+	l.Lost = h.lost
 	l.Handle = h
 	return nil
 }
@@ -461,7 +482,7 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 				}
 			case <-lost:
 				wcancel()
-				return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
+				return stop(fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
 			case <-dctx.Done():
 				wcancel()
 				return stop(nil)
@@ -545,13 +566,16 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	// Revoking alone would not do: a key deleted behind our back (by an
 	// operator, or by a tool that cleans up) leaves the lease alive, and
 	// the revoke would succeed on a lock we no longer hold.
+	r.releasing(h, true)
 	resp, err := r.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
 		Then(clientv3.OpDelete(h.key)).
 		Commit()
 	if err != nil {
+		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
+	r.unwatchKey(h)
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
 	// its TTL.
@@ -591,6 +615,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
 	}
 	if !exists { // deleted behind our back: the lease alone holds nothing
+		r.unwatchKey(h)
 		r.free(h)
 		r.revokeSoon(ctx, h.lease, nil)
 		return backend.ErrNotHeld

@@ -219,3 +219,60 @@ func TestCleanupFailingForGood(t *testing.T) {
 		t.Errorf("%d clean-ups still retried after Close; want 0", left)
 	}
 }
+
+// TestOwnLeaseLost: a lock on a lease of its own reports its loss through
+// Lost when its lease is revoked or its key deleted from outside, instead
+// of going unnoticed until its TTL; Release then reports ErrNotHeld, and
+// the name is used again. A released lock's Lost stays open.
+func TestOwnLeaseLost(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	r := newResource(t, endpoints)
+	ctx := t.Context()
+	for _, c := range []struct {
+		name string
+		end  func(h *handle) error
+	}{
+		{"LeaseRevoked", func(h *handle) error { _, err := admin.Revoke(ctx, h.lease); return err }},
+		{"KeyDeleted", func(h *handle) error { _, err := admin.Delete(ctx, h.key); return err }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			key := uniqueKey(t)
+			l := lease(key, time.Minute)
+			if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if l.Lost == nil {
+				t.Fatal("Lost is nil on a lock with a lease of its own")
+			}
+			h := l.Handle.(*handle)
+			if err := c.end(h); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-l.Lost:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Lost not closed 10s after the lock ended on the server")
+			}
+			if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+				t.Errorf("Release after the loss = %v; want ErrNotHeld", err)
+			}
+			l2 := lease(key, time.Minute)
+			if err := r.Acquire(ctx, l2, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := l2.Handle.(*handle).key; got != h.key {
+				t.Errorf("next acquire made %s; want the freed name %s", got, h.key)
+			}
+			if err := r.Release(ctx, l2); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-l2.Lost:
+				t.Error("Lost closed by the lock's own release")
+			default:
+			}
+			waitKeys(t, r, key, 0)
+		})
+	}
+}
