@@ -67,12 +67,14 @@
 // block the lock for every later waiter for as long as the Resource keeps
 // the lease alive: a key whose delete still fails a TTL after the first
 // try makes the Resource give the lease up (the locks on it report
-// themselves lost), so that it expires on the server with the key. A
-// transaction that makes a key on a shared lease is never abandoned while
-// in flight: when the caller's context ends first, Acquire returns at once
-// and the Resource waits for the reply in the background, then deletes
-// the key. When that reply is lost for good, a clean-up that finds no key
-// looks again for a TTL, in case the server applies the transaction late.
+// themselves lost), so that it expires on the server with the key. When
+// the reply to the transaction that makes a key on a shared lease is lost
+// (the caller's context ended, the connection dropped), the clean-up does
+// not know whether the key exists or will: a request sent as the
+// connection came back can be applied after the clean-up's own, since the
+// server handles the two concurrently. A clean-up that finds no key then
+// looks again in the background for the lock's TTL before it gives the
+// key's name back.
 //
 // # TTL
 //

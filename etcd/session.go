@@ -195,17 +195,12 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	pfx := r.queuePrefix(l.Key)
 	h := r.newHandle(l.Key, pfx)
 	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
-	handedOff := false // h's clean-up is the background's
 	defer func() {
-		if err != nil && !handedOff && !h.freed.Load() {
+		if err != nil && !h.freed.Load() {
 			r.deleteSoon(ctx, h)
 		}
 	}()
-	isHolder, err := r.enqueueShared(ctx, pfx, h)
-	if err == errHandedOff {
-		handedOff = true
-		return ctx.Err()
-	}
+	isHolder, err := r.enqueue(ctx, pfx, h, h.value)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
@@ -250,51 +245,6 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	l.Lost = s.done
 	l.Handle = h
 	return nil
-}
-
-// errHandedOff says that enqueueShared left the transaction in flight
-// to the background, with the clean-up after it.
-var errHandedOff = errors.New("etcd: enqueue handed off")
-
-// enqueueShared runs enqueue for a key on a shared lease on a context of
-// its own (bounded by cleanupTimeout). If ctx ends first it returns
-// errHandedOff at once, and the Resource waits for the transaction's reply
-// in the background, then deletes the key it made, if any. A transaction
-// abandoned in flight may be applied after a clean-up that found nothing
-// to delete (a request sent as the connection came back, handled by the
-// server concurrently with the clean-up's): its key would then stay on the
-// shared lease, kept alive until Close.
-func (r *Resource) enqueueShared(ctx context.Context, pfx string, h *handle) (bool, error) {
-	type result struct {
-		isHolder bool
-		err      error
-	}
-	done := make(chan result, 1)
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	go func() {
-		defer cancel()
-		isHolder, err := r.enqueue(ectx, pfx, h, h.value)
-		done <- result{isHolder, err}
-	}()
-	select {
-	case res := <-done:
-		return res.isHolder, res.err
-	case <-ctx.Done():
-	}
-	r.background(func(bctx context.Context) {
-		select {
-		case res := <-done:
-			if errors.Is(res.err, rpctypes.ErrLeaseNotFound) { // nothing made
-				h.sess.abandon()
-				r.free(h)
-				return
-			}
-			r.deleteSoon(bctx, h)
-		case <-bctx.Done():
-			// Close: it revokes the shared lease, and any key on it.
-		}
-	})
-	return false, errHandedOff
 }
 
 // expire deletes h's key when its deadline passed without a Refresh.
