@@ -3,6 +3,8 @@ package etcd
 import (
 	"context"
 	"errors"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -274,5 +276,128 @@ func TestOwnLeaseLost(t *testing.T) {
 			}
 			waitKeys(t, r, key, 0)
 		})
+	}
+}
+
+// freezer dials connections whose reads the test can hold (freeze) and
+// then cut: a client that misses what the server sends for a while, then
+// reconnects. Data read while frozen is dropped at the cut.
+type freezer struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	frozen bool
+	conns  map[*frozenConn]bool // open connection -> cut
+}
+
+type frozenConn struct {
+	net.Conn
+	f *freezer
+}
+
+func newFreezer() *freezer {
+	f := &freezer{conns: map[*frozenConn]bool{}}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+func (f *freezer) dial(ctx context.Context, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	fc := &frozenConn{Conn: c, f: f}
+	f.mu.Lock()
+	f.conns[fc] = false
+	f.mu.Unlock()
+	return fc, nil
+}
+
+func (c *frozenConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	f := c.f
+	f.mu.Lock()
+	for f.frozen && !f.conns[c] {
+		f.cond.Wait()
+	}
+	cut := f.conns[c]
+	f.mu.Unlock()
+	if cut {
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+func (f *freezer) freeze() {
+	f.mu.Lock()
+	f.frozen = true
+	f.mu.Unlock()
+}
+
+// cut closes every connection, dropping what was read while frozen, and
+// lets new connections flow.
+func (f *freezer) cut() {
+	f.mu.Lock()
+	for c := range f.conns {
+		f.conns[c] = true
+		c.Conn.Close()
+	}
+	f.frozen = false
+	f.cond.Broadcast()
+	f.mu.Unlock()
+}
+
+// TestKeyWatchAfterCompaction: when the Resource's key watch resumes after
+// a break at a revision etcd has compacted, the deletions in between are
+// lost; the watch starts afresh and reads every registered key once, so a
+// lock whose key went meanwhile still sees Lost closed, and one whose key
+// is there does not.
+func TestKeyWatchAfterCompaction(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	f := newFreezer()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(f.dial)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := newResourceOn(t, c)
+	ctx := t.Context()
+	gone, kept := lease(uniqueKey(t)+"-gone", time.Minute), lease(uniqueKey(t)+"-kept", time.Minute)
+	for _, l := range []*backend.Lease{gone, kept} {
+		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.freeze()
+	if _, err := admin.Delete(ctx, gone.Handle.(*handle).key); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.Put(ctx, "/"+uniqueKey(t)+"/after", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	f.cut()
+	select {
+	case <-gone.Lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost of the lock whose key was deleted while the watch was away: still open after 10s")
+	}
+	if err := r.Refresh(ctx, kept); err != nil { // a round trip after the fresh start's reads
+		t.Fatalf("Refresh of the lock whose key is there: %v", err)
+	}
+	select {
+	case <-kept.Lost:
+		t.Error("Lost closed on the lock whose key is still there")
+	default:
+	}
+	if err := r.Release(ctx, kept); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if err := r.Release(ctx, gone); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release of the lost lock = %v; want ErrNotHeld", err)
 	}
 }
