@@ -47,6 +47,35 @@
 // left behind. If the reply to a grant is lost, the lease (whose ID we chose)
 // is revoked all the same.
 //
+// backend.Lease.Lost is closed when the lock's key is deleted by anyone but
+// its own Release: its lease revoked or expired, or the key deleted by an
+// operator or a tool. The Resource learns it from one watch on its prefix,
+// for deletions only, that serves all its locks on leases of their own (a
+// lock costs a map entry, not a watch); it starts with the first such lock
+// and runs until [Resource.Close] or until the client is closed, after
+// which Lost is no longer closed. The price of one watch for all locks is
+// that the Resource hears of every deletion under its prefix, other
+// processes' releases included.
+//
+// # Clean-up
+//
+// A clean-up (the revoke or delete that undoes a failed, cancelled or
+// released acquisition) that fails, because the connection dropped under
+// it or no leader answered, is retried in the background by the Resource
+// (after 50ms, doubling up to 1s) until it succeeds, the client is closed,
+// or [Resource.Close]. On a shared lease a key left behind would otherwise
+// block the lock for every later waiter for as long as the Resource keeps
+// the lease alive: a key whose delete still fails a TTL after the first
+// try makes the Resource give the lease up (the locks on it report
+// themselves lost), so that it expires on the server with the key. When
+// the reply to the transaction that makes a key on a shared lease is lost
+// (the caller's context ended, the connection dropped), the clean-up does
+// not know whether the key exists or will: a request sent as the
+// connection came back can be applied after the clean-up's own, since the
+// server handles the two concurrently. A clean-up that finds no key then
+// looks again in the background for the lock's TTL before it gives the
+// key's name back.
+//
 // # TTL
 //
 // etcd leases count whole seconds: the TTL is rounded up to whole seconds,
@@ -93,10 +122,13 @@
 // Resource, like one concurrency.Session (locks that distlock renews,
 // distlock.WithAutoRenew, always do, option or not: they live while the
 // process renews them either way): an uncontended acquire is then one
-// transaction and a release one delete, as with concurrency.Mutex, instead
-// of a grant and a transaction, then a compare-and-delete and a revoke
-// (about 2.5 times faster, measured by BenchmarkCycleVsMutex). The lock's TTL is then kept by a timer in the
-// process, which deletes a lock not refreshed in time; the shared lease
+// transaction and a release one compare-and-delete, as with
+// concurrency.Mutex, instead of a grant and a transaction, then a
+// compare-and-delete and a revoke (about 2.5 times faster, measured by
+// BenchmarkCycleVsMutex). Every delete of a queue key compares its create
+// revision: a name given back may already hold a later acquisition's key.
+// The lock's TTL is then kept by a timer in the process, which deletes a
+// lock not refreshed in time; the shared lease
 // lives TTL plus a third of it (at least a second) and is renewed every
 // half of that third, so a lock taken on it is valid for its full TTL, and
 // a lock whose process died stays up to that longer. backend.Lease.Lost is

@@ -57,16 +57,24 @@ type Resource struct {
 
 	mu       sync.Mutex
 	closed   bool
-	sessions map[int64]*session // shared leases by lock TTL in seconds
+	sessions map[int64]*session            // shared leases by lock TTL in seconds
+	tasks    map[uint64]context.CancelFunc // background clean-ups, ended by Close
+	nextTask uint64
+	bg       sync.WaitGroup // the tasks' goroutines
 
 	id      string // names this Resource's queue keys, with a slot
 	names   names
+	watch   keyWatch     // deletions of keys on leases of their own
 	wakeups atomic.Int64 // predecessor deletions seen by waiters
 
 	// watchAtRead starts predecessor watches at the revision read, as
 	// concurrency.Mutex does, instead of the one after; only benchmarks
 	// set it, to show what that costs.
 	watchAtRead bool
+	// hook, set only by tests before any use, is called at the named
+	// points, so that a test can force an interleaving that timers and
+	// the scheduler give only now and then.
+	hook func(point string)
 }
 
 var (
@@ -114,7 +122,7 @@ func WithSharedLease() Option {
 // whose every call returns an error.
 func New(c *clientv3.Client, opts ...Option) *Resource {
 	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
-		id: fmt.Sprintf("%016x", rand.Uint64())}
+		tasks: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64())}
 	if c != nil {
 		r.leases = clientv3.RetryLeaseClient(c)
 	}
@@ -177,13 +185,22 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
 	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
-	rev     int64  // its create revision: the token
+	rev     int64  // its create revision: the token; 0 until known
+	value   string // the owner value it holds
 	lease   clientv3.LeaseID
 	lockKey string
 	slot    int
 	freed   atomic.Bool // the name was given back
 
 	ttl time.Duration // the lease's granted TTL
+
+	// Only for a lock on a lease of its own: the loss signal, and what the
+	// Resource's key watch knows of the key (guarded by its mutex).
+	lost   chan struct{} // closed when the key is seen deleted
+	wrev   int64         // the key's create revision, once known
+	wdel   int64         // the latest deletion of the name seen before
+	wcheck bool          // the key needs a read once its revision is known
+	wrel   bool          // our release is deleting the key
 
 	// Only for a lock on a shared lease, which the Resource expires itself.
 	sess     *session
@@ -214,9 +231,10 @@ func ttlSeconds(ttl time.Duration) int64 {
 // Acquire queues for l.Key and blocks until it holds the lock, the deadline
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
-// key, l.TTL to the effective TTL and l.Validity, l.Handle (and l.Lost with
-// [WithSharedLease]). On any failure our key and lease are gone. A TTL
-// longer than [MaxTTL] is refused before any I/O.
+// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. On any
+// failure our key and lease are gone, or their clean-up runs on in the
+// background (see the package documentation). A TTL longer than [MaxTTL]
+// is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -249,7 +267,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	id, ttl, err := r.grant(ctx, l.TTL)
 	if err != nil {
 		if id != 0 { // the grant may have happened
-			r.revoke(ctx, id)
+			r.revokeSoon(ctx, id, nil)
 		}
 		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 	}
@@ -257,13 +275,23 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	h := r.newHandle(l.Key, pfx)
 	h.lease, h.ttl = id, ttl
 	defer func() {
-		if err != nil && r.revoke(ctx, id) {
-			r.free(h)
+		if err != nil {
+			r.unwatchKey(h)
+			r.revokeSoon(ctx, id, func() { r.free(h) })
 		}
 	}()
+	if err := r.watchKey(ctx, h); err != nil {
+		if err == ctx.Err() {
+			return err
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
 	if err != nil {
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if !r.keyMade(h, h.rev) {
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
 	}
 	lastSent := start // the grant was sent after this
 	if !isHolder {
@@ -281,7 +309,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, pfx, h, deadline, ttl, renew, nil); err != nil {
+		if err := r.await(ctx, pfx, h, deadline, ttl, renew, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -295,6 +323,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	l.TTL = ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
+	l.Lost = h.lost
 	l.Handle = h
 	return nil
 }
@@ -323,14 +352,20 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 	return clientv3.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
-// revoke ends a lease and its keys, best effort: a lease we fail to revoke
-// still expires with its TTL. It reports whether the lease is known gone.
+// revoke ends a lease and its keys, once, detached from ctx: see
+// revokeSoon for the retries. It reports whether the lease is known gone.
 func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
 	if r.clientClosed() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	return r.revokeNow(ctx, id)
+}
+
+// revokeNow revokes a lease within ctx. It reports whether the lease is
+// known gone.
+func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 	_, err := r.c.Revoke(ctx, id)
 	return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 }
@@ -448,7 +483,7 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 				}
 			case <-lost:
 				wcancel()
-				return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
+				return stop(fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
 			case <-dctx.Done():
 				wcancel()
 				return stop(nil)
@@ -532,17 +567,20 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	// Revoking alone would not do: a key deleted behind our back (by an
 	// operator, or by a tool that cleans up) leaves the lease alive, and
 	// the revoke would succeed on a lock we no longer hold.
+	r.releasing(h, true)
 	resp, err := r.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
 		Then(clientv3.OpDelete(h.key)).
 		Commit()
 	if err != nil {
+		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
+	r.unwatchKey(h)
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
-	// its TTL; one we fail to revoke still expires, and holds nothing.
-	r.revoke(ctx, h.lease)
+	// its TTL.
+	r.revokeSoon(ctx, h.lease, nil)
 	if !resp.Succeeded {
 		return backend.ErrNotHeld
 	}
@@ -583,8 +621,9 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
 	}
 	if !exists { // deleted behind our back: the lease alone holds nothing
+		r.unwatchKey(h)
 		r.free(h)
-		r.revoke(ctx, h.lease)
+		r.revokeSoon(ctx, h.lease, nil)
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -599,10 +638,10 @@ func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
 	return len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == h.rev, nil
 }
 
-// Close stops the Resource: it ends the goroutines it runs and revokes its
-// shared leases, which releases the locks held on them. It leaves the
-// client open, and locks on leases of their own as they are. Acquire fails
-// after Close.
+// Close stops the Resource: it ends the goroutines it runs (the retries
+// of failed clean-ups among them) and revokes its shared leases, which
+// releases the locks held on them. It leaves the client open, and locks on
+// leases of their own as they are. Acquire fails after Close.
 func (r *Resource) Close() error {
 	if r == nil {
 		return nil
@@ -612,6 +651,7 @@ func (r *Resource) Close() error {
 	sessions := r.sessions
 	r.sessions = make(map[int64]*session)
 	r.mu.Unlock()
+	r.stopTasks()
 	var errs []error
 	for _, s := range sessions {
 		if err := s.close(); err != nil {

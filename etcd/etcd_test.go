@@ -42,7 +42,13 @@ func newClient(t testing.TB, endpoints []string) *clientv3.Client {
 // process would have it, closed at cleanup.
 func newResource(t testing.TB, endpoints []string, opts ...Option) *Resource {
 	t.Helper()
-	r := New(newClient(t, endpoints), opts...)
+	return newResourceOn(t, newClient(t, endpoints), opts...)
+}
+
+// newResourceOn returns a Resource over c, closed at cleanup.
+func newResourceOn(t testing.TB, c *clientv3.Client, opts ...Option) *Resource {
+	t.Helper()
+	r := New(c, opts...)
 	t.Cleanup(func() {
 		if err := r.Close(); err != nil {
 			t.Errorf("Close: %v", err)

@@ -13,8 +13,8 @@ import (
 )
 
 // TestNoGoroutineLeak checks that no goroutine outlives Close and the
-// clients' Close, in both lease modes: shared-lease keep-alives, watches,
-// renewers and waiters all end. The server is a one-member cluster in a
+// clients' Close, in both lease modes: shared-lease keep-alives, watches
+// (the Resource's key watch among them), renewers and waiters all end. The server is a one-member cluster in a
 // process of its own, so that the in-process server's goroutines are not
 // counted; nothing is ignored but what ran before the clients were made.
 func TestNoGoroutineLeak(t *testing.T) {
@@ -31,6 +31,16 @@ func TestNoGoroutineLeak(t *testing.T) {
 				cs = append(cs, c)
 			}
 			testsuite.Exercise(t, New(cs[0], m.opts...), New(cs[1], m.opts...), time.Second)
+			// A lock on a lease of its own starts the Resource's key watch,
+			// which must end with the client, Close or not.
+			own := New(cs[0])
+			l := lease(testsuite.Key(t), time.Second)
+			if err := own.Acquire(t.Context(), l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := own.Release(t.Context(), l); err != nil {
+				t.Fatal(err)
+			}
 			for _, c := range cs {
 				if err := c.Close(); err != nil {
 					t.Errorf("client Close: %v", err)

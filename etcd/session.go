@@ -93,7 +93,7 @@ func (s *session) start(ctx context.Context) {
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
 		if id != 0 {
-			s.r.revoke(ctx, id)
+			s.r.revokeSoon(ctx, id, nil)
 		}
 		s.err = fmt.Errorf("grant shared lease: %w", err)
 		close(s.done)
@@ -194,13 +194,13 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	start := time.Now()
 	pfx := r.queuePrefix(l.Key)
 	h := r.newHandle(l.Key, pfx)
-	h.lease, h.sess, h.ttl = s.id, s, s.ttl
+	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
 	defer func() {
-		if err != nil && !h.freed.Load() && r.deleteKey(ctx, h) {
-			r.free(h)
+		if err != nil && !h.freed.Load() {
+			r.deleteSoon(ctx, h)
 		}
 	}()
-	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	isHolder, err := r.enqueue(ctx, pfx, h, h.value)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
@@ -261,25 +261,47 @@ func (r *Resource) expire(h *handle) {
 	}
 	h.state = expired
 	h.mu.Unlock()
-	if r.deleteKey(context.Background(), h) {
+	if _, err := r.deleteKey(context.Background(), h); err == nil {
 		r.free(h)
-	} else {
-		// Our key would outlive its TTL: let the lease, and every key on it,
-		// expire instead.
-		h.sess.abandon()
+		return
 	}
+	// Our key would outlive its TTL: let the lease, and every key on it,
+	// expire instead, and give the name back once the key is gone.
+	h.sess.abandon()
+	r.deleteLater(h, time.Time{}, false)
 }
 
-// deleteKey deletes h's key if it is still the one we made (best effort,
-// detached from ctx). It reports whether the key is gone.
-func (r *Resource) deleteKey(ctx context.Context, h *handle) bool {
+// deleteKey is deleteOurs once, detached from ctx and bounded by
+// cleanupTimeout: see deleteSoon for the retries.
+func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 	if r.clientClosed() {
-		return false
+		return false, errors.New("client closed")
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, err := r.c.Delete(ctx, h.key)
-	return err == nil
+	return r.deleteOurs(ctx, h)
+}
+
+// deleteOurs deletes h's key in a transaction that compares its create
+// revision with h's, so that it never deletes a key another acquisition
+// made under the same name once h's name was given back. When the reply
+// that would have told h's create revision was lost, it compares the
+// owner value and the lease instead: h still holds its name then, so no
+// other acquisition can have made a key under it. It reports whether it
+// deleted the key.
+func (r *Resource) deleteOurs(ctx context.Context, h *handle) (bool, error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)}
+	if h.rev == 0 {
+		cmps = []clientv3.Cmp{
+			clientv3.Compare(clientv3.Value(h.key), "=", h.value),
+			clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
+		}
+	}
+	resp, err := r.c.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(h.key)).Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
 }
 
 // releaseShared deletes our key if it is still ours.
@@ -290,10 +312,13 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	if state != held {
 		return backend.ErrNotHeld
 	}
-	// A plain delete is a compare-and-delete here: only this Resource makes
-	// keys with its ID, and it makes none under h's name until h gives the
-	// name back, after the key is known deleted.
-	resp, err := r.c.Delete(ctx, h.key)
+	if r.hook != nil {
+		r.hook("release")
+	}
+	// The TTL timer may expire the lock and give its name back from here
+	// on, and the next acquisition may make a key under that name: the
+	// delete compares the create revision.
+	deleted, err := r.deleteOurs(ctx, h)
 	if err != nil {
 		// Still held as far as we know: the timer deletes the key at its
 		// deadline unless a retry does first.
@@ -307,7 +332,7 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	if wasHeld { // else expire deletes and frees
 		r.free(h)
 	}
-	if resp.Deleted == 0 || !wasHeld {
+	if !deleted || !wasHeld {
 		return backend.ErrNotHeld
 	}
 	return nil

@@ -1,10 +1,13 @@
 package safety
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -47,7 +50,28 @@ func TestEtcd(t *testing.T) {
 	t.Run("WaiterExpiredWhileQueued", func(t *testing.T) { testWaiterExpiredWhileQueued(t, tg) })
 	t.Run("WaiterLeaseRevoked", func(t *testing.T) { testEtcdWaiterLeaseRevoked(t, tg, c) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("HolderLeaseRevoked", func(t *testing.T) {
+		testEtcdHolderEndedFromOutside(t, tg, "holder's own lease revoked from outside", func(ctx context.Context, key string) error {
+			resp, err := c.Get(ctx, key)
+			if err != nil || len(resp.Kvs) != 1 {
+				return fmt.Errorf("the holder's key %s: %v", key, err)
+			}
+			_, err = c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+			return err
+		})
+	})
+	t.Run("HolderKeyDeleted", func(t *testing.T) {
+		testEtcdHolderEndedFromOutside(t, tg, "holder's key deleted from outside (lease of its own)", func(ctx context.Context, key string) error {
+			_, err := c.Delete(ctx, key)
+			return err
+		})
+	})
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
+	// Issue 23: on the shared lease (auto-renewed locks), an orphan left by
+	// a clean-up that failed mid-flight would block the key for as long as
+	// the Resource lives. (On leases of their own the client retries a
+	// failed revoke by itself; the storm with drops found nothing there.)
+	t.Run("CancelStormDropsSharedLease", func(t *testing.T) { runCancelStorm(t, tg, storm{drops: true, autoRenew: true}) })
 }
 
 func TestEtcdCluster(t *testing.T) {
@@ -114,6 +138,74 @@ func testEtcdWaiterLeaseRevoked(t *testing.T, tg target, c *clientv3.Client) {
 	}
 	if granted {
 		t.Errorf("the waiter whose lease was revoked was granted the lock")
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testEtcdHolderEndedFromOutside ends a running holder's lock from outside
+// (end: its lease revoked, or its key deleted, by an operator or a tool)
+// while a waiter queues. The holder takes the lock without auto-renewal,
+// so on a lease of its own with a TTL far longer than the test: it must
+// learn of the loss through Lost (a watch), not at its TTL. It writes every
+// 2s and the fault comes right after its first write, so that an overlap
+// of the few milliseconds before it learns holds no write of its (the
+// fence would catch it, but the table counts it uncaught); after the loss
+// it writes once more with its old token. An increment it has under way
+// when it learns is written back after its holding ended: the unfenced
+// counter's damage, counted but not held against the run.
+func testEtcdHolderEndedFromOutside(t *testing.T, tg target, fault string, end func(ctx context.Context, key string) error) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.AutoRenew, hcfg.Zombie = "holder", 1, false, true
+	hcfg.TTL, hcfg.Ops, hcfg.Hold = time.Minute, 30, time.Minute
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the holder's first write", func() bool { return accepted(r, "holder-", 0) })
+	wcfg := mixConfig(tg, key, 1)
+	wcfg.Name = "waiter"
+	waiter := r.Worker(wcfg)
+	ctx := t.Context()
+	var queued []string
+	waitUntil(t, 60*time.Second, "the waiter to queue", func() bool {
+		queued, _ = tg.leftovers(ctx, key)
+		return len(queued) == 2
+	})
+	endAt := r.Note(fault)
+	if err := end(ctx, queued[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.WaitLine("lost", 0, 20*time.Second); err != nil {
+		t.Fatalf("the holder did not see its Done closed within 20s of its lock's end (its TTL is %v): %v", hcfg.TTL, err)
+	}
+	waitAcquisitions(t, tg, 3, waiter)
+	stopAll(t, tg, holder, waiter)
+
+	evs := r.History()
+	res := harness.Check(t, tg.name, fault, evs)
+	res.Orphans = orphans(t, tg, key)
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - endAt)
+	if first, ok := firstAcquisitionAfter(evs, endAt); ok {
+		res.Recovery = time.Duration(first.Return - endAt)
+	}
+	res.Notes = "holder without auto-renew, TTL 1m; loss latency and recovery from the fault"
+	res.Log(t)
+	if len(res.Stale) != 0 {
+		t.Errorf("%d stale writes accepted; want 0", len(res.Stale))
+	}
+	if len(res.Uncaught) != 0 {
+		t.Errorf("%d overlaps not caught by the token: %v", len(res.Uncaught), res.Uncaught[0])
+	}
+	if len(res.TokenIssues) != 0 || res.Linearizable != porcupine.Ok {
+		t.Errorf("tokens: %d issues, porcupine %v; want none, Ok", len(res.TokenIssues), res.Linearizable)
+	}
+	if lost.At == 0 || time.Duration(lost.At-endAt) > hcfg.TTL/2 {
+		t.Errorf("the holder's Done closed %v after the fault; want it long before its TTL (%v)", time.Duration(lost.At-endAt), hcfg.TTL)
 	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)

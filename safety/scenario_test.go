@@ -470,6 +470,17 @@ func testPartition(t *testing.T, tg target) {
 	}
 }
 
+// storm is how a cancel storm runs; the zero value is the plain storm.
+type storm struct {
+	// autoRenew takes the locks under distlock.WithAutoRenew (on etcd:
+	// on the Resource's shared lease).
+	autoRenew bool
+	// drops closes the proxy's connections at random moments (every
+	// 0-100ms), so that requests fail mid-flight, clean-ups among them:
+	// TryLock may then fail with a store error, and Unlock is retried.
+	drops bool
+}
+
 // testCancelStorm cancels 1,000 acquisitions at random moments (0-30ms)
 // while a proxy delays every reply from the store by 0-20ms, so that many
 // cancellations land after the store acted on a request and before its
@@ -477,7 +488,13 @@ func testPartition(t *testing.T, tg target) {
 // contention) and checks after every failed TryLock that the store holds
 // nothing for it, allowing 2s for clean-ups the backend finishes in the
 // background; what is still there then is an orphan.
-func testCancelStorm(t *testing.T, tg target) {
+func testCancelStorm(t *testing.T, tg target) { runCancelStorm(t, tg, storm{}) }
+
+// runCancelStorm is testCancelStorm as st says. With drops, clean-ups
+// that fail are the backend's to retry: it gets 10s instead of 2s, and a
+// key still there then is an orphan only if it outlives the drops by a
+// minute (the worker that left it stops).
+func runCancelStorm(t *testing.T, tg target, st storm) {
 	p, err := proxy.Start(tg.server)
 	if err != nil {
 		t.Fatal(err)
@@ -485,11 +502,39 @@ func testCancelStorm(t *testing.T, tg target) {
 	t.Cleanup(func() { _ = p.Close() })
 	rnd := mrand.New(mrand.NewPCG(seed, 1))
 	var rmu sync.Mutex
-	p.SetDelay(proxy.Down, func() time.Duration {
+	between := func(hi time.Duration) time.Duration {
 		rmu.Lock()
 		defer rmu.Unlock()
-		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
-	})
+		return time.Duration(rnd.Int64N(int64(hi)))
+	}
+	p.SetDelay(proxy.Down, func() time.Duration { return between(20 * time.Millisecond) })
+	grace, fault := 2*time.Second, ""
+	var drops atomic.Int64
+	stopDrops := func() {}
+	if st.drops {
+		grace, fault = 10*time.Second, ", connections dropped every 0-100ms"
+		stop := make(chan struct{})
+		var dwg sync.WaitGroup
+		dwg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(between(100 * time.Millisecond)): // the fault's rhythm
+				}
+				p.CloseConns()
+				drops.Add(1)
+			}
+		})
+		var once sync.Once
+		stopDrops = func() { once.Do(func() { close(stop); dwg.Wait() }) }
+		defer stopDrops()
+	}
+	opts := []distlock.Option{distlock.WithDefaultTTL(30 * time.Second)}
+	if st.autoRenew {
+		opts = append(opts, distlock.WithAutoRenew())
+		fault += ", auto-renewed locks"
+	}
 	ctx := t.Context()
 	res0, closeRes, err := tg.via(p.Addr).Open(ctx)
 	if err != nil {
@@ -506,12 +551,17 @@ func testCancelStorm(t *testing.T, tg target) {
 
 	const workers = 4
 	total := 1000 * soak
-	var acquired, afterEnd, cancelled, late, orphaned atomic.Int64
+	var acquired, afterEnd, cancelled, failed, late, orphaned atomic.Int64
 	var wg sync.WaitGroup
+	// With drops, a key still there after the grace may be a clean-up the
+	// fault keeps from the server (reconnects back off while connections
+	// die under their handshake): it is judged once the drops stopped.
+	var smu sync.Mutex
+	slow := map[string]string{} // key -> what the failed TryLock said
 	for g := range workers {
 		wg.Go(func() {
 			key := fmt.Sprintf("%s-%d", uniqueKey(t), g)
-			d, err := distlock.New(res, distlock.WithDefaultTTL(30*time.Second))
+			d, err := distlock.New(res, opts...)
 			if err != nil {
 				t.Error(err)
 				return
@@ -527,19 +577,24 @@ func testCancelStorm(t *testing.T, tg target) {
 					if ended {
 						afterEnd.Add(1) // granted as the ctx ended: the caller has the lock
 					}
-					uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
-					if err := lk.Unlock(uctx); err != nil {
-						t.Errorf("Unlock: %v", err)
-					}
-					ucancel()
+					unlock(t, lk, st.drops)
 					continue
 				}
-				if !errors.Is(err, distlock.ErrNotAcquired) {
+				switch {
+				case errors.Is(err, distlock.ErrNotAcquired):
+					cancelled.Add(1)
+				case st.drops:
+					failed.Add(1) // the connection dropped under the acquire
+				default:
 					t.Errorf("TryLock = %v; want ErrNotAcquired joined with the ctx's error", err)
 				}
-				cancelled.Add(1)
-				if left := leftAfter(tg, key, 2*time.Second); left == nil {
+				if left := leftAfter(tg, key, grace); left == nil {
 					continue
+				} else if len(left) > 0 && st.drops {
+					smu.Lock()
+					slow[key] = err.Error()
+					smu.Unlock()
+					return // its next TryLock would queue behind the key
 				} else if len(left) > 0 {
 					orphaned.Add(1)
 					diag := ""
@@ -554,16 +609,43 @@ func testCancelStorm(t *testing.T, tg target) {
 		})
 	}
 	wg.Wait()
-	out := &harness.Result{Backend: tg.name, Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, replies delayed 0-20ms", total),
-		Acquisitions: int(acquired.Load()), Orphans: int(orphaned.Load()), LossLatency: -1, Recovery: -1,
-		Notes: fmt.Sprintf("%d cancelled; %d granted although the ctx had ended by then; %d cleaned up in the background within 2s",
-			cancelled.Load(), afterEnd.Load(), late.Load())}
+	stopDrops()
+	for key, why := range slow {
+		if left := leftAfter(tg, key, time.Minute); len(left) > 0 {
+			orphaned.Add(1)
+			t.Errorf("orphan for %s a minute after the drops stopped, left by a TryLock that failed with %s: %v", key, why, left)
+		}
+	}
+	notes := fmt.Sprintf("%d cancelled; %d granted although the ctx had ended by then; %d cleaned up in the background within %v",
+		cancelled.Load(), afterEnd.Load(), late.Load(), grace)
+	if st.drops {
+		notes += fmt.Sprintf("; %d acquires failed with a store error; %d connection drops; %d keys cleaned up only after the drops stopped",
+			failed.Load(), drops.Load(), len(slow)-int(orphaned.Load()))
+	}
+	out := &harness.Result{Backend: tg.name, Fault: fmt.Sprintf("%d random ctx cancels mid-acquire, replies delayed 0-20ms%s", total, fault),
+		Acquisitions: int(acquired.Load()), Orphans: int(orphaned.Load()), LossLatency: -1, Recovery: -1, Notes: notes}
 	out.Log(t)
-	if hit := cancelled.Load() + afterEnd.Load(); hit < int64(total)/4 {
+	if hit := cancelled.Load() + afterEnd.Load() + failed.Load(); hit < int64(total)/4 {
 		t.Errorf("only %d of %d acquisitions met their ctx's end: the storm did not storm", hit, total)
 	}
 	if out.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", out.Orphans)
+	}
+}
+
+// unlock releases lk; with drops, a store error (the connection dropped
+// under the release) is retried, as an application would.
+func unlock(t *testing.T, lk *distlock.Lock, drops bool) {
+	for end := time.Now().Add(30 * time.Second); ; {
+		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := lk.Unlock(uctx)
+		cancel()
+		if err == nil || !drops || errors.Is(err, distlock.ErrNotHeld) || time.Now().After(end) {
+			if err != nil && !(drops && errors.Is(err, distlock.ErrNotHeld)) {
+				t.Errorf("Unlock: %v", err)
+			}
+			return
+		}
 	}
 }
 
