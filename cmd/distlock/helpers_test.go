@@ -31,6 +31,12 @@ var (
 	self string // this test binary, the child program
 )
 
+// raceOptions shortens the race detector's wait at exit (1s by default)
+// for distlock and the child, both built with -race when the tests are:
+// time for reports, not for every run. A race report changes the exit
+// status (66), which the tests check.
+const raceOptions = "GORACE=atexit_sleep_ms=50"
+
 // patience bounds every wait of a test for a process or a line: reaching
 // it fails the test (nothing is timed by it).
 const patience = 2 * time.Minute
@@ -69,7 +75,9 @@ func buildAndRun(m *testing.M) int {
 // childMain is the child program. It appends lines to -file:
 //
 //	start KEY TOKEN PID UNIXNANO    when it starts
-//	signal NAME PID UNIXNANO        for each SIGINT, SIGTERM, SIGHUP, SIGUSR1 (with -signals)
+//	signal NAME PID UNIXNANO        with -signals, for each SIGINT, SIGTERM, SIGHUP
+//	                                or SIGUSR1 (NAME: INT, TERM, HUP, USR1), which
+//	                                then do not end it
 //	grandchild PID                  with -grandchild: a process it started in its group
 //	end KEY TOKEN PID UNIXNANO      before it exits
 //
@@ -98,16 +106,23 @@ func childMain(args []string) int {
 	key, token, pid := os.Getenv("DISTLOCK_KEY"), os.Getenv("DISTLOCK_TOKEN"), os.Getpid()
 	if *signals {
 		ch := make(chan os.Signal, 16)
-		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
+		names := map[os.Signal]string{syscall.SIGINT: "INT", syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP", syscall.SIGUSR1: "USR1"}
+		for s := range names {
+			signal.Notify(ch, s)
+		}
 		go func() {
 			for s := range ch {
-				note("signal %s %d %d", s.(syscall.Signal).String(), pid, time.Now().UnixNano())
+				note("signal %s %d %d", names[s], pid, time.Now().UnixNano())
 			}
 		}()
 	}
 	note("start %s %s %d %d", key, token, pid, time.Now().UnixNano())
 	if *grandchild {
-		gc := exec.Command(self, "-hold", "1h")
+		exe, err := os.Executable()
+		if err != nil {
+			return 100
+		}
+		gc := exec.Command(exe, "-hold", "1h")
 		gc.Env = os.Environ()
 		if err := gc.Start(); err != nil {
 			return 100
@@ -149,23 +164,30 @@ type proc struct {
 }
 
 // start starts distlock with args; env is added to the test's
-// environment, with DISTLOCK_TEST_CHILD (for the child program).
+// environment, with DISTLOCK_TEST_CHILD (for the child program). It may be
+// called from any goroutine: it reports errors with t.Errorf, and then
+// returns a proc that has exited with status -2.
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, lines: make(chan string, 1000), exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(append(os.Environ(), "DISTLOCK_TEST_CHILD=1"), env...)
+	p.cmd.Env = append(append(os.Environ(), "DISTLOCK_TEST_CHILD=1", raceOptions), env...)
 	p.cmd.Stdout = &lockedWriter{mu: &p.mu, w: &p.stdout}
 	var err error
-	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
+	p.stdin, err = p.cmd.StdinPipe()
+	var stderr io.ReadCloser
+	if err == nil {
+		stderr, err = p.cmd.StderrPipe()
 	}
-	stderr, err := p.cmd.StderrPipe()
+	if err == nil {
+		err = p.cmd.Start()
+	}
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
+		t.Errorf("starting distlock: %v", err)
+		p.code = -2
+		close(p.lines)
+		close(p.exited)
+		return p
 	}
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -209,14 +231,19 @@ func (w *lockedWriter) Write(b []byte) (int, error) {
 }
 
 // wait closes distlock's stdin (the child's, too), waits for it to exit
-// and returns its exit status (-1: killed by a signal).
+// and returns its exit status (-1: killed by a signal). It may be called
+// from any goroutine.
 func (p *proc) wait() int {
 	p.t.Helper()
-	p.stdin.Close()
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
 	select {
 	case <-p.exited:
 	case <-time.After(patience):
-		p.t.Fatalf("distlock %q still running after %v; stderr:\n%s", p.cmd.Args[1:], patience, p.errText())
+		p.t.Errorf("distlock %q still running after %v: killed; stderr:\n%s", p.cmd.Args[1:], patience, p.errText())
+		p.cmd.Process.Kill()
+		<-p.exited
 	}
 	return p.code
 }
