@@ -221,13 +221,12 @@ func (r *runner) child(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal)
 			r.sayV("passing %v to the command", s)
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
 		case <-expiring.C:
-			if dl := lk.Deadline(); !dl.IsZero() {
-				if left := time.Until(dl) - margin; left > 0 { // renewed meanwhile
-					expiring.Reset(left)
-					continue
-				}
+			dl := lk.Deadline()
+			if dl.IsZero() || done == nil { // lost already: Done says why
+				continue
 			}
-			if done == nil {
+			if left := time.Until(dl) - margin; left > 0 { // renewed meanwhile
+				expiring.Reset(left)
 				continue
 			}
 			stop(fmt.Sprintf("renewals failed until %v before its TTL ran out: %v", margin, note.lastRenewal()))
