@@ -74,12 +74,14 @@ func buildAndRun(m *testing.M) int {
 
 // childMain is the child program. It appends lines to -file:
 //
-//	start KEY TOKEN PID UNIXNANO    when it starts
+//	start KEY TOKEN PID PPID UNIXNANO  when it starts (PPID: distlock's)
 //	signal NAME PID UNIXNANO        with -signals, for each SIGINT, SIGTERM, SIGHUP
 //	                                or SIGUSR1 (NAME: INT, TERM, HUP, USR1), which
 //	                                then do not end it
 //	grandchild PID                  with -grandchild: a process it started in its group
-//	end KEY TOKEN PID UNIXNANO      before it exits
+//	end KEY TOKEN PID PPID UNIXNANO HOW  before it exits: HOW is "exit",
+//	                                or with -die the signal (TERM, INT, HUP)
+//	                                that ends it; the first of the two wins
 //
 // and holds for -hold (a duration, or "stdin": until its stdin ends), then
 // exits with -exit (a negative -exit -N: killed by signal N).
@@ -90,6 +92,7 @@ func childMain(args []string) int {
 	exit := fs.Int("exit", 0, "")
 	signals := fs.Bool("signals", false, "")
 	grandchild := fs.Bool("grandchild", false, "")
+	die := fs.Bool("die", false, "")
 	if err := fs.Parse(args); err != nil {
 		return 100
 	}
@@ -103,7 +106,31 @@ func childMain(args []string) int {
 			f.WriteString(fmt.Sprintf(format, args...) + "\n") // one write: O_APPEND keeps lines whole
 		}
 	}
-	key, token, pid := os.Getenv("DISTLOCK_KEY"), os.Getenv("DISTLOCK_TOKEN"), os.Getpid()
+	key, token, pid, ppid := os.Getenv("DISTLOCK_KEY"), os.Getenv("DISTLOCK_TOKEN"), os.Getpid(), os.Getppid()
+	var endMu sync.Mutex
+	ended := false
+	end := func(how string) bool {
+		endMu.Lock()
+		defer endMu.Unlock()
+		if ended {
+			return false
+		}
+		ended = true
+		note("end %s %s %d %d %d %s", key, token, pid, ppid, time.Now().UnixNano(), how)
+		return true
+	}
+	if *die {
+		ch := make(chan os.Signal, 1)
+		names := map[os.Signal]string{syscall.SIGINT: "INT", syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP"}
+		signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		go func() {
+			s := <-ch
+			if end(names[s]) { // else it exits by itself, as recorded; later signals are dropped
+				signal.Reset(s)
+				syscall.Kill(pid, s.(syscall.Signal))
+			}
+		}()
+	}
 	if *signals {
 		ch := make(chan os.Signal, 16)
 		names := map[os.Signal]string{syscall.SIGINT: "INT", syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP", syscall.SIGUSR1: "USR1"}
@@ -116,7 +143,7 @@ func childMain(args []string) int {
 			}
 		}()
 	}
-	note("start %s %s %d %d", key, token, pid, time.Now().UnixNano())
+	note("start %s %s %d %d %d", key, token, pid, ppid, time.Now().UnixNano())
 	if *grandchild {
 		exe, err := os.Executable()
 		if err != nil {
@@ -134,7 +161,9 @@ func childMain(args []string) int {
 	} else if d, err := time.ParseDuration(*hold); err == nil {
 		time.Sleep(d) // the work the lock protects
 	}
-	note("end %s %s %d %d", key, token, pid, time.Now().UnixNano())
+	if !end("exit") {
+		select {} // a signal ends it
+	}
 	if *exit < 0 {
 		sig := syscall.Signal(-*exit)
 		signal.Reset(sig)
@@ -200,11 +229,8 @@ func start(t *testing.T, env []string, args ...string) *proc {
 			default: // nobody reads lines: the buffer keeps them
 			}
 		}
-		err := p.cmd.Wait()
-		p.code = p.cmd.ProcessState.ExitCode()
-		if err != nil && p.code == 0 {
-			p.code = -1
-		}
+		p.cmd.Wait()
+		p.code = exitStatus(p.cmd.ProcessState) // 128+N if signal N ended it, as a shell says
 		close(p.lines)
 		close(p.exited)
 	}()
@@ -231,8 +257,8 @@ func (w *lockedWriter) Write(b []byte) (int, error) {
 }
 
 // wait closes distlock's stdin (the child's, too), waits for it to exit
-// and returns its exit status (-1: killed by a signal). It may be called
-// from any goroutine.
+// and returns its exit status as a shell gives it (128+N: signal N ended
+// it). It may be called from any goroutine.
 func (p *proc) wait() int {
 	p.t.Helper()
 	if p.stdin != nil {
@@ -287,7 +313,9 @@ type record struct {
 	key   string
 	token uint64
 	pid   int
-	at    int64 // unix nanoseconds
+	ppid  int    // start, end: the distlock that ran it
+	at    int64  // unix nanoseconds
+	how   string // end: "exit" or the signal that ended it
 	name  string
 }
 
@@ -309,14 +337,20 @@ func readRecords(t *testing.T, file string) []record {
 		f := strings.Fields(l)
 		r := record{event: f[0]}
 		switch {
-		case (r.event == "start" || r.event == "end") && len(f) == 5:
+		case r.event == "start" && len(f) == 6, r.event == "end" && len(f) == 7:
 			r.key = f[1]
 			r.token, err = strconv.ParseUint(f[2], 10, 64)
 			if err == nil {
 				r.pid, err = strconv.Atoi(f[3])
 			}
 			if err == nil {
-				r.at, err = strconv.ParseInt(f[4], 10, 64)
+				r.ppid, err = strconv.Atoi(f[4])
+			}
+			if err == nil {
+				r.at, err = strconv.ParseInt(f[5], 10, 64)
+			}
+			if r.event == "end" {
+				r.how = f[6]
 			}
 		case r.event == "signal" && len(f) == 4:
 			r.name = f[1]

@@ -61,9 +61,11 @@ func (e signalError) Error() string { return "interrupted by " + e.sig.String() 
 func runCommand(cfg *runConfig, stderr io.Writer) int {
 	r := &runner{cfg: cfg, stderr: stderr}
 	key := quoteKey(cfg.key)
+	// Caught until distlock exits: once COMMAND has exited they are
+	// dropped, so that the release runs to its end and distlock exits
+	// with COMMAND's status.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
 
 	// Until COMMAND starts, a signal ends the wait for the lock.
 	ctx, interrupt := context.WithCancelCause(context.Background())

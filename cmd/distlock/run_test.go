@@ -165,8 +165,8 @@ func testKill(t *testing.T, k storeKind, url string) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	if code := holder.wait(); code != -1 {
-		t.Errorf("killed distlock: status %d; want -1 (a signal)", code)
+	if code := holder.wait(); code != 128+int(syscall.SIGKILL) {
+		t.Errorf("killed distlock: status %d; want %d (SIGKILL)", code, 128+int(syscall.SIGKILL))
 	}
 	waitGone(t, child.pid, "the command of a killed distlock")
 	if code, stderr := runDistlock(t, nil, "run", "--store", url, "--wait", "0", key, "--", "true"); code != exitNotAcquired {
