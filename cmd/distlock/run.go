@@ -36,6 +36,9 @@ const setupTimeout = 30 * time.Second
 type runner struct {
 	cfg    *runConfig
 	stderr io.Writer
+	// releaseFailed: the release after COMMAND failed and said so; Close,
+	// which tries it again, need not say it twice.
+	releaseFailed bool
 }
 
 // say writes a line on stderr.
@@ -105,7 +108,11 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 	}
 	defer func() {
 		if err := d.Close(); err != nil {
-			r.say("%v", err)
+			if r.releaseFailed {
+				r.sayV("%v", err)
+			} else {
+				r.say("%v", err)
+			}
 		}
 	}()
 
@@ -282,6 +289,7 @@ func (r *runner) release(lk *distlock.Lock, lost bool) bool {
 			return false
 		}
 	default:
+		r.releaseFailed = true
 		r.say("releasing %s: %v; the store frees it when its TTL (%v) runs out", key, err, r.cfg.ttl)
 	}
 	return true

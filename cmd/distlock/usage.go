@@ -26,7 +26,10 @@ exits with COMMAND's status. COMMAND gets in its environment:
                   resource you protect refuse a token lower than one it has
                   seen: a holder that lost the lock cannot then do harm.
 COMMAND runs in a process group of its own. SIGINT, SIGTERM, SIGHUP,
-SIGQUIT, SIGUSR1 and SIGUSR2 sent to distlock are passed to that group.
+SIGQUIT, SIGUSR1 and SIGUSR2 sent to distlock are passed to that group
+(from a terminal, COMMAND gets the foreground: ^C reaches it directly);
+once COMMAND has exited they are ignored while distlock releases KEY
+(within 10s, even when the store stopped answering).
 If the lock is lost while COMMAND runs (a renewal found it gone, or the
 store did not answer until its TTL ran out), the group gets SIGTERM at
 once, and SIGKILL after --grace or as soon as COMMAND exits, and distlock
