@@ -200,6 +200,9 @@ func (r *runner) child(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal)
 		close(exited)
 	}()
 	if err := <-started; err != nil {
+		if fg { // the child took the foreground before its exec failed
+			takeForeground()
+		}
 		r.say("starting %s: %v", cfg.argv[0], err)
 		r.release(lk, false)
 		if errors.Is(err, fs.ErrNotExist) {
