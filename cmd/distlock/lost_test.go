@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,11 @@ func TestLostWhenStoreFrozen(t *testing.T) {
 		childCmd("-file", file, "-hold", "1h", "-signals", "-grandchild")...)...)
 	child := waitRecord(t, file, "start")
 	grandchild := waitRecord(t, file, "grandchild")
+	t.Cleanup(func() { // if the test failed before distlock killed it
+		if alive(grandchild.pid) {
+			syscall.Kill(grandchild.pid, syscall.SIGKILL)
+		}
+	})
 
 	srv.Pause()
 	frozen := time.Now()
