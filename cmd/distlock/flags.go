@@ -1,0 +1,240 @@
+//go:build unix
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// runConfig is a parsed `distlock run` command line.
+type runConfig struct {
+	store    store
+	key      string
+	argv     []string      // COMMAND and its ARGS
+	path     string        // COMMAND found in PATH
+	wait     time.Duration // forever unless --wait was given
+	ttl      time.Duration
+	grace    time.Duration
+	conflict int
+	verbose  bool
+}
+
+// forever is the wait when --wait is not given: until acquired or
+// interrupted (a signal ends the wait). It is a duration, as TryLock takes
+// one; about a century.
+const forever = 100 * 365 * 24 * time.Hour
+
+// Defaults of run's flags: the help text says them too.
+const (
+	defaultTTL   = 10 * time.Second
+	defaultGrace = 5 * time.Second
+)
+
+// parseRun parses the arguments of `distlock run`. All its errors mean
+// exit status 2; it does no I/O but looking COMMAND up in PATH.
+func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
+	fs := newFlagSet("run")
+	storeURL := fs.String("store", "", "")
+	var wait, ttl, grace durationFlag
+	fs.Var(&wait, "wait", "")
+	fs.Var(&ttl, "ttl", "")
+	fs.Var(&grace, "grace", "")
+	conflict := fs.Int("conflict-exit-code", exitNotAcquired, "")
+	limit := fs.Int("limit", 0, "")
+	shared := fs.Bool("shared", false, "")
+	exclusive := fs.Bool("exclusive", false, "")
+	var verbose bool
+	fs.BoolVar(&verbose, "v", false, "")
+	fs.BoolVar(&verbose, "verbose", false, "")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return nil, usageErrorf("run: missing KEY and COMMAND")
+	}
+	cfg := &runConfig{key: rest[0], wait: forever, ttl: defaultTTL, grace: defaultGrace,
+		conflict: *conflict, verbose: verbose}
+	rest = rest[1:]
+	switch {
+	case len(rest) > 0 && rest[0] == "--":
+		rest = rest[1:]
+	case len(rest) > 0 && strings.HasPrefix(rest[0], "-"):
+		return nil, usageErrorf("run: %s after KEY: flags go before KEY, COMMAND after --", rest[0])
+	}
+	if len(rest) == 0 {
+		return nil, usageErrorf("run: missing COMMAND after KEY %q", cfg.key)
+	}
+	cfg.argv = rest
+	if cfg.key == "" {
+		return nil, usageErrorf("run: empty KEY")
+	}
+	if wait.set {
+		cfg.wait = wait.d
+	}
+	if ttl.set {
+		if ttl.d <= 0 {
+			return nil, usageErrorf("run: --ttl %s: want a duration > 0", ttl.s)
+		}
+		cfg.ttl = ttl.d
+	}
+	if grace.set {
+		cfg.grace = grace.d
+	}
+	if *conflict < 0 || *conflict > 255 {
+		return nil, usageErrorf("run: --conflict-exit-code %d: want 0 to 255", *conflict)
+	}
+	modes := 0
+	for _, on := range []bool{isSet(fs, "limit"), *shared, *exclusive} {
+		if on {
+			modes++
+		}
+	}
+	if modes > 1 {
+		return nil, usageErrorf("run: --limit, --shared and --exclusive exclude each other")
+	}
+	if isSet(fs, "limit") && *limit < 1 {
+		return nil, usageErrorf("run: --limit %d: want 1 or more", *limit)
+	}
+	s, err := storeFrom(*storeURL, getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg.store = s
+	if err := s.validateKey(cfg.key); err != nil {
+		return nil, fmt.Errorf("run: KEY %s: %w", quoteKey(cfg.key), err)
+	}
+	// What the facade cannot do yet comes last, so that the rest of the
+	// command line is checked first.
+	switch {
+	case isSet(fs, "limit"):
+		return nil, errors.New("run: --limit is not supported yet: semaphores come in a later version of distlock")
+	case *shared || *exclusive:
+		return nil, errors.New("run: --shared and --exclusive are not supported yet: read/write locks come in a later version of distlock")
+	}
+	path, err := lookPath(cfg.argv[0])
+	if err != nil {
+		return nil, err
+	}
+	cfg.path = path
+	return cfg, nil
+}
+
+// parseStatus parses the arguments of `distlock status`, which is not
+// supported yet: with a good command line it says so (exit status 2).
+func parseStatus(args []string, getenv func(string) string) error {
+	fs := newFlagSet("status")
+	storeURL := fs.String("store", "", "")
+	fs.Bool("json", false, "")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch rest := fs.Args(); {
+	case len(rest) == 0:
+		return usageErrorf("status: missing KEY")
+	case len(rest) > 1:
+		return usageErrorf("status: %q after KEY: status takes one KEY, flags before it", rest[1])
+	case rest[0] == "":
+		return usageErrorf("status: empty KEY")
+	}
+	s, err := storeFrom(*storeURL, getenv)
+	if err != nil {
+		return err
+	}
+	if err := s.validateKey(fs.Arg(0)); err != nil {
+		return fmt.Errorf("status: KEY %s: %w", quoteKey(fs.Arg(0)), err)
+	}
+	return errors.New("status is not supported yet: distlock cannot inspect a key without acquiring it yet")
+}
+
+// storeFrom parses --store, or DISTLOCK_STORE when it is not given.
+func storeFrom(flagValue string, getenv func(string) string) (store, error) {
+	raw := flagValue
+	if raw == "" {
+		raw = getenv("DISTLOCK_STORE")
+	}
+	if raw == "" {
+		return nil, usageErrorf("no store: give --store URL or set DISTLOCK_STORE")
+	}
+	return parseStore(raw)
+}
+
+// quoteKey quotes a key for a message, cut short when long.
+func quoteKey(key string) string {
+	const max = 64
+	if len(key) <= max {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", key[:max], len(key))
+}
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // distlock prints its own messages
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses args into fs, turning the flag package's errors into
+// usage errors.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		return errHelp
+	}
+	return usageErrorf("%s: %v", fs.Name(), err)
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// durationFlag is a flag.Value for a duration >= 0: a number of seconds
+// (as flock and timeout take) or a Go duration.
+type durationFlag struct {
+	d   time.Duration
+	s   string
+	set bool
+}
+
+func (f *durationFlag) String() string { return f.s }
+
+func (f *durationFlag) Set(s string) error {
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("negative duration %q", s)
+	}
+	f.d, f.s, f.set = d, s, true
+	return nil
+}
+
+// parseDuration parses a number of seconds ("10", "1.5") or a Go duration
+// ("1m30s", "250ms").
+func parseDuration(s string) (time.Duration, error) {
+	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		if math.IsNaN(secs) || math.IsInf(secs, 0) || math.Abs(secs) > float64(math.MaxInt64/int64(time.Second)) {
+			return 0, fmt.Errorf("bad duration %q", s)
+		}
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("bad duration %q: want seconds (1.5) or a Go duration (1m30s)", s)
+	}
+	return d, nil
+}

@@ -1,0 +1,338 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/distlock/distlock"
+)
+
+// forwarded are the signals distlock passes to COMMAND's process group.
+// The first four also end a wait for the lock.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// releaseTimeout bounds the release after COMMAND exited, and then
+// distlock's Close (which retries a release that failed): distlock exits
+// within twice this even when the store stopped answering.
+const releaseTimeout = 5 * time.Second
+
+// setupTimeout bounds connecting to the store (each client's own dial
+// timeouts apply within it).
+const setupTimeout = 30 * time.Second
+
+// runner is one `distlock run`.
+type runner struct {
+	cfg    *runConfig
+	stderr io.Writer
+	// releaseFailed: the release after COMMAND failed and said so; Close,
+	// which tries it again, need not say it twice.
+	releaseFailed bool
+}
+
+// say writes a line on stderr.
+func (r *runner) say(format string, args ...any) {
+	fmt.Fprintf(r.stderr, "distlock: "+format+"\n", args...)
+}
+
+// sayV writes a line on stderr with -v.
+func (r *runner) sayV(format string, args ...any) {
+	if r.cfg.verbose {
+		r.say(format, args...)
+	}
+}
+
+// signalError is the cause of the acquisition's context when a signal
+// ended the wait.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
+
+// runCommand acquires the lock, runs COMMAND under it and returns the exit
+// status.
+func runCommand(cfg *runConfig, stderr io.Writer) int {
+	r := &runner{cfg: cfg, stderr: stderr}
+	key := quoteKey(cfg.key)
+	// Caught until distlock exits: once COMMAND has exited they are
+	// dropped, so that the release runs to its end and distlock exits
+	// with COMMAND's status.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, forwarded...)
+
+	// Until COMMAND starts, a signal ends the wait for the lock.
+	ctx, interrupt := context.WithCancelCause(context.Background())
+	defer interrupt(nil)
+	stopWatching := watch(sigs, interrupt)
+	interrupted := func() (int, bool) {
+		var se signalError
+		if errors.As(context.Cause(ctx), &se) {
+			r.sayV("%v while waiting for %s", se.sig, key)
+			return 128 + int(se.sig), true
+		}
+		return 0, false
+	}
+
+	octx, cancel := context.WithTimeout(ctx, setupTimeout)
+	res, closeClients, err := cfg.store.open(octx, cfg.ttl)
+	cancel()
+	if err != nil {
+		stopWatching()
+		if code, ok := interrupted(); ok {
+			return code
+		}
+		r.say("store %s: %v", cfg.store, err)
+		return exitUnavailable
+	}
+	defer closeClients()
+	note := &lossNote{}
+	d, err := distlock.New(observe(res, note, r.sayV), distlock.WithAutoRenew(), distlock.WithDefaultTTL(cfg.ttl),
+		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout))
+	if err != nil {
+		stopWatching()
+		if c, ok := res.(io.Closer); ok {
+			c.Close()
+		}
+		r.say("store %s: %v", cfg.store, err)
+		return exitUnavailable
+	}
+	defer func() {
+		if err := d.Close(); err != nil {
+			if r.releaseFailed {
+				r.sayV("%v", err)
+			} else {
+				r.say("%v", err)
+			}
+		}
+	}()
+
+	r.sayV("waiting for %s on %s (%s)", key, cfg.store, waitText(cfg.wait))
+	lk, err := d.TryLock(ctx, cfg.key, cfg.wait)
+	stopWatching()
+	if code, ok := interrupted(); ok {
+		if lk != nil { // acquired as the signal came: give it back
+			r.release(lk, false)
+		}
+		return code
+	}
+	switch {
+	case errors.Is(err, distlock.ErrInvalid):
+		r.say("%v", err)
+		return exitUsage
+	case errors.Is(err, distlock.ErrNotAcquired):
+		r.sayV("%s is held by another owner: not acquired (%s)", key, waitText(cfg.wait))
+		return cfg.conflict
+	case err != nil:
+		r.say("acquiring %s on %s: %v", key, cfg.store, err)
+		return exitUnavailable
+	}
+	r.sayV("acquired %s with token %d (TTL %v, renewed every third of it)", key, lk.Token(), cfg.ttl)
+	return r.child(lk, note, sigs)
+}
+
+// watch turns the first terminating signal on sigs into the end of the
+// acquisition, until the returned function is called (it returns once the
+// watching stopped).
+func watch(sigs <-chan os.Signal, interrupt context.CancelCauseFunc) func() {
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case s := <-sigs:
+				switch s {
+				case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+					interrupt(signalError{s.(syscall.Signal)})
+					return
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return func() { close(stop); <-stopped }
+}
+
+func waitText(wait time.Duration) string {
+	switch wait {
+	case 0:
+		return "one attempt"
+	case forever:
+		return "until acquired"
+	}
+	return "waiting up to " + wait.String()
+}
+
+// child runs COMMAND while lk is held, and releases lk when it exits.
+func (r *runner) child(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal) int {
+	cfg := r.cfg
+	key := quoteKey(cfg.key)
+	cmd := exec.Command(cfg.path)
+	cmd.Args = cfg.argv
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "DISTLOCK_KEY="+cfg.key, "DISTLOCK_TOKEN="+strconv.FormatUint(lk.Token(), 10))
+	fg := inForeground()
+	cmd.SysProcAttr = procAttr(fg)
+
+	// COMMAND is started, and waited for, on one locked thread: the
+	// parent-death signal (Linux) fires when the thread that forked it
+	// ends, and a locked thread ends only with its goroutine.
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait() // its status is in cmd.ProcessState
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		if fg { // the child took the foreground before its exec failed
+			takeForeground()
+		}
+		r.say("starting %s: %v", cfg.argv[0], err)
+		r.release(lk, false)
+		if errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
+	}
+	pgid := cmd.Process.Pid
+
+	done := lk.Done()
+	lost := false
+	stop := func(why string) {
+		done, lost = nil, true
+		r.say("lost %s: %s; sending SIGTERM to the command, SIGKILL in %v", key, why, cfg.grace)
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	}
+	// The lock is taken as lost a margin before its validity ends when
+	// renewals failed until then: COMMAND must get the signal before the
+	// store can hand KEY to another holder, and a process needs longer
+	// than the facade's allowance (Done) to hear of it.
+	margin := lossMargin(cfg.ttl)
+	expiring := time.NewTimer(time.Until(lk.Deadline()) - margin)
+	defer expiring.Stop()
+	var kill <-chan time.Time
+	for running := true; running; {
+		select {
+		case s := <-sigs:
+			r.sayV("passing %v to the command", s)
+			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		case <-expiring.C:
+			dl := lk.Deadline()
+			if dl.IsZero() || done == nil { // lost already: Done says why
+				continue
+			}
+			if left := time.Until(dl) - margin; left > 0 { // renewed meanwhile
+				expiring.Reset(left)
+				continue
+			}
+			stop(fmt.Sprintf("renewals failed until %v before its TTL ran out: %v", margin, note.lastRenewal()))
+			kill = time.After(cfg.grace)
+		case <-done:
+			stop(fmt.Sprint(note.get()))
+			kill = time.After(cfg.grace)
+		case <-kill:
+			kill = nil
+			r.say("the command outlived --grace (%v): SIGKILL", cfg.grace)
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		case <-exited:
+			running = false
+		}
+	}
+	if fg {
+		takeForeground()
+	}
+	if !lost && isClosed(lk.Done()) { // lost as the command exited
+		lost = true
+		r.say("lost %s as the command exited: %v", key, note.get())
+	}
+	if lost { // what is left of its process group goes too
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	status := exitStatus(cmd.ProcessState)
+	r.sayV("the command exited with status %d", status)
+	if !r.release(lk, lost) {
+		lost = true
+	}
+	if lost {
+		return exitLost
+	}
+	return status
+}
+
+// release unlocks lk, bounded by releaseTimeout. It returns false when the
+// store no longer held the lock (and lost was not known): another owner
+// may have held it while COMMAND ran.
+func (r *runner) release(lk *distlock.Lock, lost bool) bool {
+	key := quoteKey(r.cfg.key)
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	err := lk.Unlock(ctx)
+	switch {
+	case err == nil:
+		r.sayV("released %s", key)
+	case errors.Is(err, distlock.ErrNotHeld):
+		if !lost {
+			r.say("%s was not held any more when the command exited: %v", key, err)
+			return false
+		}
+	default:
+		r.releaseFailed = true
+		r.say("releasing %s: %v; the store frees it when its TTL (%v) runs out", key, err, r.cfg.ttl)
+	}
+	return true
+}
+
+// lossMargin is how long before the lock's validity ends distlock stops
+// COMMAND if renewals failed until then: a twentieth of the TTL, between
+// 10ms and 1s, and at most half the TTL.
+func lossMargin(ttl time.Duration) time.Duration {
+	return min(max(ttl/20, 10*time.Millisecond), time.Second, ttl/2)
+}
+
+// exitStatus is the shell's status for a process state: its exit code,
+// or 128+N when signal N ended it.
+func exitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// lookPath finds COMMAND as the shell would, before anything touches the
+// store: 127 when it is not found, 126 when it cannot be run.
+func lookPath(name string) (string, error) {
+	path, err := exec.LookPath(name)
+	switch {
+	case err == nil:
+		return path, nil
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return "", &exitError{code: exitNotFound, err: fmt.Errorf("run: %w", err)}
+	}
+	return "", &exitError{code: exitCannotRun, err: fmt.Errorf("run: %w", err)}
+}

@@ -1,0 +1,581 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/etcd"
+	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/redlock"
+	"github.com/distlock/distlock/sqldb"
+	"github.com/distlock/distlock/zookeeper"
+)
+
+// store is a parsed --store URL. parseStore and validateKey do no I/O;
+// open connects.
+type store interface {
+	// validateKey checks key against the store's own rules, with no I/O.
+	validateKey(key string) error
+	// open connects to the store within ctx and returns the backend and
+	// a function that closes its clients, to call after the backend's
+	// Close (distlock's Close calls it). The TTL is the locks'.
+	open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error)
+	// String is the URL with any password hidden.
+	String() string
+}
+
+// defaultDialTimeout bounds connecting to etcd and ZooKeeper unless the
+// URL's dial_timeout says otherwise (go-redis, pgx and the MySQL driver
+// have their own, which their URL options set).
+const defaultDialTimeout = 5 * time.Second
+
+// parseStore parses a --store URL. Every error is the user's: a bad URL,
+// an unknown scheme, an option the store's client refuses.
+func parseStore(raw string) (store, error) {
+	scheme, _, ok := strings.Cut(raw, ":")
+	if !ok || scheme == "" {
+		return nil, fmt.Errorf("store URL %q has no scheme: want redis://, etcd://, zk://, postgres://, mysql://, ... (see distlock --help)", raw)
+	}
+	var s store
+	var err error
+	switch strings.ToLower(scheme) {
+	case "redis", "rediss":
+		s, err = parseRedis(raw, "")
+	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
+		base, kind, _ := strings.Cut(strings.ToLower(scheme), "+")
+		s, err = parseRedis(base+raw[len(scheme):], kind)
+	case "redlock":
+		s, err = parseRedlock(raw[len(scheme)+1:])
+	case "etcd":
+		s, err = parseEtcd(raw)
+	case "zk", "zookeeper":
+		s, err = parseZooKeeper(raw)
+	case "postgres", "postgresql":
+		s, err = parsePostgres(raw)
+	case "mysql", "mariadb":
+		s, err = parseMySQL(raw, scheme)
+	case "memory", "mem":
+		return nil, errors.New("the memory store keeps its locks inside one process, so it cannot lock across processes: give a Redis, etcd, ZooKeeper, PostgreSQL or MySQL URL (see distlock --help)")
+	default:
+		return nil, fmt.Errorf("unknown store scheme %q: want redis://, rediss://, redis+sentinel://, redis+cluster://, redlock:, etcd://, zk://, postgres://, mysql:// (see distlock --help)", scheme)
+	}
+	if err != nil {
+		// net/url's errors quote the URL, password and all.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = redact(ue.URL)
+		}
+		return nil, fmt.Errorf("store %s: %w", redact(raw), err)
+	}
+	return s, nil
+}
+
+// redact hides the password of a URL for messages, also in a URL that
+// net/url cannot parse (a host list, a MySQL DSN).
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		if _, ok := u.User.Password(); ok {
+			return u.Redacted()
+		}
+		return raw
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return raw
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
+
+// redisStore is one Redis deployment: a server, a Sentinel group's master
+// or a Cluster. Its client is made at parse time: go-redis connects only
+// on the first command.
+type redisStore struct {
+	name   string
+	client goredis.UniversalClient
+	res    *redis.Resource
+	ping   time.Duration // bounds the PING of open: dial plus read timeout
+}
+
+// parseRedis parses a redis:// or rediss:// URL with the go-redis parser
+// for kind: "" (one server), "sentinel" or "cluster".
+func parseRedis(raw, kind string) (*redisStore, error) {
+	// ContextTimeoutEnabled: the facade's bounds (the wait, the
+	// validity a renewal must land in) become the requests' deadlines.
+	// NewClient and its kin fill in the default timeouts.
+	var c goredis.UniversalClient
+	var dial, read time.Duration
+	switch kind {
+	case "":
+		o, err := goredis.ParseURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		o.ContextTimeoutEnabled = true
+		c = goredis.NewClient(o)
+		dial, read = o.DialTimeout, o.ReadTimeout
+	case "sentinel":
+		o, err := goredis.ParseFailoverURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		if o.MasterName == "" {
+			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
+		}
+		o.ContextTimeoutEnabled = true
+		c = goredis.NewFailoverClient(o)
+		dial, read = o.DialTimeout, o.ReadTimeout
+	case "cluster":
+		o, err := goredis.ParseClusterURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		o.ContextTimeoutEnabled = true
+		c = goredis.NewClusterClient(o)
+		dial, read = o.DialTimeout, o.ReadTimeout
+	}
+	ping := max(dial, 0) + max(read, 0)
+	if ping <= 0 {
+		ping = 2 * defaultDialTimeout
+	}
+	name := redact(raw)
+	if kind != "" {
+		scheme, rest, _ := strings.Cut(name, ":")
+		name = scheme + "+" + kind + ":" + rest
+	}
+	return &redisStore{name: name, client: c, res: redis.New(c), ping: ping}, nil
+}
+
+func (s *redisStore) String() string { return s.name }
+
+func (s *redisStore) validateKey(key string) error { return s.res.ValidateKey(key) }
+
+func (s *redisStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
+	closeAll := func() { s.client.Close() }
+	// A PING, so that an unreachable server is reported now, whatever the
+	// wait (go-redis bounds it by its dial and read timeouts).
+	ctx, cancel := context.WithTimeout(ctx, s.ping)
+	defer cancel()
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		s.res.Close()
+		closeAll()
+		return nil, nil, err
+	}
+	return s.res, closeAll, nil
+}
+
+// redlockStore is Redlock over independent Redis servers.
+type redlockStore struct {
+	name    string
+	clients []goredis.UniversalClient
+	res     *redlock.Resource
+}
+
+// parseRedlock parses the comma-separated Redis URLs after "redlock:".
+func parseRedlock(list string) (*redlockStore, error) {
+	if !strings.HasPrefix(list, "redis") {
+		return nil, errors.New("want redlock:redis://HOST1:PORT,redis://HOST2:PORT,redis://HOST3:PORT")
+	}
+	s := &redlockStore{}
+	var names []string
+	for _, raw := range strings.Split(list, ",") {
+		o, err := goredis.ParseURL(raw)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("node %q: %w", redact(raw), err)
+		}
+		o.ContextTimeoutEnabled = true // per-node timeouts, as redlock's doc asks
+		s.clients = append(s.clients, goredis.NewClient(o))
+		names = append(names, redact(raw))
+	}
+	res, err := redlock.New(s.clients)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.res, s.name = res, "redlock:"+strings.Join(names, ",")
+	return s, nil
+}
+
+// close closes the Resource and the clients, when open is never called.
+func (s *redlockStore) close() {
+	if s.res != nil {
+		s.res.Close()
+	}
+	s.closeClients()
+}
+
+func (s *redlockStore) closeClients() {
+	for _, c := range s.clients {
+		c.Close()
+	}
+}
+
+func (s *redlockStore) String() string { return s.name }
+
+func (s *redlockStore) validateKey(key string) error { return s.res.ValidateKey(key) }
+
+func (s *redlockStore) open(context.Context, time.Duration) (backend.RemoteResource, func(), error) {
+	return s.res, s.closeClients, nil
+}
+
+// hostList is a URL whose host is a comma-separated list, as etcd:// and
+// zk:// take: SCHEME://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][/PATH][?QUERY].
+// net/url cannot parse it (it reads the port after the last colon).
+type hostList struct {
+	name  string // the URL with the password hidden
+	user  *url.Userinfo
+	hosts []string // HOST:PORT
+	path  string
+	query url.Values
+}
+
+// parseHostList parses raw, giving each host without a port the default.
+// Query parameters other than allowed are refused.
+func parseHostList(raw string, defaultPort int, allowed ...string) (*hostList, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, errors.New("want SCHEME://HOST:PORT[,HOST:PORT...]")
+	}
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	// The path and query, parsed by net/url behind a placeholder host.
+	u, err := url.Parse("x://h" + tail)
+	if err != nil {
+		return nil, errors.New("bad path or query")
+	}
+	if u.Fragment != "" {
+		return nil, errors.New("unexpected #fragment")
+	}
+	h := &hostList{path: u.Path, query: u.Query()}
+	hosts := authority
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		hosts = authority[at+1:]
+		ui, err := url.Parse("x://" + authority[:at+1] + "h")
+		if err != nil || ui.User == nil {
+			return nil, errors.New("bad USER:PASSWORD@ (percent-encode its special characters)")
+		}
+		h.user = ui.User
+	}
+	if hosts == "" {
+		return nil, errors.New("no host: want SCHEME://HOST:PORT[,HOST:PORT...]")
+	}
+	for _, host := range strings.Split(hosts, ",") {
+		if !strings.Contains(host, ":") || strings.HasSuffix(host, "]") {
+			host = net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(defaultPort))
+		}
+		name, port, err := net.SplitHostPort(host)
+		if err != nil {
+			return nil, fmt.Errorf("host %q: %v", host, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("host %q: bad port %q", host, port)
+		}
+		if name == "" {
+			return nil, fmt.Errorf("host %q: no host name", host)
+		}
+		h.hosts = append(h.hosts, host)
+	}
+	for k := range h.query {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || k == a
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown option %q: want %s", k, strings.Join(allowed, ", "))
+		}
+	}
+	h.name = scheme + "://"
+	if h.user != nil {
+		h.name += h.user.Username()
+		if _, ok := h.user.Password(); ok {
+			h.name += ":xxxxx"
+		}
+		h.name += "@"
+	}
+	h.name += strings.Join(h.hosts, ",") + tail
+	return h, nil
+}
+
+// duration reads the duration option name, def when absent.
+func (h *hostList) duration(name string, def time.Duration) (time.Duration, error) {
+	v := h.query.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := parseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("option %s=%q: want a positive duration", name, v)
+	}
+	return d, nil
+}
+
+// etcdStore is an etcd cluster.
+type etcdStore struct {
+	name string
+	cfg  clientv3.Config
+}
+
+func parseEtcd(raw string) (*etcdStore, error) {
+	h, err := parseHostList(raw, 2379, "dial_timeout")
+	if err != nil {
+		return nil, err
+	}
+	if p := strings.Trim(h.path, "/"); p != "" {
+		return nil, fmt.Errorf("unexpected path %q: an etcd URL names hosts only", h.path)
+	}
+	dial, err := h.duration("dial_timeout", defaultDialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	cfg := clientv3.Config{DialTimeout: dial, Logger: zap.NewNop()}
+	for _, host := range h.hosts {
+		cfg.Endpoints = append(cfg.Endpoints, "http://"+host)
+	}
+	if h.user != nil {
+		cfg.Username = h.user.Username()
+		cfg.Password, _ = h.user.Password()
+	}
+	return &etcdStore{name: h.name, cfg: cfg}, nil
+}
+
+func (s *etcdStore) String() string { return s.name }
+
+// validateKey asks the etcd store's own ValidateKey, on a Resource over a
+// client that was never connected: it checks the key's length only.
+func (s *etcdStore) validateKey(key string) error {
+	return etcd.New(new(clientv3.Client)).ValidateKey(key)
+}
+
+func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
+	c, err := clientv3.New(s.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The client connects on its first request: make one that needs a
+	// quorum (a linearizable read of nothing), so that an unreachable
+	// cluster is reported now, whatever the wait.
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	if _, err := c.Get(pctx, etcd.DefaultPrefix, clientv3.WithCountOnly()); err != nil {
+		c.Close()
+		return nil, nil, fmt.Errorf("no answer from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), s.cfg.DialTimeout, err)
+	}
+	return etcd.New(c), func() { c.Close() }, nil
+}
+
+// zkStore is a ZooKeeper ensemble.
+type zkStore struct {
+	name    string
+	servers []string
+	opts    []zookeeper.Option
+	session time.Duration // 0: the TTL
+	dial    time.Duration
+}
+
+func parseZooKeeper(raw string) (*zkStore, error) {
+	h, err := parseHostList(raw, 2181, "session_timeout", "dial_timeout")
+	if err != nil {
+		return nil, err
+	}
+	if h.user != nil {
+		return nil, errors.New("ZooKeeper credentials in the URL are not supported")
+	}
+	s := &zkStore{name: h.name, servers: h.hosts}
+	if s.session, err = h.duration("session_timeout", 0); err != nil {
+		return nil, err
+	}
+	if s.dial, err = h.duration("dial_timeout", defaultDialTimeout); err != nil {
+		return nil, err
+	}
+	if root := strings.TrimSuffix(h.path, "/"); root != "" {
+		s.opts = append(s.opts, zookeeper.WithRoot(root))
+	}
+	// A bad root makes every call of the resource fail: find out now.
+	if err := zookeeper.New(new(zk.Conn), s.opts...).ValidateKey("k"); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *zkStore) String() string { return s.name }
+
+// validateKey asks the ZooKeeper store's own ValidateKey, on a Resource
+// over a connection that was never opened: it checks the key and the root.
+func (s *zkStore) validateKey(key string) error {
+	return zookeeper.New(new(zk.Conn), s.opts...).ValidateKey(key)
+}
+
+func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
+	session := s.session
+	if session == 0 {
+		session = ttl
+	}
+	conn, events, err := zk.Connect(s.servers, session, zk.WithLogger(log.New(io.Discard, "", 0)))
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() {
+		for range events { // the resource watches the connection itself
+		}
+	}()
+	// The resource needs a session: wait for one, within the dial timeout.
+	ctx, cancel := context.WithTimeout(ctx, s.dial)
+	defer cancel()
+	for conn.State() != zk.StateHasSession {
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), s.dial, context.Cause(ctx))
+		case <-time.After(10 * time.Millisecond): // go-zookeeper has no "session ready" channel but its events, which the resource reads
+		}
+	}
+	return zookeeper.New(conn, s.opts...), conn.Close, nil
+}
+
+// postgresStore is a PostgreSQL database.
+type postgresStore struct {
+	name string
+	cfg  *pgxpool.Config
+}
+
+func parsePostgres(raw string) (*postgresStore, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	return &postgresStore{name: redact(raw), cfg: cfg}, nil
+}
+
+func (s *postgresStore) String() string { return s.name }
+
+// validateKey asks the PostgreSQL store's own ValidateKey, which reads
+// nothing of the store.
+func (s *postgresStore) validateKey(key string) error { return new(sqldb.Postgres).ValidateKey(key) }
+
+func (s *postgresStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
+	pool, err := pgxpool.NewWithConfig(ctx, s.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := sqldb.NewPostgres(ctx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return res, pool.Close, nil
+}
+
+// mysqlStore is a MySQL or MariaDB database.
+type mysqlStore struct {
+	name string
+	cfg  *mysql.Config
+}
+
+// parseMySQL parses mysql://USER:PASSWORD@HOST:PORT/DB?PARAMS, or the
+// driver's DSN after mysql:// (it has a "(": tcp(HOST:PORT)).
+func parseMySQL(raw, scheme string) (*mysqlStore, error) {
+	rest := raw[len(scheme)+1:]
+	if !strings.HasPrefix(rest, "//") {
+		return nil, errors.New("want mysql://USER:PASSWORD@HOST:PORT/DB")
+	}
+	rest = rest[2:]
+	var cfg *mysql.Config
+	if strings.Contains(rest, "(") {
+		c, err := mysql.ParseDSN(rest)
+		if err != nil {
+			return nil, err
+		}
+		cfg = c
+	} else {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return nil, err
+		}
+		// The driver parses the parameters; the URL gives the rest.
+		c, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, err
+		}
+		cfg = c
+		if u.User != nil {
+			cfg.User = u.User.Username()
+			cfg.Passwd, _ = u.User.Password()
+		}
+		if u.Host == "" {
+			return nil, errors.New("no host: want mysql://USER:PASSWORD@HOST:PORT/DB")
+		}
+		cfg.Net, cfg.Addr = "tcp", u.Host
+		if u.Port() == "" {
+			cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+		}
+		cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	}
+	if cfg.DBName == "" || strings.Contains(cfg.DBName, "/") {
+		return nil, errors.New("name one database: mysql://USER:PASSWORD@HOST:PORT/DB (the lock table lives there)")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = defaultDialTimeout
+	}
+	shown := *cfg
+	if shown.Passwd != "" {
+		shown.Passwd = "xxxxx"
+	}
+	return &mysqlStore{name: scheme + "://" + shown.FormatDSN(), cfg: cfg}, nil
+}
+
+func (s *mysqlStore) String() string { return s.name }
+
+// validateKey asks the MySQL store's own ValidateKey, which reads nothing
+// of the store.
+func (s *mysqlStore) validateKey(key string) error { return new(sqldb.MySQL).ValidateKey(key) }
+
+func (s *mysqlStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
+	conn, err := mysql.NewConnector(s.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	db := sql.OpenDB(conn)
+	res, err := sqldb.NewMySQL(ctx, db)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return res, func() { db.Close() }, nil
+}
+
+func init() {
+	// The clients log failed dials and broken connections on stderr;
+	// distlock reports the errors that matter itself.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
+	goredis.SetLogger(&logging.VoidLogger{})
+}

@@ -1,0 +1,113 @@
+//go:build unix
+
+package main
+
+const shortUsage = `usage: distlock run [flags] KEY -- COMMAND [ARGS...]
+       distlock status [flags] KEY
+Run 'distlock --help' for the flags, the store URLs and the exit statuses.
+`
+
+// usage is the help text. Its exit statuses are the constants in main.go,
+// and the README repeats them: change the three together.
+const usage = `distlock runs a command while holding a distributed lock, on Redis,
+Redlock, etcd, ZooKeeper, PostgreSQL or MySQL/MariaDB.
+
+Usage:
+  distlock run [flags] KEY -- COMMAND [ARGS...]
+  distlock status [flags] KEY      (not supported yet)
+  distlock help
+
+distlock run acquires the lock KEY, runs COMMAND while holding it,
+renewing it every third of its TTL, releases it when COMMAND exits and
+exits with COMMAND's status. COMMAND gets in its environment:
+  DISTLOCK_KEY    KEY
+  DISTLOCK_TOKEN  the fencing token: larger for every new holder of KEY on
+                  the store (0 on Redlock, which has none). Have the
+                  resource you protect refuse a token lower than one it has
+                  seen: a holder that lost the lock cannot then do harm.
+COMMAND runs in a process group of its own. SIGINT, SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 sent to distlock are passed to that group
+(from a terminal, COMMAND gets the foreground: ^C reaches it directly);
+once COMMAND has exited they are ignored while distlock releases KEY
+(within 10s, even when the store stopped answering).
+If the lock is lost while COMMAND runs (a renewal found it gone, or the
+store did not answer until its TTL ran out), the group gets SIGTERM at
+once, and SIGKILL after --grace or as soon as COMMAND exits, and distlock
+exits with 79. The store may hand KEY to another holder from the end of
+the TTL on: fence with DISTLOCK_TOKEN. If distlock itself is killed, COMMAND
+gets SIGKILL (on Linux; its own children do not) and KEY is freed when
+its TTL runs out.
+
+Flags of run:
+  --store URL        the store (default: $DISTLOCK_STORE); the forms are below
+  --wait DURATION    how long to wait for KEY while another owner holds it
+                     (default: until acquired or interrupted); 0 makes one
+                     attempt, like flock -n
+  --ttl DURATION     the lock's lease: how long the store keeps KEY for a
+                     holder that stopped renewing it, after a crash, a
+                     kill -9 or a partition (default 10s)
+  --grace DURATION   after the lock is lost, how long COMMAND has between
+                     SIGTERM and SIGKILL (default 5s)
+  --conflict-exit-code N
+                     the exit status when KEY stayed held for the whole wait,
+                     0 to 255 (default 75), like flock -E
+  --limit N          a semaphore: at most N runs hold KEY at once, like
+                     consul lock -n (not supported yet)
+  --shared           the read side of the read/write lock KEY: runs with
+                     --shared hold it together (not supported yet)
+  --exclusive        the write side of the read/write lock KEY: excludes
+                     --shared and other --exclusive runs (not supported yet)
+  -v, --verbose      say on stderr when distlock waits, acquires (with the
+                     token), renews, loses and releases KEY
+DURATION is a number of seconds (1.5) or a Go duration (1m30s, 250ms).
+A plain run (no --limit, --shared or --exclusive) takes the mutex KEY: the
+lock distlock.TryLock takes in Go, so programs and jobs can share it.
+
+distlock status [--store URL] [--json] KEY (not supported yet) will print
+whether KEY is held, its holders, their remaining TTL and token, and exit
+with 0 when KEY is held, 1 when it is not.
+
+Store URLs (--store, or the environment variable DISTLOCK_STORE):
+  redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
+  rediss://...                 one Redis server, rediss over TLS; the
+                               options are go-redis's (ParseURL), such as
+                               dial_timeout=3s, read_timeout=1s
+  redis+sentinel://[USER:PASSWORD@]HOST:PORT[/DB]?master_name=NAME[&addr=HOST2:PORT...]
+                               the master a Sentinel group names (go-redis
+                               ParseFailoverURL: USER:PASSWORD are the
+                               Sentinels'; password=... the master's)
+  redis+cluster://[USER:PASSWORD@]HOST:PORT[?addr=HOST2:PORT...]
+                               a Redis Cluster (go-redis ParseClusterURL)
+  rediss+sentinel://..., rediss+cluster://...   the same over TLS
+  redlock:redis://HOST1:PORT,redis://HOST2:PORT,redis://HOST3:PORT
+                               Redlock over an odd number (3 or more) of
+                               independent Redis servers, each a Redis URL
+  etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?dial_timeout=5s]
+                               an etcd cluster (port 2379 if none)
+  zk://HOST:PORT[,HOST:PORT...][/ROOT][?session_timeout=D&dial_timeout=D]
+                               a ZooKeeper ensemble (port 2181 if none);
+                               locks live under ROOT (default /distlock);
+                               the session timeout asked for is the TTL
+                               unless session_timeout says otherwise
+  postgres://... or postgresql://...
+                               PostgreSQL, a pgx connection URL
+  mysql://USER:PASSWORD@HOST:PORT/DB[?PARAM=VALUE...]
+  mysql://USER:PASSWORD@tcp(HOST:PORT)/DB[?PARAM=VALUE...]
+                               MySQL or MariaDB (also mariadb://): a URL, or
+                               the go-sql-driver/mysql DSN after mysql://
+The in-process memory store (memory://) cannot lock across processes, so
+distlock refuses it. A password in a URL is visible in the process list:
+prefer DISTLOCK_STORE.
+
+Exit status of run:
+  COMMAND's   COMMAND ran, holding the lock until it exited; 128+N if a
+              signal N ended it
+  2           bad usage, flag, key or store URL; nothing was sent to the store
+  69          the store could not be reached or failed before COMMAND started
+  75          KEY stayed held by another owner for the whole wait
+              (--conflict-exit-code changes it)
+  79          the lock was lost while COMMAND ran; COMMAND was stopped
+  126         COMMAND could not be started
+  127         COMMAND was not found
+  128+N       distlock got signal N while it waited for KEY
+`
