@@ -20,7 +20,8 @@ import (
 //	from        event                                          to          effect
 //	----------  ---------------------------------------------  ----------  -------------------------------------------------
 //	acquiring   commit: the whole chain returned nil, the      held        registered with the DistributeLock (Close sees
-//	            store granted, d is open, validity is left                 it); renewal and expiry scheduled; Lost watched
+//	            store granted, d is open, validity is left,                it); renewal and expiry scheduled (none when the
+//	            no Lost closed                                             store keeps it alive: KeptAlive); Lost watched
 //	acquiring   rollback: a handler failed after the store     released    Done closed; the handlers that acquired, and only
 //	            granted, Close ran, or the validity ended                  they, see Release (the store too, if it granted)
 //	held        reenter: validity left, under the limit        held        one more handle (no I/O)
@@ -29,8 +30,14 @@ import (
 //	held        lose: a renewal found the lock gone, or        lost        Done closed with the cause; loss observers told
 //	            failed until the validity ended; the                       once; renewal stopped
 //	            backend's Lost closed
+//	held        renew start: the scheduler finds it due        held        one renewal in flight (never two)
 //	held        renewed (started after the last release        held        validity extended; next renewal scheduled
 //	            began: same epoch)
+//	held        renew failed (same epoch): a store error       held        retried sooner, within the validity left
+//	            with validity left
+//	held        renew failed: ErrNotHeld, or validity ended    lost        as lose
+//	held        extended (Lock.Extend, same epoch)             held        the new TTL's validity from the extension's
+//	                                                                       start; renewal keeps the new TTL
 //	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs (a
 //	            (a lost grant's once its loss was announced)                   release of a lost grant waits until the
 //	                                                                            observers were told and Done closed)
