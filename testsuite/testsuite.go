@@ -119,6 +119,7 @@ func Run(t *testing.T, h Harness) {
 		{"BadInput", testBadInput},
 		{"BadInputMatrix", testBadInputMatrix},
 		{"Reentrancy", testReentrancy},
+		{"StalledStore", testStalledStore},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })
