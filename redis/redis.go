@@ -57,7 +57,16 @@ type Resource struct {
 	waitTimeout  time.Duration
 
 	hub *hub
+
+	// Requests whose context can end run on worker goroutines (see run).
+	tasks     chan *call // hands a request to an idle worker; unbuffered
+	quit      chan struct{}
+	closeOnce sync.Once
 }
+
+// workerIdle is how long a worker goroutine waits for the next request
+// before it exits.
+const workerIdle = 2 * time.Second
 
 // Option configures a [Resource].
 type Option func(*Resource)
@@ -98,7 +107,8 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // Resource never closes it. A nil c gives a Resource whose every call
 // returns an error.
 func New(c goredis.UniversalClient, opts ...Option) *Resource {
-	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish}
+	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
+		tasks: make(chan *call), quit: make(chan struct{})}
 	if cc, ok := c.(*goredis.ClusterClient); ok {
 		r.cluster = cc
 		r.publish = redisscript.ShardedPublish
@@ -158,21 +168,18 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 // It returns when the reply came or ctx ended, whichever is first: a
 // client honours a context's deadline only when built with
 // ContextTimeoutEnabled, and its cancellation never, so the request runs
-// in a goroutine of its own whenever ctx can end. A request cut short
-// that way runs on until the client gives up on it (its ReadTimeout, or
-// ctx's deadline under ContextTimeoutEnabled), and may still reach the
-// server: the caller decides what that means (see TryAcquire).
+// on a worker goroutine whenever ctx can end. A request cut short that
+// way runs on until the client gives up on it (its ReadTimeout, or ctx's
+// deadline under ContextTimeoutEnabled), and may still reach the server:
+// the caller decides what that means (see TryAcquire).
 func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
 	done := ctx.Done()
 	if done == nil {
 		return r.runNow(ctx, s, keys, cmd)
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
 	c := calls.Get().(*call)
 	c.r, c.ctx, c.s, c.keys, c.cmd = r, ctx, s, keys, cmd
-	go c.run()
+	r.submit(c)
 	select {
 	case <-c.done:
 	case <-done:
@@ -189,6 +196,35 @@ func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cm
 	return v, err
 }
 
+// submit runs c on an idle worker, or on a new one. Workers stay idle for
+// workerIdle, so a steady load reuses them (a handoff to a parked
+// goroutine costs less than starting one), and a burst, or requests
+// stuck on a server that stopped answering, get as many as they need.
+func (r *Resource) submit(c *call) {
+	select {
+	case r.tasks <- c:
+	default:
+		go r.work(c)
+	}
+}
+
+func (r *Resource) work(c *call) {
+	c.run()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case c = <-r.tasks:
+			c.run()
+			idle.Reset(workerIdle)
+		case <-idle.C:
+			return
+		case <-r.quit:
+			return
+		}
+	}
+}
+
 // runNow is run in the caller's goroutine.
 func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
 	c := goredis.NewCmd(ctx, cmd...)
@@ -200,8 +236,8 @@ func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string,
 	return v, err
 }
 
-// call is one request of run made in a goroutine of its own. Calls are
-// reused, except one whose caller stopped waiting.
+// call is one request of run, made on a worker. Calls are reused, except
+// one whose caller stopped waiting.
 type call struct {
 	r    *Resource
 	ctx  context.Context
@@ -469,10 +505,14 @@ func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
 	return r.hub.subscribe(lock)
 }
 
-// Close stops the subscription goroutines and closes the subscription
-// connections the Resource opened. It never closes the client given to
-// [New]. Calls after the first do nothing and return nil.
+// Close stops the subscription goroutines, closes the subscription
+// connections the Resource opened and stops its idle worker goroutines.
+// It never closes the client given to [New]. The Resource stays usable for
+// locks (later calls start goroutines as needed, which end with their
+// request), without wake-up. Calls after the first do nothing and return
+// nil.
 func (r *Resource) Close() error {
+	r.closeOnce.Do(func() { close(r.quit) })
 	if r.hub == nil {
 		return nil
 	}
