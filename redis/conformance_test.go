@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -16,12 +17,23 @@ import (
 // TestConformance runs the conformance suite through distlock.New on a
 // standalone server and on a three-master Cluster.
 func TestConformance(t *testing.T) {
-	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
-		testsuite.Run(t, harness(c))
+	t.Run("standalone", func(t *testing.T) {
+		srv := testserver.Redis(t)
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		testsuite.Run(t, harness(c, srv))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		srv := testserver.RedisCluster(t)
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		testsuite.Run(t, harness(c, srv.Nodes...))
 	})
 }
 
-func harness(c goredis.UniversalClient) testsuite.Harness {
+// harness adapts the Resource over c to the suite; servers are the ones c
+// reaches, which Stall freezes (SIGSTOP) all at once.
+func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) testsuite.Harness {
 	return testsuite.Harness{
 		NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
 		Unsupported: testsuite.NotYet,        // issue 24: semaphores and read/write locks are being built for this store
@@ -46,7 +58,32 @@ func harness(c goredis.UniversalClient) testsuite.Harness {
 		NewClosedResource: func(t *testing.T) backend.RemoteResource {
 			return closedResource(t, c)
 		},
+		Stall: func(t *testing.T) func() {
+			return stall(t, servers...)
+		},
 	}
+}
+
+// stall freezes servers (SIGSTOP) and returns what resumes them
+// (SIGCONT), once, also registered with t.Cleanup.
+func stall(t *testing.T, servers ...*testserver.RedisServer) func() {
+	t.Helper()
+	if len(servers) == 0 {
+		t.Fatal("stall: no server to freeze")
+	}
+	for _, s := range servers {
+		s.Pause()
+	}
+	var once sync.Once
+	resume := func() {
+		once.Do(func() {
+			for _, s := range servers {
+				s.Resume()
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
 }
 
 // closedResource returns a Resource over a client like c that was closed
@@ -84,5 +121,5 @@ func TestConformanceRing(t *testing.T) {
 	} else {
 		cancel()
 	}
-	testsuite.Run(t, harness(ring))
+	testsuite.Run(t, harness(ring, nodes...))
 }

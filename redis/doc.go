@@ -29,9 +29,13 @@
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
-// before returning the error. The request may also still be on its way (a
-// cancelled acquire's packets delayed on the network reach Redis after the
-// clean-up, sent on another connection): the clean-up therefore writes,
+// before returning the error, while its context lives. When the context
+// ended first (the server stopped answering, say), it does not wait: it
+// returns a backend.AbandonedError whose Cleanup the facade runs in the
+// background until the server answers it. The request may also still be on
+// its way (a cancelled acquire's packets delayed on the network, or queued
+// in a frozen server, reach Redis after the clean-up, sent on another
+// connection): the clean-up therefore writes,
 // in the same script, a tombstone for the owner value, prefix{k'}:dead:value
 // living one lease TTL, and the acquire script does not take the lock for a
 // value whose tombstone exists. Scripts run one at a time, so whichever of
@@ -42,6 +46,18 @@
 // already holds the attempt's own value as acquired, so the resent request
 // takes the lock its first run set, instead of finding it "held" and
 // leaving it to expire unowned.
+//
+// # Contexts
+//
+// Every call returns when its context ends, whatever the server does. A
+// go-redis client stops at a context's deadline only when created with
+// ContextTimeoutEnabled, and never at a cancellation without a deadline, so
+// the Resource runs a request whose context can end in a goroutine of its
+// own and stops waiting for it when the context ends (a request with a
+// context that cannot end, context.Background(), runs in the caller's).
+// The request itself runs on until the client gives up on it (its
+// ReadTimeout, 5s by default, or the context's deadline with
+// ContextTimeoutEnabled), holding one of the client's connections.
 //
 // # Keys
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -29,8 +30,10 @@ var ErrNotReplicated = errors.New("redis: lock not replicated")
 
 var errNilClient = errors.New("redis: nil client")
 
-// cleanupTimeout bounds the compare-and-delete that follows a failed
-// acquire; the key expires by itself after its TTL anyway.
+// cleanupTimeout bounds one try of the clean-up of a failed acquire (the
+// facade tries again, with backoff, while it has not answered): a try
+// stuck on a connection that will never answer gives way to one on a
+// fresh connection.
 const cleanupTimeout = time.Second
 
 var (
@@ -54,7 +57,16 @@ type Resource struct {
 	waitTimeout  time.Duration
 
 	hub *hub
+
+	// Requests whose context can end run on worker goroutines (see run).
+	tasks     chan *call // hands a request to an idle worker; unbuffered
+	quit      chan struct{}
+	closeOnce sync.Once
 }
+
+// workerIdle is how long a worker goroutine waits for the next request
+// before it exits.
+const workerIdle = 2 * time.Second
 
 // Option configures a [Resource].
 type Option func(*Resource)
@@ -95,7 +107,8 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // Resource never closes it. A nil c gives a Resource whose every call
 // returns an error.
 func New(c goredis.UniversalClient, opts ...Option) *Resource {
-	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish}
+	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
+		tasks: make(chan *call), quit: make(chan struct{})}
 	if cc, ok := c.(*goredis.ClusterClient); ok {
 		r.cluster = cc
 		r.publish = redisscript.ShardedPublish
@@ -152,7 +165,68 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 
 // run sends cmd, a prebuilt EVALSHA of s with keys, and falls back to EVAL
 // once when the server does not have the script cached (as Script.Run).
+// It returns when the reply came or ctx ended, whichever is first: a
+// client honours a context's deadline only when built with
+// ContextTimeoutEnabled, and its cancellation never, so the request runs
+// on a worker goroutine whenever ctx can end. A request cut short that
+// way runs on until the client gives up on it (its ReadTimeout, or ctx's
+// deadline under ContextTimeoutEnabled), and may still reach the server:
+// the caller decides what that means (see TryAcquire).
 func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	done := ctx.Done()
+	if done == nil {
+		return r.runNow(ctx, s, keys, cmd)
+	}
+	c := calls.Get().(*call)
+	c.r, c.ctx, c.s, c.keys, c.cmd = r, ctx, s, keys, cmd
+	r.submit(c)
+	select {
+	case <-c.done:
+	case <-done:
+		select {
+		case <-c.done: // the reply came with the end: take it
+		default:
+			// c is the request's now: it is not reused.
+			return 0, ctx.Err()
+		}
+	}
+	v, err := c.v, c.err
+	*c = call{done: c.done}
+	calls.Put(c)
+	return v, err
+}
+
+// submit runs c on an idle worker, or on a new one. Workers stay idle for
+// workerIdle, so a steady load reuses them (a handoff to a parked
+// goroutine costs less than starting one), and a burst, or requests
+// stuck on a server that stopped answering, get as many as they need.
+func (r *Resource) submit(c *call) {
+	select {
+	case r.tasks <- c:
+	default:
+		go r.work(c)
+	}
+}
+
+func (r *Resource) work(c *call) {
+	c.run()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case c = <-r.tasks:
+			c.run()
+			idle.Reset(workerIdle)
+		case <-idle.C:
+			return
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+// runNow is run in the caller's goroutine.
+func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
 	c := goredis.NewCmd(ctx, cmd...)
 	_ = r.c.Process(ctx, c)
 	v, err := c.Int64()
@@ -160,6 +234,56 @@ func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cm
 		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Int64()
 	}
 	return v, err
+}
+
+// call is one request of run, made on a worker. Calls are reused, except
+// one whose caller stopped waiting.
+type call struct {
+	r    *Resource
+	ctx  context.Context
+	s    *goredis.Script
+	keys []string
+	cmd  []any
+	v    int64
+	err  error
+	done chan struct{} // buffered 1: the request's goroutine never blocks
+}
+
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func (c *call) run() {
+	c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
+	c.done <- struct{}{}
+}
+
+// await runs f in a goroutine of its own and returns true when it
+// returned, or false when ctx ended first; f then runs on, and what it
+// writes must not be read.
+func await(ctx context.Context, f func()) bool {
+	done := ctx.Done()
+	if done == nil {
+		f()
+		return true
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	ch := make(chan struct{}, 1)
+	go func() {
+		f()
+		ch <- struct{}{}
+	}()
+	select {
+	case <-ch:
+		return true
+	case <-done:
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
@@ -177,16 +301,28 @@ func (r *Resource) ValidateKey(key string) error {
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
 // SET lock value NX PX ttl and, on success, INCR of the fence counter,
 // whose result becomes l.Token. When the key is held it returns false and
-// the holder's remaining time. On any error it deletes the key again if it
-// holds l.Value (the request may have run before its reply was lost) and,
-// in the same script, writes l.Value's tombstone for one TTL, so that the
-// request sets nothing should it reach Redis only after that (delayed on
-// the network); then it returns the error wrapped with op and key. l.Value
-// is given up then: an attempt with it fails until the tombstone expires
-// (the facade never makes one: an error ends its acquisition).
+// the holder's remaining time. It returns when ctx ends, whatever the
+// server does.
+//
+// On any error the request may have run, or may still run (its reply was
+// lost, or ctx ended before it came): the attempt is then cleaned up with
+// one script that deletes the key if it holds l.Value and writes l.Value's
+// tombstone for one TTL, so that the request sets nothing should it reach
+// Redis only after that (delayed on the network, or queued in a server
+// that stopped answering). While ctx lives TryAcquire runs the clean-up
+// itself and returns the error wrapped with op and key. When ctx ended,
+// or the clean-up could not be made before it did, it returns a
+// *[backend.AbandonedError] whose Cleanup makes it (the facade runs it in
+// the background until it succeeds); its Err wraps ctx's error if ctx
+// ended. l.Value is given up either way: an attempt with it fails until
+// the tombstone expires (the facade never makes one: an error ends its
+// acquisition).
 func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	if r.c == nil {
 		return false, 0, errNilClient
+	}
+	if err := ctx.Err(); err != nil { // nothing sent: nothing to clean
+		return false, 0, fmt.Errorf("redis: acquire %q: %w", l.Key, err)
 	}
 	// PX takes whole milliseconds: round up and say so in l.TTL.
 	ms := redisscript.Millis(l.TTL)
@@ -214,10 +350,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
 	}
 	if err != nil {
-		if cerr := r.cleanup(ctx, h); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
-		}
-		return false, 0, fmt.Errorf("redis: acquire %q: %w", l.Key, err)
+		return false, 0, r.failed(ctx, h, fmt.Errorf("redis: acquire %q: %w", l.Key, err))
 	}
 	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
 	if acquired {
@@ -226,10 +359,46 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	return acquired, holderTTL, nil
 }
 
+// failed cleans up after an attempt that failed with err: at once while
+// ctx lives, else (or when that fails) by returning an AbandonedError
+// whose Cleanup does it.
+func (r *Resource) failed(ctx context.Context, h *handle, err error) error {
+	if errors.Is(err, goredis.ErrClosed) {
+		// The client was closed: nothing more can be sent.
+		return err
+	}
+	if ctx.Err() == nil {
+		cerr := r.cleanup(ctx, h)
+		if cerr == nil {
+			return err
+		}
+		if errors.Is(cerr, goredis.ErrClosed) {
+			return errors.Join(err, fmt.Errorf("clean up: %w", cerr))
+		}
+		if ctx.Err() == nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
+		}
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w: %w", err, cerr)
+	}
+	return &backend.AbandonedError{Err: err, Cleanup: func(ctx context.Context) error { return r.cleanup(ctx, h) }}
+}
+
 // acquireWait runs the acquire script and WAIT in one pipeline, so both go
 // over one connection: WAIT counts acknowledgements of that connection's
-// writes. On Cluster the pipeline goes to the key's master.
+// writes. On Cluster the pipeline goes to the key's master. It returns
+// when ctx ends, as run does.
 func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, err error) {
+	var rv, racked int64
+	var rerr error
+	if !await(ctx, func() { rv, racked, rerr = r.acquireWaitNow(ctx, h) }) {
+		return 0, 0, ctx.Err()
+	}
+	return rv, racked, rerr
+}
+
+func (r *Resource) acquireWaitNow(ctx context.Context, h *handle) (v, acked int64, err error) {
 	var c goredis.Cmdable = r.c
 	if r.cluster != nil {
 		m, err := r.cluster.MasterForKey(ctx, h.keys[0])
@@ -262,10 +431,13 @@ func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
 
 // cleanup deletes h's key if it still holds h's value, and writes the
 // value's tombstone so that the acquire request, should it reach Redis
-// only now, sets nothing (redisscript.Cleanup). It uses a fresh context:
-// ctx may be the reason the acquire failed.
+// only now, sets nothing (redisscript.Cleanup). One try: it gives up
+// after cleanupTimeout, or when ctx ends.
 func (r *Resource) cleanup(ctx context.Context, h *handle) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	if r.c == nil {
+		return errNilClient
+	}
+	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	// Built here, not kept in the handle: clean-ups are rare.
 	cmd := []any{"evalsha", cleanupSHA, 1, h.acq[3], h.acq[5], h.acq[6], r.publish}
@@ -276,7 +448,10 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 // Release implements [backend.RemoteResource] with one script call: delete
 // the key if it holds l.Value and publish a release notice on the key's
 // channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
-// key is gone or holds another value.
+// key is gone or holds another value. It returns when ctx ends, with an
+// error wrapping ctx's: the lock may then still be held (the request may
+// also still reach the server and delete it), and Release may be called
+// again.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -294,7 +469,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 
 // Refresh implements [backend.Refresher] with one script call: reset the
 // key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
-// when the key is gone or holds another value.
+// when the key is gone or holds another value. It returns when ctx ends.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -330,10 +505,14 @@ func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
 	return r.hub.subscribe(lock)
 }
 
-// Close stops the subscription goroutines and closes the subscription
-// connections the Resource opened. It never closes the client given to
-// [New]. Calls after the first do nothing and return nil.
+// Close stops the subscription goroutines, closes the subscription
+// connections the Resource opened and stops its idle worker goroutines.
+// It never closes the client given to [New]. The Resource stays usable for
+// locks (later calls start goroutines as needed, which end with their
+// request), without wake-up. Calls after the first do nothing and return
+// nil.
 func (r *Resource) Close() error {
+	r.closeOnce.Do(func() { close(r.quit) })
 	if r.hub == nil {
 		return nil
 	}

@@ -54,5 +54,7 @@ func TestConformance(t *testing.T) {
 		TTL:       time.Second,
 		NoToken:   true,
 		MaxKeyLen: redlock.MaxKeyLen,
+		// A majority frozen: no round can be decided.
+		Stall: func(t *testing.T) func() { return c.stall(t, 2, 3, 4) },
 	})
 }

@@ -100,8 +100,13 @@
 // # Ambiguity and cleanup
 //
 // A request that timed out may still have set the key. A failed acquire
-// therefore deletes the key on every node (compare-and-delete), with a
-// fresh context (the caller's may be why it failed), before it returns.
+// therefore deletes the key on every node (compare-and-delete). It waits
+// for the deletes while the caller's context lives and every node answered
+// the round; otherwise it does not hold the caller: it returns a
+// backend.AbandonedError whose Cleanup the facade runs in the background,
+// sending the deletes again until every node that may hold the key (it
+// said it set it, or its reply did not come or did not tell) confirmed.
+// A contended round (no error) waits only for the nodes that set the key.
 // Requests are not cut when the caller gives up or a majority has decided:
 // they run on, bounded by the per-node timeout, and a reply that arrives
 // late still counts. When it says the key was set after a delete of it (a
@@ -131,7 +136,8 @@
 // command retries, DialerRetries and MaxRetries), at most the per-node
 // timeout. With ContextTimeoutEnabled, go-redis also stops reading from a
 // slow node at that timeout; without it the Resource still stops waiting
-// then, and the request ends within the client's ReadTimeout.
+// then, and the request ends within the client's ReadTimeout. Every call
+// returns when its context ends, whatever the nodes do.
 //
 // # Mutexes only
 //

@@ -11,9 +11,28 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/redlock"
 )
+
+// cleanUp runs ab's Cleanup as the facade does, until it returns nil, for
+// at most 10s.
+func cleanUp(t testing.TB, ab *backend.AbandonedError) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		err := ab.Cleanup(ctx)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("Cleanup did not succeed within 10s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the facade's first backoff
+	}
+}
 
 // readTimeout is the node clients' socket timeout in the tests of paused
 // nodes: far longer than any per-node timeout, so that waiting for a
@@ -145,21 +164,28 @@ func TestFailedAcquireLeavesNothing(t *testing.T) {
 				time.Sleep(2 * time.Millisecond)
 			}
 		}()
+		start := time.Now()
 		ok, _, err := r.TryAcquire(cctx, l)
-		if ok || !errors.Is(err, context.Canceled) {
-			t.Errorf("TryAcquire cancelled = %v, %v; want false, context.Canceled", ok, err)
+		if el := time.Since(start); el > bound {
+			t.Errorf("TryAcquire cancelled returned after %v", el)
 		}
+		var ab *backend.AbandonedError
+		if ok || !errors.Is(err, context.Canceled) || !errors.As(err, &ab) {
+			t.Fatalf("TryAcquire cancelled = %v, %v; want false, an AbandonedError wrapping context.Canceled", ok, err)
+		}
+		// The deletes were sent at once: the live nodes drop the key
+		// while the others sleep.
 		for _, i := range nodes(0, 1) {
-			if ours(c.valueOn(l.Key, i), l.Value) {
-				t.Errorf("live node %d keeps our value", i)
-			}
+			waitFor(t, "the live nodes to drop our value", func() bool { return !ours(c.valueOn(l.Key, i), l.Value) })
 		}
-		// The paused nodes apply the SET when they wake; the workers
-		// still waiting for those replies delete the key again.
+		// The paused nodes apply the SET and the deletes when they wake;
+		// the Cleanup, which the facade runs until it succeeds, succeeds
+		// once they answered.
 		for _, i := range nodes(2, 3, 4) {
 			c.servers[i].Resume()
 		}
-		c.noneHold(t, l.Key, l.Value)
+		cleanUp(t, ab)
+		c.noneHoldNow(t, l.Key, l.Value)
 	})
 
 	t.Run("no validity", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,6 +101,25 @@ func (c *cluster) newResource(t testing.TB, opts ...redlock.Option) *redlock.Res
 		}
 	})
 	return r
+}
+
+// stall freezes the nodes listed (SIGSTOP) and returns what resumes them
+// (SIGCONT), once, also registered with t.Cleanup.
+func (c *cluster) stall(t testing.TB, nodes ...int) func() {
+	t.Helper()
+	for _, i := range nodes {
+		c.servers[i].Pause()
+	}
+	var once sync.Once
+	resume := func() {
+		once.Do(func() {
+			for _, i := range nodes {
+				c.servers[i].Resume()
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
 }
 
 // lockKey is the Redis key of lock key under the default prefix.

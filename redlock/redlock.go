@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -307,17 +309,30 @@ func (r *Resource) ValidateKey(key string) error {
 // and l.Token stays 0: Redlock makes no fencing tokens.
 //
 // Otherwise the key is deleted (compare-and-delete) on every node, those
-// that timed out or failed included, with a fresh context bounded by the
-// per-node timeout, and TryAcquire returns:
+// that timed out or failed included, and TryAcquire returns:
 //   - false and a nil error when other owners hold it on enough nodes that
 //     a majority answered but too few said yes; holderTTL is then the time
 //     until enough of their keys expire for a majority to be free (0 when
-//     a node did not say);
+//     a node did not say). It returns once the nodes that said yes have
+//     deleted the key; the other deletes finish in the background;
 //   - an error wrapping [ErrNoQuorum], naming the failed nodes, when fewer
-//     than a majority answered;
+//     than a majority answered (a node that did not answer within the
+//     per-node timeout wraps context.DeadlineExceeded);
 //   - an error wrapping [ErrNoValidity] when a majority said yes too late;
 //   - an error wrapping ctx.Err() when ctx ended before the round was
 //     decided, even if a majority had said yes.
+//
+// TryAcquire returns when ctx ends, whatever the nodes do. The deletes of
+// a failed round are waited for while ctx lives and every node answered
+// the round. Otherwise (ctx ended, a node did not answer, or a delete
+// did not come back), the error is a *[backend.AbandonedError] whose
+// Cleanup waits for the deletes, and sends them again to the nodes that
+// have not confirmed, until every node that may hold the key has: the
+// facade runs it in the background. A caller of TryAcquire outside the
+// facade must call it likewise. The deletes of a round whose request may
+// still be on its way to a node (a node did not answer, or ctx ended)
+// also leave a tombstone of the round's value for one TTL, so that the
+// request sets nothing when it arrives.
 //
 // A TTL that would leave less than [MinNodeTimeout] of validity after the
 // drift allowance is rounded up until it leaves that much (about 8ms with
@@ -353,7 +368,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	l.Handle = h
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum, nil)
+	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum, nil, nil)
 	rd.wait()
 	if testHookAfterWait != nil {
 		testHookAfterWait()
@@ -393,7 +408,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// and node, each living a TTL.
 	ctxErr := ctx.Err()
 	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
-	cerr := r.cleanup(ctx, rd, timeout, !contended || unanswered > 0)
+	cl := r.cleanUp(rd, timeout, !contended || unanswered > 0, contended)
 	var err error
 	switch {
 	case ctxErr != nil:
@@ -401,51 +416,131 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	case yes >= r.quorum:
 		err = fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes set it in %v; the TTL %v minus drift leaves %v",
 			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
-	case yes+no >= r.quorum:
-		if cerr != nil { // a node that set our value could not delete it
-			return false, 0, fmt.Errorf("redlock: acquire %q: not acquired; %w", l.Key, cerr)
+	case contended:
+		// Only the nodes that set our key hold anyone up: wait for
+		// their deletes (the others' finish in the background).
+		if cerr := cl.try(ctx); cerr != nil {
+			err = fmt.Errorf("redlock: acquire %q: not acquired; %w", l.Key, cerr)
+			break
 		}
 		return false, holderTTL(rd.res, r.quorum-yes), nil
 	default:
 		err = rd.noQuorum("acquire", l.Key, r.quorum)
 	}
-	if cerr != nil {
+	// The round failed. Its cleanup is made here while ctx lives and
+	// every node answered the round (a node that did not would most
+	// likely leave the cleanup waiting as long again); otherwise, or when
+	// it could not be made, the caller's background makes it.
+	if ctxErr == nil && !contended && !rd.anyPending() {
+		cerr := cl.try(ctx)
+		if cerr == nil {
+			return false, 0, err
+		}
 		err = errors.Join(err, cerr)
 	}
-	return false, 0, err
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w: %w", err, cerr)
+	}
+	return false, 0, &backend.AbandonedError{Err: err, Cleanup: cl.try}
 }
 
-// cleanup deletes the key of a failed acquire round on every node, with a
-// fresh context: ctx may be why the round failed. Nodes that refused the
-// key are not spared: a request go-redis retried after a lost reply says
-// "held" when its first try set our value. With bury, it also writes the
-// round's value's tombstone on every node (redisscript.Cleanup), for a
-// round whose request may still be on its way to a node: it then sets
-// nothing there when it arrives. cleanup returns an error only when a
-// node that said it set the key could not delete it.
-func (r *Resource) cleanup(ctx context.Context, acq *round, timeout time.Duration, bury bool) error {
-	o, args := opRelease, acq.h.release[:]
+// cleaner deletes the key of a failed acquire round on every node, with
+// rounds of its own: the first is sent when it is made, and [cleaner.try]
+// waits for it, then sends another round while a node that must confirm
+// its delete has not. With bury, each delete also writes the round's
+// value's tombstone on the node (redisscript.Cleanup), for a round whose
+// request may still be on its way to a node: it then sets nothing there
+// when it arrives.
+//
+// Every node gets the first round, those that refused the key included:
+// a request go-redis retried after a lost reply may have been applied
+// after its retry said "held". The nodes that must confirm it are those
+// that said they set the key and, for a round that failed (not a
+// contended one), those whose reply did not come or did not say what
+// happened: a timeout, a broken connection. A node that answered no, or
+// refused the script with an error reply, or could not even be dialled,
+// set nothing.
+type cleaner struct {
+	r       *Resource
+	acq     *round
+	o       op
+	args    []any
+	timeout time.Duration // of the next round
+
+	mu   sync.Mutex
+	rd   *round // the round in flight, nil when none
+	need []bool // nodes that have not confirmed their delete
+}
+
+// cleanUp makes the cleaner of the decided acquire round acq, and sends its
+// first round, with the round's per-node timeout. contended says only the
+// nodes that set the key must confirm.
+func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool) *cleaner {
+	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.release[:], timeout: timeout,
+		need: make([]bool, len(acq.res))}
 	if bury {
-		o, args = opCleanup, acq.h.cleanup[:]
+		c.o, c.args = opCleanup, acq.h.cleanup[:]
 	}
-	rd := r.start(context.WithoutCancel(ctx), o, acq.h, args, timeout, 0, acq)
-	rd.wait()
-	rd.mu.Lock()
-	rd.over = true
+	for i, rep := range acq.res {
+		switch {
+		case rep.err == nil:
+			c.need[i] = rep.v > 0
+		case !contended:
+			c.need[i] = !settled(rep.err)
+		}
+	}
+	c.rd = r.start(context.Background(), c.o, acq.h, c.args, timeout, 0, acq, slices.Clone(c.need))
+	return c
+}
+
+// settled reports whether a request that failed with err certainly set
+// nothing: the server refused it, or it was never sent.
+func settled(err error) bool {
+	var rerr goredis.Error
+	var oerr *net.OpError
+	return errors.As(err, &rerr) || errors.Is(err, goredis.ErrClosed) ||
+		(errors.As(err, &oerr) && oerr.Op == "dial")
+}
+
+// try waits for the round in flight (sending a new one to the nodes that
+// still must confirm when there is none) until it ends or ctx does. It
+// returns nil when every node that must confirm its delete has, else an
+// error naming the others. It is the Cleanup of the AbandonedError of a
+// failed acquire, which the facade calls until it returns nil.
+func (c *cleaner) try(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rd == nil {
+		if !slices.Contains(c.need, true) {
+			return nil
+		}
+		c.timeout = max(c.timeout, lateCleanupTimeout)
+		c.rd = c.r.start(context.Background(), c.o, c.acq.h, c.args, c.timeout, 0, c.acq, slices.Clone(c.need))
+	}
+	rd := c.rd
+	rd.waitCtx(ctx)
 	var errs []error
+	rd.mu.Lock()
+	over := rd.left == 0 || rd.ctx.Err() != nil
 	for i, rep := range rd.res {
-		if rep.err == nil {
+		if !c.need[i] {
 			continue
 		}
-		if a := acq.res[i]; a.err == nil && a.v > 0 { // it holds our value
-			err := rep.err
-			if err == errPending {
-				err = fmt.Errorf("no reply within %v", timeout)
-			}
-			errs = append(errs, fmt.Errorf("%s kept the key: %w", r.nodes[i].name, err))
+		switch {
+		case rep.err == nil:
+			c.need[i] = false
+		case rep.err == errPending && over:
+			errs = append(errs, fmt.Errorf("%s kept the key: no reply within %v: %w", c.r.nodes[i].name, rd.timeout, context.DeadlineExceeded))
+		case rep.err == errPending:
+			errs = append(errs, fmt.Errorf("%s kept the key: no reply yet: %w", c.r.nodes[i].name, ctx.Err()))
+		default:
+			errs = append(errs, fmt.Errorf("%s kept the key: %w", c.r.nodes[i].name, rep.err))
 		}
 	}
 	rd.mu.Unlock()
+	if over {
+		c.rd = nil
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("clean up: %w", errors.Join(errs...))
 	}
@@ -486,7 +581,7 @@ func holderTTL(res []reply, need int) time.Duration {
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum, h.acq)
+	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum, h.acq, nil)
 	rd.wait()
 	deleted, failed := rd.decide()
 	switch {
@@ -520,7 +615,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	// Built per call, not kept in the handle: refreshes are rare (every
 	// TTL/3 at most), acquisitions are not.
 	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5]}
-	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil)
+	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil, nil)
 	rd.wait()
 	extended, failed := rd.decide()
 	elapsed := time.Since(start)

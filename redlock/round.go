@@ -92,6 +92,7 @@ type round struct {
 	args    []any // the command, shared read-only by every node's request
 	timeout time.Duration
 	acq     *round // for a delete round: the acquire round it undoes
+	want    []bool // nodes whose replies end the wait; nil: every node
 	early   int32  // > 0: end the wait once this many nodes said yes
 	op      op
 
@@ -104,7 +105,7 @@ type round struct {
 	over     bool  // decided: later replies are late
 	ended    bool  // done is closed
 	deleting bool  // acquire round: a delete round has been sent
-	left     int32 // replies still expected before the decision
+	left     int32 // replies (of nodes in want) still expected before the decision
 	pending  int32 // requests not finished, late ones included
 	yes      int32
 	res      []reply
@@ -116,8 +117,10 @@ type round struct {
 // start sends args to every node at once, each with a timeout from now.
 // early > 0 ends the wait as soon as that many nodes said yes (v > 0).
 // acq, for a delete round, is the acquire round whose key it deletes.
-func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round) *round {
-	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: int32(early), acq: acq, done: make(chan struct{})}
+// want, when not nil, names the nodes whose replies end the wait (the
+// others' requests are sent all the same).
+func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round, want []bool) *round {
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: int32(early), acq: acq, want: want, done: make(chan struct{})}
 	rctx := ctx
 	if rd.caller = ctx.Done(); rd.caller != nil {
 		rctx = context.WithoutCancel(ctx)
@@ -138,7 +141,19 @@ func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeo
 		rd.res[i].err = errPending
 	}
 	rd.left = int32(len(r.nodes))
-	rd.pending = rd.left
+	if want != nil {
+		rd.left = 0
+		for _, w := range want {
+			if w {
+				rd.left++
+			}
+		}
+	}
+	if rd.left == 0 {
+		rd.ended = true
+		close(rd.done)
+	}
+	rd.pending = int32(len(r.nodes))
 	if acq != nil {
 		acq.mu.Lock()
 		acq.deleting = true
@@ -157,6 +172,16 @@ func (rd *round) wait() {
 	case <-rd.done:
 	case <-rd.ctx.Done():
 	case <-rd.caller:
+	}
+}
+
+// waitCtx is wait with ctx for the caller's context: a round started by
+// one caller and waited for by another.
+func (rd *round) waitCtx(ctx context.Context) {
+	select {
+	case <-rd.done:
+	case <-rd.ctx.Done():
+	case <-ctx.Done():
 	}
 }
 
@@ -184,7 +209,7 @@ func (rd *round) noQuorum(op, key string, quorum int) error {
 	for i, rep := range rd.res {
 		switch {
 		case rep.err == errPending:
-			errs = append(errs, fmt.Errorf("%s: no reply within %v", rd.nodes[i].name, rd.timeout))
+			errs = append(errs, fmt.Errorf("%s: no reply within %v: %w", rd.nodes[i].name, rd.timeout, context.DeadlineExceeded))
 		case rep.err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", rd.nodes[i].name, rep.err))
 		}
@@ -202,7 +227,9 @@ func (rd *round) run(i int) {
 	rd.mu.Lock()
 	if !rd.over {
 		rd.res[i] = reply{v: v, err: err}
-		rd.left--
+		if rd.want == nil || rd.want[i] {
+			rd.left--
+		}
 		if yes {
 			rd.yes++
 		}
@@ -305,4 +332,17 @@ func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, e
 		v, err = s.Eval(ctx, nd.c, h.keys[:], h.argv[:nargv]...).Int64()
 	}
 	return v, err
+}
+
+// anyPending reports whether a node's reply had not come when the round
+// was decided.
+func (rd *round) anyPending() bool {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, rep := range rd.res {
+		if rep.err == errPending {
+			return true
+		}
+	}
+	return false
 }

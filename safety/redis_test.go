@@ -50,6 +50,7 @@ func TestRedis(t *testing.T) {
 	t.Run("ServerKillRestart", func(t *testing.T) { testRedisServerKill(t, tg, srv) })
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
+	t.Run("StalledStore", func(t *testing.T) { testRedisStalledServer(t, srv) })
 }
 
 // testRedisServerKill kills the server (SIGKILL) in the middle of a mix

@@ -61,6 +61,7 @@ func TestRedlock(t *testing.T) {
 	t.Run("NodeRestartWithoutPersistence", func(t *testing.T) { testRedlockRestart(t, nodes, false) })
 	t.Run("NodeRestartKeptOutForTTL", func(t *testing.T) { testRedlockRestart(t, nodes, true) })
 	t.Run("DelayedRequest", func(t *testing.T) { testRedlockDelayedRequest(t, nodes) })
+	t.Run("StalledStore", func(t *testing.T) { testRedlockStalledMajority(t, nodes) })
 }
 
 // testRedlockTwoDown kills two of the five nodes in the middle of a mix:
