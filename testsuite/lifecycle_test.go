@@ -112,9 +112,10 @@ type modelLock struct {
 	key       string
 	value     string
 	token     uint64
-	unlocking atomic.Bool // Unlock called (the facade may still hold it after a failed one)
-	released  atomic.Bool // Unlock returned nil or ErrNotHeld
-	evicted   atomic.Bool // taken away behind the facade's back
+	unlocking atomic.Bool  // Unlock called (the facade may still hold it after a failed one)
+	unlocks   atomic.Int32 // Unlock calls made
+	released  atomic.Bool  // Unlock returned nil or ErrNotHeld
+	evicted   atomic.Bool  // taken away behind the facade's back
 	nested    bool
 }
 
@@ -254,10 +255,11 @@ func (m *model) unlock(t *rapid.T) {
 	ml := m.drawLock(t)
 	m.async(t, func() {
 		ml.unlocking.Store(true)
+		first := ml.unlocks.Add(1) == 1 // a second Unlock of the handle may overtake the first's release
 		err := ml.lk.Unlock(context.Background())
 		if err == nil || errors.Is(err, distlock.ErrNotHeld) {
 			ml.released.Store(true)
-			if !ml.nested && !siblingsLive(m, ml) {
+			if first && !ml.nested && !siblingsLive(m, ml) {
 				select {
 				case <-ml.lk.Done():
 				default:
