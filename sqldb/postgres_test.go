@@ -119,9 +119,9 @@ func testNoClientTime(t *testing.T, pg *pgFixture) {
 		for _, s := range stmts {
 			for i, a := range s.args {
 				switch a.(type) {
-				case string, int64:
+				case string, int64, bytesArg:
 				default:
-					t.Errorf("%s: argument $%d is %T (%v); want only strings and integers", op.name, i+1, a, a)
+					t.Errorf("%s: argument $%d is %T (%v); want only strings, byte strings and integers", op.name, i+1, a, a)
 				}
 			}
 			if !strings.Contains(s.sql, "now()") && !strings.HasSuffix(op.name, "release") {

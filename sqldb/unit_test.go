@@ -20,7 +20,7 @@ import (
 func TestValidateKey(t *testing.T) {
 	tests := []struct {
 		key   string
-		chars bool // valid for a PostgreSQL varchar(255) column
+		chars bool // valid for PostgreSQL: at most 255 characters
 		bytes bool // valid for a MySQL VARBINARY(255) column
 	}{
 		{"", false, false},
@@ -30,8 +30,10 @@ func TestValidateKey(t *testing.T) {
 		{strings.Repeat("鍵", 255), true, false}, // 255 characters, 765 bytes
 		{strings.Repeat("鍵", 85), true, true},   // 255 bytes
 		{strings.Repeat("鍵", 86), true, false},  // 258 bytes
-		{"a\x00b", false, true},
-		{"\xff\xfe", false, true},
+		{"a\x00b", true, true},                  // PostgreSQL: in the kinds table, keyed by bytes
+		{"\xff\xfe", true, true},                // an invalid byte counts as one character
+		{strings.Repeat("\xff", 255), true, true},
+		{strings.Repeat("\xff", 256), false, false},
 	}
 	for _, tt := range tests {
 		if err := validateKey(tt.key, unitChars); (err == nil) != tt.chars {
