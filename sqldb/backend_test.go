@@ -52,7 +52,7 @@ func TestMariaDB(t *testing.T) {
 }
 
 func harness(f fixture) testsuite.Harness {
-	h := testsuite.Harness{
+	return testsuite.Harness{
 		NewResource: func(t *testing.T) backend.RemoteResource { return f.newResource(t) },
 		// Every row of the key counts, of every kind, expired or not: a
 		// released or abandoned-then-unlocked lock must leave no row at
@@ -65,11 +65,6 @@ func harness(f fixture) testsuite.Harness {
 		// Another session locks the lock table, as a migration would.
 		Stall: f.stallHarness,
 	}
-	if f.unit == unitBytes {
-		h.NoInspect = testsuite.NotYetInspect
-		h.Unsupported = testsuite.NotYet
-	}
-	return h
 }
 
 // runCommon runs the subtests both stores share.

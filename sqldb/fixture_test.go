@@ -375,20 +375,40 @@ func (f *myFixture) fixture() fixture {
 			if err != nil {
 				return nil, err
 			}
+			out, err := scanOwners(rows.Next, rows.Scan, rows.Err)
+			rows.Close()
+			if err != nil {
+				return nil, err
+			}
+			// The kinds table's rows of key (its counters are keyed by
+			// bucket, kind 0).
+			rows, err = f.admin.QueryContext(ctx, "SELECT kind, state FROM distlock_locks_kinds WHERE lock_key = ? AND kind <> 0", key)
+			if err != nil {
+				return nil, err
+			}
 			defer rows.Close()
-			var out []string
 			for rows.Next() {
-				var o string
-				if err := rows.Scan(&o); err != nil {
+				var (
+					kind  int
+					state []byte
+				)
+				if err := rows.Scan(&kind, &state); err != nil {
 					return nil, err
 				}
-				out = append(out, "row owned by "+o)
+				kr, err := kindRows(kind, "", state)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, kr...)
 			}
 			return out, rows.Err()
 		},
 		evict: func(ctx context.Context, key string) error {
 			if key == "" || strings.HasPrefix(key, counterPrefix) {
 				return fmt.Errorf("evict: refusing to delete a counter row")
+			}
+			if _, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks_kinds WHERE lock_key = ? AND kind <> 0", key); err != nil {
+				return err
 			}
 			_, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks WHERE lock_key = ?", key)
 			return err
