@@ -36,11 +36,16 @@ type Postgres struct {
 	main, odd pgMutexSQL
 	// Semaphores and read/write locks, on the kinds table.
 	kAcq, kRel, kWithdraw, kGone, kRef, kInspect string
+	// direct: a mutex's acquire and common release go through pgconn
+	// (the pool has no tracer; see pgdirect.go).
+	direct bool
 }
 
 // pgMutexSQL is the statements of mutexes in one table.
 type pgMutexSQL struct {
 	acq, relFast, rel, ref, refAll, inspect string
+	// the names acq and relFast are prepared under (see pgdirect.go)
+	acqName, relFastName string
 }
 
 // NewPostgres returns a lock backend over pool, creating the lock table if
@@ -85,6 +90,7 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	p.odd = pgMutexStmts(kq, seq, kid.class(), true)
 	p.kindStmts(kq, seq, kid.class())
 	p.ln = newListener(pool, p.channel)
+	p.direct = pool.Config().ConnConfig.Tracer == nil
 	return p, nil
 }
 
@@ -183,6 +189,7 @@ WHERE l.lock_key = u.k` + kindCond + ` AND l.owner = u.o AND l.expires_at > now(
 RETURNING u.i`
 	m.inspect = `SELECT token, (date_part('epoch', expires_at - now()) * 1000000)::bigint, label FROM ` + q + `
 WHERE ` + where + ` AND expires_at > now()`
+	m.acqName, m.relFastName = stmtName(m.acq), stmtName(m.relFast)
 	return m
 }
 
@@ -489,22 +496,24 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
-		r := p.acquireOn(ctx, c, l, 0)
+		var call pgCall
+		r := p.acquireOn(ctx, &call, c, l, 0)
 		c.Release()
 		return p.outcome(ctx, l, r, 0)
 	}
 	bound := statementBound(ctx)
 	pc := c.Conn().PgConn() // before the flight: c is the flight's from now on
-	f := newFlight[pgReply](bound)
-	// Once abandoned, the cancel request's result: the connection goes
-	// back to the pool only once the server acknowledged it (as pgx's
-	// own CancelRequestContextWatcherHandler waits before reuse), so that
-	// it cannot cancel a later statement on it.
-	var cancelled chan error
+	call := &pgCall{parent: ctx}
+	f := &call.f
+	f.init(bound)
+	// Once abandoned, the cancel request's result (call.cancelled): the
+	// connection goes back to the pool only once the server acknowledged
+	// it (as pgx's own CancelRequestContextWatcherHandler waits before
+	// reuse), so that it cannot cancel a later statement on it.
 	go func() {
-		r := p.acquireOn(context.WithoutCancel(ctx), c, l, bound)
+		r := p.acquireOn(call, call, c, l, bound) // ctx's values, not its end
 		f.finish(r, func(abandoned bool) {
-			if !abandoned || <-cancelled == nil {
+			if !abandoned || <-call.cancelled == nil {
 				c.Release()
 				return
 			}
@@ -513,7 +522,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			cancel()
 		})
 	}()
-	if r, ok := f.wait(ctx, func() { cancelled = make(chan error, 1) }); ok {
+	if r, ok := f.wait(ctx, func() { call.cancelled = make(chan error, 1) }); ok {
 		return p.outcome(ctx, l, r, bound)
 	}
 	// Abandoned: ask the server to cancel the statement, so that its reply
@@ -521,7 +530,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	go func() {
 		cctx, cancel := context.WithDeadline(context.Background(), f.replyBy())
 		defer cancel()
-		cancelled <- pc.CancelRequest(cctx)
+		call.cancelled <- pc.CancelRequest(cctx)
 		select {
 		case <-f.done:
 		case <-cctx.Done():
@@ -553,11 +562,20 @@ type pgReply struct {
 
 // acquireOn runs the acquire statement on c, bounded on the server by
 // bound (0: unbounded).
-func (p *Postgres) acquireOn(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, bound time.Duration) (r pgReply) {
+func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn, l *backend.Lease, bound time.Duration) (r pgReply) {
 	var b int64
 	if bound > 0 {
 		b = micros(bound)
 	}
+	if l.Kind == backend.KindMutex && p.direct {
+		return p.acquireDirect(ctx, call, c, l, b)
+	}
+	return p.acquirePgx(ctx, c, l, b)
+}
+
+// acquirePgx runs the acquire statement through pgx's query path (a
+// function of its own: the scan's destinations escape).
+func (p *Postgres) acquirePgx(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
 	if l.Kind == backend.KindMutex {
 		r.err = c.QueryRow(ctx, p.mutex(l.Key).acq, keyArg(l.Key), l.Value, micros(l.TTL), b, bytesArg(l.Label)).Scan(&r.ours, &r.token, &r.left)
 		return r
@@ -658,16 +676,24 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 	if l.Kind != backend.KindMutex {
 		return p.groupRemove(ctx, p.kRel, l)
 	}
-	m, key := p.mutex(l.Key), keyArg(l.Key)
+	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
-		tag, err := p.pool.Exec(ctx, m.relFast, key, l.Value)
-		if err != nil || tag.RowsAffected() == 1 {
+		var n int64
+		var err error
+		if p.direct {
+			n, err = p.relFastDirect(ctx, m, l)
+		} else {
+			var tag pgconn.CommandTag
+			tag, err = p.pool.Exec(ctx, m.relFast, keyArg(l.Key), l.Value)
+			n = tag.RowsAffected()
+		}
+		if err != nil || n == 1 {
 			live = err == nil
 			return err
 		}
 		// Waited for, expired, or not ours: the full statement, which
 		// notifies the waiters or deletes our stale row.
-		err = p.pool.QueryRow(ctx, m.rel, key, l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil)
+		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}

@@ -482,7 +482,7 @@ func testLateStatement(t *testing.T, pg *pgFixture) {
 		defer c.Release()
 		// pg_sleep is not needed: a 1µs bound has passed by the time the
 		// statement gets past its advisory lock.
-		return p.acquireOn(t.Context(), c, l, time.Microsecond)
+		return p.acquireOn(t.Context(), new(pgCall), c, l, time.Microsecond)
 	}
 	free := newLease(t, testsuite.Key(t), time.Minute)
 	if r := run(free); !pgLate(r.err) {
@@ -517,7 +517,7 @@ func testLateStatement(t *testing.T, pg *pgFixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := p.acquireOn(t.Context(), c, l, time.Minute)
+	r := p.acquireOn(t.Context(), new(pgCall), c, l, time.Minute)
 	c.Release()
 	if r.err != nil || !r.ours {
 		t.Errorf("acquire with a 1min bound = %+v; want the key", r)
