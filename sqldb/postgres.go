@@ -36,9 +36,9 @@ type Postgres struct {
 	main, odd pgMutexSQL
 	// Semaphores and read/write locks, on the kinds table.
 	kAcq, kRel, kWithdraw, kGone, kRef, kInspect string
-	// direct: a mutex's acquire and common release go through pgconn
-	// (the pool has no tracer; see pgdirect.go).
-	direct bool
+	// tracer is the pool's: the statements sent through pgconn call it
+	// (see pgdirect.go).
+	tracer pgx.QueryTracer
 }
 
 // pgMutexSQL is the statements of mutexes in one table.
@@ -90,7 +90,7 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	p.odd = pgMutexStmts(kq, seq, kid.class(), true)
 	p.kindStmts(kq, seq, kid.class())
 	p.ln = newListener(pool, p.channel)
-	p.direct = pool.Config().ConnConfig.Tracer == nil
+	p.tracer = pool.Config().ConnConfig.Tracer
 	return p, nil
 }
 
@@ -567,19 +567,16 @@ func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn,
 	if bound > 0 {
 		b = micros(bound)
 	}
-	if l.Kind == backend.KindMutex && p.direct {
+	if l.Kind == backend.KindMutex {
 		return p.acquireDirect(ctx, call, c, l, b)
 	}
-	return p.acquirePgx(ctx, c, l, b)
+	return p.acquireGroup(ctx, c, l, b)
 }
 
-// acquirePgx runs the acquire statement through pgx's query path (a
-// function of its own: the scan's destinations escape).
-func (p *Postgres) acquirePgx(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
-	if l.Kind == backend.KindMutex {
-		r.err = c.QueryRow(ctx, p.mutex(l.Key).acq, keyArg(l.Key), l.Value, micros(l.TTL), b, bytesArg(l.Label)).Scan(&r.ours, &r.token, &r.left)
-		return r
-	}
+// acquireGroup runs a semaphore's or read/write lock's acquire statement
+// through pgx's query path (a function of its own: the scan's
+// destinations escape).
+func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
 	var tok, left *int64
 	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label)).Scan(&tok, &r.lim, &left)
 	if tok != nil {
@@ -678,15 +675,7 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
-		var n int64
-		var err error
-		if p.direct {
-			n, err = p.relFastDirect(ctx, m, l)
-		} else {
-			var tag pgconn.CommandTag
-			tag, err = p.pool.Exec(ctx, m.relFast, keyArg(l.Key), l.Value)
-			n = tag.RowsAffected()
-		}
+		n, err := p.relFastDirect(ctx, m, l)
 		if err != nil || n == 1 {
 			live = err == nil
 			return err
