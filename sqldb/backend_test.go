@@ -81,6 +81,7 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
 	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
 	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, f) })
+	t.Run("GroupRowGone", func(t *testing.T) { testGroupRowGone(t, f) })
 }
 
 // testCancelWhileRunning cancels an acquire whose statement is waiting on
@@ -569,5 +570,47 @@ func testConcurrencyKeys(t *testing.T, newResource func(t testing.TB) resource, 
 	wg.Wait()
 	if got := acquired.Load(); got != int64(instances*workers*rounds) {
 		t.Errorf("acquired %d times; want %d", got, instances*workers*rounds)
+	}
+}
+
+// testGroupRowGone releases the read grants of one read/write lock from
+// several goroutines at once, again and again: the last release must
+// delete the row whichever statement saw what. (A release that judged by
+// its statement's snapshot, in which another reader was still live,
+// updated the latest version, where none was, and left an empty row
+// behind: the suite's RWMutex/Exclusion found it now and then.)
+func testGroupRowGone(t *testing.T, f fixture) {
+	const readers = 4
+	rs := make([]resource, readers)
+	for i := range rs {
+		rs[i] = f.newResource(t)
+	}
+	key := testsuite.Key(t)
+	for round := range 60 {
+		ls := make([]*backend.Lease, readers)
+		for i := range ls {
+			ls[i] = newLease(t, key, time.Minute)
+			ls[i].Kind = backend.KindRead
+			mustAcquire(t, rs[i], ls[i])
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make([]error, readers)
+		for i := range ls {
+			wg.Go(func() {
+				<-start
+				errs[i] = rs[i].Release(context.Background(), ls[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: Release of reader %d: %v", round, i, err)
+			}
+		}
+		if left, err := f.rows(t.Context(), key); err != nil || len(left) > 0 {
+			t.Fatalf("round %d: every reader released, the table holds %q (err %v); want nothing", round, left, err)
+		}
 	}
 }
