@@ -35,6 +35,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("TableSpellingsNotify", func(t *testing.T) { testSpellingsNotify(t, pg) })
 	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
 	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
+	t.Run("RefreshAllOneStatement", func(t *testing.T) { testRefreshAllOneStatement(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.
@@ -82,6 +83,7 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
 	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, f) })
 	t.Run("GroupRowGone", func(t *testing.T) { testGroupRowGone(t, f) })
+	t.Run("RefreshAll", func(t *testing.T) { testRefreshAll(t, f) })
 }
 
 // testCancelWhileRunning cancels an acquire whose statement is waiting on
@@ -612,5 +614,64 @@ func testGroupRowGone(t *testing.T, f fixture) {
 		if left, err := f.rows(t.Context(), key); err != nil || len(left) > 0 {
 			t.Fatalf("round %d: every reader released, the table holds %q (err %v); want nothing", round, left, err)
 		}
+	}
+}
+
+// testRefreshAll renews a batch that mixes live mutexes, a mutex evicted
+// behind its owner's back, one whose lease ran out and another owner
+// took, a key of odd bytes and a semaphore's permit: one result per
+// lease, in order, and only the live ones extended.
+func testRefreshAll(t *testing.T, f fixture) {
+	r, other := f.newResource(t), f.newResource(t)
+	br, ok := r.(backend.BatchRefresher)
+	if !ok {
+		t.Fatalf("%T is not a backend.BatchRefresher", r)
+	}
+	base := testsuite.Key(t)
+	live1, live2 := newLease(t, base+"-1", 2*time.Second), newLease(t, base+"-2", 2*time.Second)
+	odd := newLease(t, base+"-\x00\xff", 2*time.Second)
+	evicted := newLease(t, base+"-evicted", time.Minute)
+	taken := newLease(t, base+"-taken", 50*time.Millisecond)
+	sem := newLease(t, base+"-sem", 2*time.Second)
+	sem.Kind, sem.Limit = backend.KindSemaphore, 2
+	for _, l := range []*backend.Lease{live1, live2, odd, evicted, taken, sem} {
+		mustAcquire(t, r, l)
+	}
+	if err := f.evict(t.Context(), evicted.Key); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, f, taken.Key)
+	thief := newLease(t, taken.Key, time.Minute)
+	mustAcquire(t, other, thief)
+	ls := []*backend.Lease{live1, evicted, odd, taken, sem, live2}
+	for _, l := range ls {
+		l.TTL = time.Minute
+	}
+	errs := br.RefreshAll(t.Context(), ls)
+	want := []bool{true, false, true, false, true, true}
+	if len(errs) != len(ls) {
+		t.Fatalf("RefreshAll returned %d results for %d leases", len(errs), len(ls))
+	}
+	for i, l := range ls {
+		switch {
+		case want[i] && errs[i] != nil:
+			t.Errorf("RefreshAll: lease %d (%q) = %v; want nil", i, l.Key, errs[i])
+		case !want[i] && !errors.Is(errs[i], backend.ErrNotHeld):
+			t.Errorf("RefreshAll: lease %d (%q) = %v; want ErrNotHeld", i, l.Key, errs[i])
+		}
+	}
+	if left, err := f.remaining(t.Context(), live1.Key); err != nil || left < 30*time.Second {
+		t.Errorf("after RefreshAll to 1min, %q has %v left (err %v)", live1.Key, left, err)
+	}
+	if left, err := f.remaining(t.Context(), thief.Key); err != nil || left > time.Minute {
+		t.Errorf("the thief's lease of %q: %v left (err %v)", thief.Key, left, err)
+	}
+	for _, l := range []*backend.Lease{live1, live2, odd, sem} {
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Errorf("Release(%q): %v", l.Key, err)
+		}
+	}
+	if err := other.Release(t.Context(), thief); err != nil {
+		t.Error(err)
 	}
 }

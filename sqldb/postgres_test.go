@@ -1,6 +1,7 @@
 package sqldb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -522,4 +523,56 @@ func testLateStatement(t *testing.T, pg *pgFixture) {
 	if r.err != nil || !r.ours {
 		t.Errorf("acquire with a 1min bound = %+v; want the key", r)
 	}
+}
+
+// testRefreshAllOneStatement: a batch of mutexes is renewed by one
+// statement, whatever its size.
+func testRefreshAllOneStatement(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	r := pg.resource(t, pg.pool(t, tracedPool(tr, nil)))
+	base := testsuite.Key(t)
+	var ls []*backend.Lease
+	for i := range backend.MaxRefreshBatch {
+		l := newLease(t, base+strconv.Itoa(i), time.Minute)
+		ls = append(ls, l)
+	}
+	if err := parallel(ls, func(l *backend.Lease) error { _, _, err := r.TryAcquire(t.Context(), l); return err }); err != nil {
+		t.Fatal(err)
+	}
+	tr.reset()
+	for i, err := range r.RefreshAll(t.Context(), ls) {
+		if err != nil {
+			t.Fatalf("RefreshAll: lease %d: %v", i, err)
+		}
+	}
+	if n := len(tr.reset()); n != 1 {
+		t.Errorf("RefreshAll of %d mutexes sent %d statements; want 1", len(ls), n)
+	}
+	if err := parallel(ls, func(l *backend.Lease) error { return r.Release(t.Context(), l) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// parallel runs fn for each lease, 8 at a time, and returns the first
+// error.
+func parallel(ls []*backend.Lease, fn func(*backend.Lease) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, 8)
+	for _, l := range ls {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(l); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
 }
