@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,7 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, f) })
 	t.Run("GroupRowGone", func(t *testing.T) { testGroupRowGone(t, f) })
 	t.Run("RefreshAll", func(t *testing.T) { testRefreshAll(t, f) })
+	t.Run("CancelledWriterLeavesNoIntent", func(t *testing.T) { testCancelledWriterLeavesNoIntent(t, f) })
 }
 
 // testCancelWhileRunning cancels an acquire whose statement is waiting on
@@ -674,4 +676,53 @@ func testRefreshAll(t *testing.T, f fixture) {
 	if err := other.Release(t.Context(), thief); err != nil {
 		t.Error(err)
 	}
+}
+
+// testCancelledWriterLeavesNoIntent abandons a writer's attempt whose
+// statement waits on the server (another session locks the kinds table)
+// while a reader holds, and lets the statement go on: on MariaDB it runs
+// and records the writer's intent; on PostgreSQL the cancel request stops
+// it. Either way the Cleanup must leave only the reader.
+func testCancelledWriterLeavesNoIntent(t *testing.T, f fixture) {
+	a, b := f.newResource(t), f.newResource(t)
+	key := testsuite.Key(t)
+	rd := newLease(t, key, time.Minute)
+	rd.Kind = backend.KindRead
+	mustAcquire(t, a, rd)
+	before, err := f.rows(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := f.lockTable(t, DefaultTable+kindsSuffix)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := newLease(t, key, time.Minute)
+	w.Kind = backend.KindWrite
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.TryAcquire(ctx, w)
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "the writer's statement waits on the server", func() (bool, error) {
+		n, err := f.acquiresWaiting(context.Background(), DefaultTable+kindsSuffix)
+		return n > 0, err
+	})
+	cancel()
+	var ab *backend.AbandonedError
+	if err := <-done; !errors.As(err, &ab) {
+		t.Fatalf("TryAcquire cancelled mid-statement = %v; want an AbandonedError", err)
+	}
+	resume()
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if after, err := f.rows(t.Context(), key); err != nil || !slices.Equal(after, before) {
+		t.Errorf("rows after the abandoned writer's clean-up: %q (err %v); want only the reader's %q", after, err, before)
+	}
+	if err := a.Release(t.Context(), rd); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, f, key)
 }

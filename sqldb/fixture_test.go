@@ -284,7 +284,7 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND obji
 		acquiresWaiting: func(ctx context.Context, table string) (int, error) {
 			var n int
 			err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE 'INSERT INTO "public".' || quote_ident($1) || '%'`, table).Scan(&n)
+WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE 'INSERT INTO "public"."' || $1 || '"%'`, table).Scan(&n)
 			return n, err
 		},
 		audit: func(t testing.TB, table string, keys ...string) func(ctx context.Context) (int, error) {

@@ -3,7 +3,6 @@ package sqldb
 import (
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -36,6 +35,12 @@ func groupRow(k backend.Kind) int {
 		return rowSem
 	}
 	return rowRW
+}
+
+// recordsIntent reports whether an attempt of kind k that does not hold
+// records an intent: the sides of a read/write lock.
+func recordsIntent(k backend.Kind) bool {
+	return k == backend.KindRead || k == backend.KindWrite
 }
 
 // mode is how a grant of kind k is written in a group's state: "s" a
@@ -159,5 +164,3 @@ func (b bytesArg) BytesValue() ([]byte, error) {
 func errLimitMismatch(key string, want, held int) error {
 	return fmt.Errorf("sqldb: semaphore %s: acquired with limit %d, held with %d: %w", shortQuote(key), want, held, backend.ErrLimitMismatch)
 }
-
-var errNoState = errors.New("no state")

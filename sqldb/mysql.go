@@ -322,9 +322,9 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 		args, acquireStmt = m.kindArgs(l), m.kindStmt
 	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
-		st, _ := acquireStmt(maxStatementTime)
-		if l.Kind == backend.KindMutex {
-			st = m.acq
+		st := m.acq
+		if l.Kind != backend.KindMutex {
+			st = m.kAcq
 		}
 		return m.outcome(ctx, l, m.acquireWith(ctx, st, args), 0)
 	}
@@ -352,8 +352,9 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 			if err != nil {
 				return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
 			}
-			if r.err == nil && (r.id == 0 || uint64(r.id)&(contendedBit|mismatchBit) != 0) || r.err != nil && !myAmbiguous(r.err) {
-				return nil // it wrote nothing
+			if r.err != nil && !myAmbiguous(r.err) ||
+				r.err == nil && (r.id == 0 || uint64(r.id)&(contendedBit|mismatchBit) != 0) && !recordsIntent(l.Kind) {
+				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return m.cleanup(ctx, l)
 		},

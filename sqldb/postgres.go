@@ -544,8 +544,8 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			if err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}
-			if r.err == nil && !r.ours || r.err != nil && !pgAmbiguous(r.err) {
-				return nil // it wrote nothing
+			if r.err != nil && !pgAmbiguous(r.err) || r.err == nil && !r.ours && !recordsIntent(l.Kind) {
+				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return p.cleanup(ctx, l)
 		},
