@@ -27,6 +27,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("SerializationFailureIsContention", func(t *testing.T) { testSerializationFailure(t, pg) })
 	t.Run("SerializableWorkload", func(t *testing.T) { testSerializableWorkload(t, pg) })
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
+	t.Run("NotifyKinds", func(t *testing.T) { testNotifyKinds(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
 	t.Run("LateStatementWritesNothing", func(t *testing.T) { testLateStatement(t, pg) })

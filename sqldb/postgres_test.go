@@ -576,3 +576,56 @@ func parallel(ls []*backend.Lease, fn func(*backend.Lease) error) error {
 	wg.Wait()
 	return first
 }
+
+// testNotifyKinds: the release of a semaphore's permit, of a read grant
+// and of the mutex of a key that is not text (its payload is hex) wakes
+// the subscribers of the key.
+func testNotifyKinds(t *testing.T, pg *pgFixture) {
+	a := pg.resource(t, pg.pool(t, nil))
+	b := pg.resource(t, pg.pool(t, nil))
+	base := testsuite.Key(t)
+	sem := newLease(t, base+"-sem", time.Minute)
+	sem.Kind, sem.Limit = backend.KindSemaphore, 1
+	rd := newLease(t, base+"-rw", time.Minute)
+	rd.Kind = backend.KindRead
+	odd := newLease(t, base+"-\x00\xff", time.Minute)
+	held := []*backend.Lease{sem, rd, odd}
+	for _, l := range held {
+		mustAcquire(t, a, l)
+	}
+	wr := newLease(t, rd.Key, time.Minute)
+	wr.Kind = backend.KindWrite
+	contenders := []*backend.Lease{newLease(t, sem.Key, time.Minute), wr, newLease(t, odd.Key, time.Minute)}
+	contenders[0].Kind, contenders[0].Limit = backend.KindSemaphore, 1
+	for _, l := range contenders {
+		if ok, _, err := b.TryAcquire(t.Context(), l); ok || err != nil {
+			t.Fatalf("contended TryAcquire(%q, %v) = %v, %v; want false, nil", l.Key, l.Kind, ok, err)
+		}
+	}
+	var chs []<-chan struct{}
+	for _, l := range contenders {
+		ch, cancel := b.Subscribe(l.Key)
+		defer cancel()
+		chs = append(chs, ch)
+	}
+	for _, ch := range chs { // the wake of the LISTEN connection's start
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no wake after the LISTEN connection came up")
+		}
+	}
+	for i, l := range held {
+		if err := a.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-chs[i]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notice for the release of %q (%v)", l.Key, l.Kind)
+		}
+	}
+	if err := b.Withdraw(t.Context(), wr); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -318,3 +318,23 @@ func TestAcquireStmtRungs(t *testing.T) {
 		}
 	}
 }
+
+// TestNotifyPayload: a key that is text is its own payload; another is
+// sent in hex, and the listener wakes both readings of a payload that
+// could be either.
+func TestNotifyPayload(t *testing.T) {
+	for _, key := range []string{"a", "ключ", `\x00`, "a\x00b", "\xff", "\x00"} {
+		p := notifyPayload(key)
+		if !textKey(p) {
+			t.Errorf("notifyPayload(%q) = %q: not text", key, p)
+		}
+		k, alt, two := payloadKeys(p)
+		if k != key && (!two || alt != key) {
+			t.Errorf("payloadKeys(notifyPayload(%q)) = %q, %q, %v; want %q among them", key, k, alt, two, key)
+		}
+	}
+	// A text key that reads as hex: both readings.
+	if k, alt, two := payloadKeys(`\x00`); k != `\x00` || !two || alt != "\x00" {
+		t.Errorf(`payloadKeys("\\x00") = %q, %q, %v; want both readings`, k, alt, two)
+	}
+}
