@@ -92,8 +92,13 @@
 // their mutexes stay where they were (text keys in the main table, the
 // same statements, advisory locks and channel), and the kinds table holds
 // only what they cannot take (semaphores, read/write locks, keys they
-// refuse). The issue-23 rule below still holds for tables older than
-// that.
+// refuse). (Inspect may show, for a lock an older process took over
+// from an expired row, the label of the row's previous holder: older
+// processes do not write the label.) The issue-23 rule below still holds
+// for tables older than that.
+//
+// Several keys at once (distlock's TryLockAll) are taken one by one by
+// the facade: the backends do not implement backend.MultiSpinner.
 //
 // # Statements and clock
 //
