@@ -39,6 +39,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 	t.Run("TableSpellings", func(t *testing.T) { testPGTableSpellings(t, tg, srv) })
 	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, tg, pgStall(t, srv.DSN)) })
+	t.Run("SemaphorePause", func(t *testing.T) { testSemaphorePause(t, tg) })
+	t.Run("RWMutexPause", func(t *testing.T) { testRWPause(t, tg) })
 }
 
 func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
@@ -64,13 +66,25 @@ func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
 		expiry: sqlTTL,
 		hold:   100 * time.Millisecond,
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
-			// The table exists once a worker has made its resource.
+			// The tables exist once a worker has made its resource.
+			// Every row of the key: its mutex's, and its semaphore's or
+			// read/write lock's in the kinds table.
 			rows, err := pool.Query(ctx, "SELECT owner FROM "+sqldb.DefaultTable+" WHERE lock_key = $1", key)
 			if err != nil {
 				return nil, err
 			}
+			out, err := sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			rows.Close()
+			if err != nil {
+				return nil, err
+			}
+			rows, err = pool.Query(ctx, "SELECT kind::text || ' ' || coalesce(state::text, owner) FROM "+sqldb.DefaultTable+"_kinds WHERE lock_key = $1", []byte(key))
+			if err != nil {
+				return nil, err
+			}
 			defer rows.Close()
-			return sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			kinds, err := sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			return append(out, kinds...), err
 		},
 	}
 }
@@ -90,6 +104,8 @@ func TestMariaDB(t *testing.T) {
 		t.Cleanup(func() { _ = db.Close() })
 		testStalledTable(t, tg, mariaStall(t, db))
 	})
+	t.Run("SemaphorePause", func(t *testing.T) { testSemaphorePause(t, tg) })
+	t.Run("RWMutexPause", func(t *testing.T) { testRWPause(t, tg) })
 }
 
 func mariaTarget(t testing.TB, srv *testserver.MariaDBServer) target {
@@ -119,8 +135,20 @@ func mariaTarget(t testing.TB, srv *testserver.MariaDBServer) target {
 			if err != nil {
 				return nil, err
 			}
+			out, err := sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			rows.Close()
+			if err != nil {
+				return nil, err
+			}
+			// The kinds table's rows of the key (its counters, kind 0,
+			// are keyed by bucket).
+			rows, err = db.QueryContext(ctx, "SELECT CONCAT(kind, ' ', state) FROM "+sqldb.DefaultTable+"_kinds WHERE lock_key = ? AND kind <> 0", key)
+			if err != nil {
+				return nil, err
+			}
 			defer rows.Close()
-			return sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			kinds, err := sqlRows(key, rows.Scan, rows.Next, rows.Err)
+			return append(out, kinds...), err
 		},
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("SerializationFailureIsContention", func(t *testing.T) { testSerializationFailure(t, pg) })
 	t.Run("SerializableWorkload", func(t *testing.T) { testSerializableWorkload(t, pg) })
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
+	t.Run("NotifyKinds", func(t *testing.T) { testNotifyKinds(t, pg) })
 	t.Run("ListenConnectionOnlyWhileWaiting", func(t *testing.T) { testListenLifecycle(t, pg) })
 	t.Run("AmbiguousAcquireCleansUp", func(t *testing.T) { testAmbiguousAcquire(t, pg) })
 	t.Run("LateStatementWritesNothing", func(t *testing.T) { testLateStatement(t, pg) })
@@ -35,6 +37,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("TableSpellingsNotify", func(t *testing.T) { testSpellingsNotify(t, pg) })
 	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
 	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
+	t.Run("RefreshAllOneStatement", func(t *testing.T) { testRefreshAllOneStatement(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.
@@ -53,17 +56,13 @@ func TestMariaDB(t *testing.T) {
 
 func harness(f fixture) testsuite.Harness {
 	return testsuite.Harness{
-		NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
-		Unsupported: testsuite.NotYet,        // issue 24: semaphores and read/write locks are being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource { return f.newResource(t) },
-		// Every row of the key counts, expired or not: a released or
-		// abandoned-then-unlocked lock must leave no row at all.
-		Leftovers:  f.rows,
-		Evict:      f.evict,
-		MaxKeyLen:  MaxKeyLen, // the suite's keys are ASCII: characters = bytes
-		RejectsNUL: f.unit == unitChars,
-		// A text column holds valid UTF-8 only.
-		RejectsInvalidUTF8: f.unit == unitChars,
+		// Every row of the key counts, of every kind, expired or not: a
+		// released or abandoned-then-unlocked lock must leave no row at
+		// all.
+		Leftovers: f.rows,
+		Evict:     f.evict,
+		MaxKeyLen: MaxKeyLen, // the suite's keys are ASCII: characters = bytes
 		// A pool or *sql.DB the application closed under the resource.
 		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },
 		// Another session locks the lock table, as a migration would.
@@ -85,6 +84,9 @@ func runCommon(t *testing.T, f fixture) {
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoGoroutineLeak(t, f) })
 	t.Run("CancelWhileStatementRuns", func(t *testing.T) { testCancelWhileRunning(t, f) })
 	t.Run("StalledTable", func(t *testing.T) { testStalledTable(t, f) })
+	t.Run("GroupRowGone", func(t *testing.T) { testGroupRowGone(t, f) })
+	t.Run("RefreshAll", func(t *testing.T) { testRefreshAll(t, f) })
+	t.Run("CancelledWriterLeavesNoIntent", func(t *testing.T) { testCancelledWriterLeavesNoIntent(t, f) })
 }
 
 // testCancelWhileRunning cancels an acquire whose statement is waiting on
@@ -574,4 +576,154 @@ func testConcurrencyKeys(t *testing.T, newResource func(t testing.TB) resource, 
 	if got := acquired.Load(); got != int64(instances*workers*rounds) {
 		t.Errorf("acquired %d times; want %d", got, instances*workers*rounds)
 	}
+}
+
+// testGroupRowGone releases the read grants of one read/write lock from
+// several goroutines at once, again and again: the last release must
+// delete the row whichever statement saw what. (A release that judged by
+// its statement's snapshot, in which another reader was still live,
+// updated the latest version, where none was, and left an empty row
+// behind: the suite's RWMutex/Exclusion found it now and then.)
+func testGroupRowGone(t *testing.T, f fixture) {
+	const readers = 4
+	rs := make([]resource, readers)
+	for i := range rs {
+		rs[i] = f.newResource(t)
+	}
+	key := testsuite.Key(t)
+	for round := range 60 {
+		ls := make([]*backend.Lease, readers)
+		for i := range ls {
+			ls[i] = newLease(t, key, time.Minute)
+			ls[i].Kind = backend.KindRead
+			mustAcquire(t, rs[i], ls[i])
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make([]error, readers)
+		for i := range ls {
+			wg.Go(func() {
+				<-start
+				errs[i] = rs[i].Release(context.Background(), ls[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: Release of reader %d: %v", round, i, err)
+			}
+		}
+		if left, err := f.rows(t.Context(), key); err != nil || len(left) > 0 {
+			t.Fatalf("round %d: every reader released, the table holds %q (err %v); want nothing", round, left, err)
+		}
+	}
+}
+
+// testRefreshAll renews a batch that mixes live mutexes, a mutex evicted
+// behind its owner's back, one whose lease ran out and another owner
+// took, a key of odd bytes and a semaphore's permit: one result per
+// lease, in order, and only the live ones extended.
+func testRefreshAll(t *testing.T, f fixture) {
+	r, other := f.newResource(t), f.newResource(t)
+	br, ok := r.(backend.BatchRefresher)
+	if !ok {
+		t.Fatalf("%T is not a backend.BatchRefresher", r)
+	}
+	base := testsuite.Key(t)
+	live1, live2 := newLease(t, base+"-1", 2*time.Second), newLease(t, base+"-2", 2*time.Second)
+	odd := newLease(t, base+"-\x00\xff", 2*time.Second)
+	evicted := newLease(t, base+"-evicted", time.Minute)
+	taken := newLease(t, base+"-taken", 50*time.Millisecond)
+	sem := newLease(t, base+"-sem", 2*time.Second)
+	sem.Kind, sem.Limit = backend.KindSemaphore, 2
+	for _, l := range []*backend.Lease{live1, live2, odd, evicted, taken, sem} {
+		mustAcquire(t, r, l)
+	}
+	if err := f.evict(t.Context(), evicted.Key); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, f, taken.Key)
+	thief := newLease(t, taken.Key, time.Minute)
+	mustAcquire(t, other, thief)
+	ls := []*backend.Lease{live1, evicted, odd, taken, sem, live2}
+	for _, l := range ls {
+		l.TTL = time.Minute
+	}
+	errs := br.RefreshAll(t.Context(), ls)
+	want := []bool{true, false, true, false, true, true}
+	if len(errs) != len(ls) {
+		t.Fatalf("RefreshAll returned %d results for %d leases", len(errs), len(ls))
+	}
+	for i, l := range ls {
+		switch {
+		case want[i] && errs[i] != nil:
+			t.Errorf("RefreshAll: lease %d (%q) = %v; want nil", i, l.Key, errs[i])
+		case !want[i] && !errors.Is(errs[i], backend.ErrNotHeld):
+			t.Errorf("RefreshAll: lease %d (%q) = %v; want ErrNotHeld", i, l.Key, errs[i])
+		}
+	}
+	if left, err := f.remaining(t.Context(), live1.Key); err != nil || left < 30*time.Second {
+		t.Errorf("after RefreshAll to 1min, %q has %v left (err %v)", live1.Key, left, err)
+	}
+	if left, err := f.remaining(t.Context(), thief.Key); err != nil || left > time.Minute {
+		t.Errorf("the thief's lease of %q: %v left (err %v)", thief.Key, left, err)
+	}
+	for _, l := range []*backend.Lease{live1, live2, odd, sem} {
+		if err := r.Release(t.Context(), l); err != nil {
+			t.Errorf("Release(%q): %v", l.Key, err)
+		}
+	}
+	if err := other.Release(t.Context(), thief); err != nil {
+		t.Error(err)
+	}
+}
+
+// testCancelledWriterLeavesNoIntent abandons a writer's attempt whose
+// statement waits on the server (another session locks the kinds table)
+// while a reader holds, and lets the statement go on: on MariaDB it runs
+// and records the writer's intent; on PostgreSQL the cancel request stops
+// it. Either way the Cleanup must leave only the reader.
+func testCancelledWriterLeavesNoIntent(t *testing.T, f fixture) {
+	a, b := f.newResource(t), f.newResource(t)
+	key := testsuite.Key(t)
+	rd := newLease(t, key, time.Minute)
+	rd.Kind = backend.KindRead
+	mustAcquire(t, a, rd)
+	before, err := f.rows(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := f.lockTable(t, DefaultTable+kindsSuffix)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := newLease(t, key, time.Minute)
+	w.Kind = backend.KindWrite
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.TryAcquire(ctx, w)
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "the writer's statement waits on the server", func() (bool, error) {
+		n, err := f.acquiresWaiting(context.Background(), DefaultTable+kindsSuffix)
+		return n > 0, err
+	})
+	cancel()
+	var ab *backend.AbandonedError
+	if err := <-done; !errors.As(err, &ab) {
+		t.Fatalf("TryAcquire cancelled mid-statement = %v; want an AbandonedError", err)
+	}
+	resume()
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if after, err := f.rows(t.Context(), key); err != nil || !slices.Equal(after, before) {
+		t.Errorf("rows after the abandoned writer's clean-up: %q (err %v); want only the reader's %q", after, err, before)
+	}
+	if err := a.Release(t.Context(), rd); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, f, key)
 }

@@ -29,7 +29,8 @@ func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // uncontended TryLock+Unlock cycle through distlock with the floor: a bare
 // pgx loop doing the same upsert (sequence token, server-clock expiry) and
 // a plain delete, two statements and two round trips. Each reports
-// statements per cycle; "interleaved" alternates the two and reports
+// statements per cycle (counted by a tracer over 20 cycles before the
+// timed loop, which runs without one); "interleaved" alternates the two and reports
 // rate-vs-floor = floor time / distlock time (target >= 0.9).
 // "interleaved-cancellable" does the same with a context that can end,
 // as most callers' are (pgx then watches it, and an acquire arranges to
@@ -40,10 +41,20 @@ func BenchmarkPostgresCycle(b *testing.B) {
 	pg := newPG(b)
 	ctx := context.Background()
 
+	// traced gives a pool sc as its tracer; with sc nil, none (a pool
+	// with a tracer sends every statement through pgx's query path, which
+	// calls it: distlock's direct path is off, see pgdirect.go).
+	traced := func(sc *stmtCounter) func(*pgxpool.Config) {
+		return func(c *pgxpool.Config) {
+			if sc != nil {
+				c.ConnConfig.Tracer = sc
+			}
+		}
+	}
 	// distlockCycle returns one TryLock+Unlock through distlock, over its
-	// own pool counted by sc.
+	// own pool counted by sc (nil: not counted).
 	distlockCycle := func(ctx context.Context, b *testing.B, sc *stmtCounter) func() {
-		res := pg.resource(b, pg.pool(b, func(c *pgxpool.Config) { c.ConnConfig.Tracer = sc }))
+		res := pg.resource(b, pg.pool(b, traced(sc)))
 		d, err := distlock.New(res)
 		if err != nil {
 			b.Fatal(err)
@@ -62,7 +73,7 @@ func BenchmarkPostgresCycle(b *testing.B) {
 	// bareCycle returns the floor: the same upsert and a plain delete with
 	// pgx on its own pool and table, counted by sc.
 	bareCycle := func(ctx context.Context, b *testing.B, sc *stmtCounter) func() {
-		pool := pg.pool(b, func(c *pgxpool.Config) { c.ConnConfig.Tracer = sc })
+		pool := pg.pool(b, traced(sc))
 		if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bare_locks (
   lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
   owner      text NOT NULL,
@@ -91,18 +102,27 @@ RETURNING l.token`
 			}
 		}
 	}
-	loop := func(b *testing.B, mk func(context.Context, *testing.B, *stmtCounter) func()) {
+	// stmts counts the statements of 20 cycles over a traced pool. The
+	// timed loops run untraced.
+	stmts := func(b *testing.B, mk func(context.Context, *testing.B, *stmtCounter) func()) float64 {
 		sc := &stmtCounter{}
 		cycle := mk(ctx, b, sc)
-		cycle() // prepare the statements on the connection
+		cycle()
 		sc.n.Store(0)
+		for range 20 {
+			cycle()
+		}
+		return float64(sc.n.Load()) / 20
+	}
+	loop := func(b *testing.B, mk func(context.Context, *testing.B, *stmtCounter) func()) {
+		n := stmts(b, mk)
+		cycle := mk(ctx, b, nil)
+		cycle() // prepare the statements on the connection
 		b.ReportAllocs()
-		n := 0
 		for b.Loop() {
 			cycle()
-			n++
 		}
-		b.ReportMetric(float64(sc.n.Load())/float64(n), "stmts/op")
+		b.ReportMetric(n, "stmts/op")
 	}
 	b.Run("distlock", func(b *testing.B) { loop(b, distlockCycle) })
 	b.Run("bare-pgx", func(b *testing.B) { loop(b, bareCycle) })
@@ -113,12 +133,10 @@ RETURNING l.token`
 	// (distlock's rate relative to the floor). Medians, because on a
 	// shared machine a few cycles stall for milliseconds.
 	interleaved := func(ctx context.Context, b *testing.B) {
-		scD, scB := &stmtCounter{}, &stmtCounter{}
-		dc, bc := distlockCycle(ctx, b, scD), bareCycle(ctx, b, scB)
+		nD, nB := stmts(b, distlockCycle), stmts(b, bareCycle)
+		dc, bc := distlockCycle(ctx, b, nil), bareCycle(ctx, b, nil)
 		dc()
 		bc()
-		scD.n.Store(0)
-		scB.n.Store(0)
 		var td, tb []time.Duration
 		for b.Loop() {
 			t0 := time.Now()
@@ -128,13 +146,12 @@ RETURNING l.token`
 			td = append(td, t1.Sub(t0))
 			tb = append(tb, time.Since(t1))
 		}
-		n := len(td)
 		md, mb := median(td), median(tb)
 		b.ReportMetric(float64(md.Nanoseconds()), "distlock-ns/cycle")
 		b.ReportMetric(float64(mb.Nanoseconds()), "floor-ns/cycle")
 		b.ReportMetric(float64(mb)/float64(md), "rate-vs-floor")
-		b.ReportMetric(float64(scD.n.Load())/float64(n), "distlock-stmts/cycle")
-		b.ReportMetric(float64(scB.n.Load())/float64(n), "floor-stmts/cycle")
+		b.ReportMetric(nD, "distlock-stmts/cycle")
+		b.ReportMetric(nB, "floor-stmts/cycle")
 	}
 	b.Run("interleaved", func(b *testing.B) { interleaved(ctx, b) })
 	b.Run("interleaved-cancellable", func(b *testing.B) {

@@ -2,7 +2,9 @@
 // github.com/jackc/pgx/v5 ([NewPostgres], [Postgres]) and MySQL or
 // MariaDB through database/sql with github.com/go-sql-driver/mysql
 // ([NewMySQL], [MySQL]). Both are pull stores: they implement
-// backend.Spinner, backend.Refresher and backend.KeyValidator, and are
+// backend.Spinner, backend.Refresher, backend.BatchRefresher,
+// backend.KindChecker (mutexes, semaphores and read/write locks),
+// backend.Withdrawer, backend.Inspector and backend.KeyValidator, and are
 // used through distlock.New:
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
@@ -14,7 +16,9 @@
 // # Schema
 //
 // The constructors create the table (default [DefaultTable], see
-// [WithTable]) when it does not exist; an existing table is used as is.
+// [WithTable]) and the kinds table beside it (the same name and _kinds)
+// when they do not exist, and upgrade a table of an older version (see
+// Upgrading below).
 //
 // PostgreSQL:
 //
@@ -24,9 +28,22 @@
 //	  owner      text NOT NULL,
 //	  token      bigint NOT NULL,
 //	  expires_at timestamptz NOT NULL,
-//	  waited     boolean NOT NULL DEFAULT false -- a contender tried: notify on release
+//	  waited     boolean NOT NULL DEFAULT false, -- a contender tried: notify on release
+//	  label      bytea NOT NULL DEFAULT ''       -- distlock.WithLabel, shown by Inspect
 //	);
 //	ALTER SEQUENCE distlock_locks_token_seq OWNED BY distlock_locks.token;
+//	CREATE TABLE distlock_locks_kinds (
+//	  lock_key   bytea NOT NULL,
+//	  kind       smallint NOT NULL,   -- 0 mutex, 1 semaphore, 2 read/write lock
+//	  owner      text NOT NULL DEFAULT '',
+//	  token      bigint NOT NULL,
+//	  expires_at timestamptz NOT NULL, -- a group's: its last entry's
+//	  waited     boolean NOT NULL DEFAULT false,
+//	  label      bytea NOT NULL DEFAULT '',
+//	  lim        integer NOT NULL DEFAULT 0, -- a semaphore's limit
+//	  state      jsonb,                 -- a group's holders and intents
+//	  PRIMARY KEY (lock_key, kind)
+//	);
 //
 // MySQL/MariaDB:
 //
@@ -34,18 +51,54 @@
 //	  lock_key   VARBINARY(255) NOT NULL PRIMARY KEY,
 //	  owner      VARBINARY(255) NOT NULL,
 //	  token      BIGINT UNSIGNED NOT NULL,
-//	  expires_at DATETIME(6) NOT NULL   -- UTC
+//	  expires_at DATETIME(6) NOT NULL,  -- UTC
+//	  label      VARBINARY(256) NOT NULL DEFAULT ''
+//	) ENGINE=InnoDB;
+//	CREATE TABLE distlock_locks_kinds (
+//	  lock_key   VARBINARY(255) NOT NULL,
+//	  kind       TINYINT UNSIGNED NOT NULL, -- 0 counter, 1 semaphore, 2 read/write lock
+//	  token      BIGINT UNSIGNED NOT NULL,
+//	  expires_at DATETIME(6) NOT NULL,
+//	  lim        INT NOT NULL DEFAULT 0,
+//	  state      LONGTEXT,                  -- JSON: holders and intents
+//	  PRIMARY KEY (lock_key, kind)
 //	) ENGINE=InnoDB;
 //
-// plus up to 1024 fencing counter rows (expiring in year 9999), made as
-// keys are first locked, whose keys are the bytes "\x00distlock:token:"
-// and a bucket number. Keys are compared byte for byte on both (collation
-// "C", VARBINARY), so "a" and "A" are different locks. A key holds at most
-// [MaxKeyLen] characters on PostgreSQL (and must be valid UTF-8 without
-// NUL) and [MaxKeyLen] bytes on MySQL, where keys starting like a counter's
-// are reserved; the empty key is never valid. The facade rejects other
-// keys with a clear error before any I/O (ValidateKey). On MySQL the owner
-// value is at most 255 bytes.
+// plus up to 1024 fencing counter rows in each (expiring in year 9999),
+// made as keys are first locked: in the main table, keyed by the bytes
+// "\x00distlock:token:" and a bucket number; in the kinds table, of kind
+// 0, keyed by the bucket number. Keys are compared byte for byte on both
+// (collation "C", bytea, VARBINARY), so "a" and "A" are different locks.
+//
+// Any Go string is a key. On PostgreSQL a key that is text (valid UTF-8
+// without NUL) keeps its mutex in the main table, and any other key in
+// the kinds table, whose keys are bytes (kind 0): each key has one place,
+// always. A key holds at most [MaxKeyLen] characters on PostgreSQL (a byte
+// that is not valid UTF-8 counts as one) and [MaxKeyLen] bytes on MySQL,
+// where keys starting like a counter's are reserved; the empty key is
+// never valid. The facade rejects other keys with a clear error before any
+// I/O (ValidateKey). On MySQL the owner value is at most 255 bytes.
+//
+// # Upgrading a table of an older version
+//
+// A table made before semaphores, read/write locks and labels lacks the
+// label column and the kinds table: the constructors add them (ALTER
+// TABLE .. ADD COLUMN label, with a default: no rewrite on PostgreSQL 11+
+// and MariaDB 10.3+; CREATE TABLE .. _kinds), which takes the table's
+// owner on PostgreSQL, ALTER and CREATE on MySQL. A role without them
+// gets an error that gives the statements to run as one that has them.
+// The upgrade is safe while processes of the older version share the
+// table: they name the columns they write (the label takes its default),
+// their mutexes stay where they were (text keys in the main table, the
+// same statements, advisory locks and channel), and the kinds table holds
+// only what they cannot take (semaphores, read/write locks, keys they
+// refuse). (Inspect may show, for a lock an older process took over
+// from an expired row, the label of the row's previous holder: older
+// processes do not write the label.) The issue-23 rule below still holds
+// for tables older than that.
+//
+// Several keys at once (distlock's TryLockAll) are taken one by one by
+// the facade: the backends do not implement backend.MultiSpinner.
 //
 // # Statements and clock
 //
@@ -61,6 +114,7 @@
 //     counter into LAST_INSERT_ID() and whose second row takes the lock
 //     guarded by expiry; the outcome travels back in the OK packet's insert id, with
 //     the holder's remaining time when the lock is held.
+//
 //   - Release deletes the row where key and owner match. An expired row of
 //     ours is deleted too, and Release then returns backend.ErrNotHeld (on
 //     MySQL that case takes a second statement). PostgreSQL: a plain
@@ -69,11 +123,28 @@
 //     waited is set (one statement naming pg_notify and returning a row
 //     costs about 6% of an uncontended cycle, pinned, even when the
 //     function is not called).
+//
 //   - Refresh sets expires_at anew where key and owner match and the lease
 //     has not run out.
 //
+//   - Renewals due together (the facade's scheduler, backend.BatchRefresher)
+//     are one statement per batch of mutexes: PostgreSQL, an UPDATE joined
+//     with the leases' keys, owners and TTLs as arrays (unnest .. WITH
+//     ORDINALITY), which returns the leases it renewed; MySQL, one prepared
+//     UPDATE joined with the leases as a JSON document (JSON_TABLE), whose
+//     affected rows say whether all were renewed, and a second statement,
+//     only when some were not, names them. A semaphore's or read/write
+//     lock's grant is renewed by a statement of its own.
+//
+//   - Inspect reads a lock's row in one statement: the holders' tokens,
+//     labels and time left by the database's clock.
+//
 // An uncontended TryLock+Unlock is two statements, two round trips, the
-// same as a bare upsert and delete (see BenchmarkPostgresCycle).
+// same as a bare upsert and delete (see BenchmarkPostgresCycle). On
+// PostgreSQL those two go through pgconn, pgx's wire layer, prepared once
+// per connection, with binary parameters and results, when the pool has
+// no tracer (a QueryTracer: then every statement takes pgx's query path,
+// which calls it); the other statements go through pgx's query path.
 //
 // Expiry is judged by the database's clock only: now() on PostgreSQL,
 // UTC_TIMESTAMP(6) on MySQL (independent of the session's time_zone). The
@@ -121,6 +192,53 @@
 // at once: an older process sharing the table draws from the old counter,
 // so its tokens fall below the new ones (fenced resources refuse its
 // writes) and its draws are not ordered with the new processes' draws.
+//
+// # Semaphores and read/write locks
+//
+// A semaphore or a read/write lock is one row of the kinds table, whose
+// state (JSON) lists its holders (owner, grant: s, r or w, token, expiry
+// in microseconds by the database's clock, label) and, for a read/write
+// lock, the intents of its waiting readers and writers (owner, side,
+// arrival number, expiry). A semaphore's limit is kept beside them (lim).
+// Every attempt is one statement, an upsert of that row, whose row lock
+// serializes the attempts on one lock: PostgreSQL's ON CONFLICT DO UPDATE
+// and InnoDB's ON DUPLICATE KEY UPDATE read the row's latest version
+// whatever the statement's snapshot, so each attempt decides on the state
+// the last one committed, and concurrent acquirers never exceed the
+// limit. (Holder rows of their own, counted by the statement, would not
+// do: in READ COMMITTED a PostgreSQL statement's snapshot is taken before
+// any lock it waits for, and it would count without the rows inserted
+// meanwhile.) On the live entries:
+//
+//   - a permit is granted when fewer than the limit hold and the holders
+//     took the semaphore with the same limit; otherwise, with other
+//     holders' limit, the acquire fails with backend.ErrLimitMismatch (no
+//     holder: the next acquire sets the limit anew);
+//   - a writer holds when nobody holds and no intent precedes its own (or,
+//     without one, when there is none); a reader when no writer holds and
+//     no writer's intent precedes its own (or none at all);
+//   - a read or write attempt that cannot hold records its intent, or
+//     renews it (for another TTL from the attempt: the facade's spin
+//     makes the next attempt well within it), numbered by the token drawn
+//     for the attempt, which orders arrivals; a grant drops it;
+//     backend.Withdrawer deletes it when the wait ends without the lock;
+//   - expired entries are dropped by whichever statement next writes the
+//     row.
+//
+// Tokens of a lock's grants (permits; read and write grants) increase,
+// ordered by commit as a mutex's are: drawn under the advisory lock of
+// (the kinds table's oid, the row's kind and key) on PostgreSQL, from one
+// of the kinds table's counter rows (by crc32 of the kind and key) on
+// MySQL. A key's mutex, semaphore and read/write lock are distinct rows,
+// so distinct locks.
+//
+// No row is left behind: a release or withdrawal deletes the row when its
+// entry was the last live one; when the statement's snapshot still had
+// another live entry that left meanwhile (PostgreSQL), or the row was left
+// with none (MySQL: the UPDATE's outcome says so), a second statement
+// deletes the row if it still has no live entry. A release or withdrawal
+// on PostgreSQL notifies the key's waiters, of every kind, when a
+// contender marked the row.
 //
 // # Contention and errors
 //
@@ -189,8 +307,10 @@
 // [Postgres] implements backend.Notifier: while this process has waiters
 // it keeps one dedicated connection that LISTENs on the table's channel,
 // distlock_ followed by the table's oid (one channel however the table is
-// spelled); Release notifies with the key as payload when a contender
-// tried the key while it was held. The connection is taken from the pool,
+// spelled); Release (and Withdraw) notifies when a contender tried the
+// lock while it was held, with the key as payload, or, for a key that is
+// not text, `\x` and its bytes in hex (a listener wakes the waiters of
+// both readings). A notice wakes the key's waiters of every kind. The connection is taken from the pool,
 // so the pool's hooks (BeforeConnect with dynamic credentials,
 // AfterConnect) ran for it, and then removed from it (it no longer counts
 // against MaxConns); it closes about a second after the last waiter
@@ -201,25 +321,28 @@
 //
 // # Running against an existing database
 //
-// Create the table ahead of time (the statements above) if the
+// Create the tables ahead of time (the statements above) if the
 // application's role may not create tables; the constructors then only
-// check that it exists. PostgreSQL privileges: SELECT, INSERT, UPDATE,
-// DELETE on the table, USAGE on the sequence; CREATE on the schema only if
-// the table is to be created. Advisory locks need no privilege. MySQL
-// privileges: SELECT, INSERT, UPDATE, DELETE on the table; CREATE only to
-// create it. The pool's settings are respected; the backend never closes
+// check that they exist. PostgreSQL privileges: SELECT, INSERT, UPDATE,
+// DELETE on the table and the kinds table, USAGE on the sequence; CREATE
+// on the schema only if the tables are to be created. Advisory locks need
+// no privilege. MySQL privileges: SELECT, INSERT, UPDATE, DELETE on both
+// tables; CREATE only to create them. The pool's settings are respected; the backend never closes
 // the pool or *sql.DB. With go-sql-driver, statements are prepared once
 // per connection, so any DSN works (no parseTime, no multiStatements).
 //
 // # Cleanup of expired rows
 //
-// A lock that is released leaves no row. A holder that dies leaves its row
-// until the next acquirer takes it over (the row is expired, so that is
-// one statement) — no dead end. Rows of keys that are never locked again
-// stay; remove them at leisure, which is safe at any time:
+// A lock that is released leaves no row, of any kind. A holder that dies
+// leaves its row (or its entry in a group's row) until the next acquirer
+// takes it over or drops it (it is expired, so that is one statement) —
+// no dead end. Rows of keys that are never locked again stay; remove them
+// at leisure, which is safe at any time:
 //
-//	DELETE FROM distlock_locks WHERE expires_at < now();              -- PostgreSQL
-//	DELETE FROM distlock_locks WHERE expires_at < UTC_TIMESTAMP(6);   -- MySQL
+//	DELETE FROM distlock_locks WHERE expires_at < now();                   -- PostgreSQL
+//	DELETE FROM distlock_locks_kinds WHERE expires_at < now();
+//	DELETE FROM distlock_locks WHERE expires_at < UTC_TIMESTAMP(6);        -- MySQL
+//	DELETE FROM distlock_locks_kinds WHERE expires_at < UTC_TIMESTAMP(6);
 //
-// (The MySQL counter rows expire in year 9999: the statement keeps them.)
+// (The MySQL counter rows expire in year 9999: the statements keep them.)
 package sqldb

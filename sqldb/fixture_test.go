@@ -158,22 +158,44 @@ func (f *pgFixture) fixture() fixture {
 			return f.resource(t, f.pool(t, nil))
 		},
 		rows: func(ctx context.Context, key string) ([]string, error) {
-			rows, err := f.admin.Query(ctx, `SELECT owner FROM distlock_locks WHERE lock_key = $1`, key)
+			var out []string
+			if textKey(key) {
+				rows, err := f.admin.Query(ctx, `SELECT owner FROM distlock_locks WHERE lock_key = $1`, key)
+				if err != nil {
+					return nil, err
+				}
+				out, err = scanOwners(rows.Next, rows.Scan, rows.Err)
+				rows.Close()
+				if err != nil {
+					return nil, err
+				}
+			}
+			rows, err := f.admin.Query(ctx, `SELECT kind, owner, state FROM distlock_locks_kinds WHERE lock_key = $1`, []byte(key))
 			if err != nil {
 				return nil, err
 			}
 			defer rows.Close()
-			var out []string
 			for rows.Next() {
-				var o string
-				if err := rows.Scan(&o); err != nil {
+				var (
+					kind  int16
+					owner string
+					state []byte
+				)
+				if err := rows.Scan(&kind, &owner, &state); err != nil {
 					return nil, err
 				}
-				out = append(out, "row owned by "+o)
+				kr, err := kindRows(int(kind), owner, state)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, kr...)
 			}
 			return out, rows.Err()
 		},
 		evict: func(ctx context.Context, key string) error {
+			if _, err := f.admin.Exec(ctx, `DELETE FROM distlock_locks_kinds WHERE lock_key = $1`, []byte(key)); err != nil {
+				return err
+			}
 			_, err := f.admin.Exec(ctx, `DELETE FROM distlock_locks WHERE lock_key = $1`, key)
 			return err
 		},
@@ -262,7 +284,7 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND obji
 		acquiresWaiting: func(ctx context.Context, table string) (int, error) {
 			var n int
 			err := f.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE 'INSERT INTO "public".' || quote_ident($1) || '%'`, table).Scan(&n)
+WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE 'INSERT INTO "public"."' || $1 || '"%'`, table).Scan(&n)
 			return n, err
 		},
 		audit: func(t testing.TB, table string, keys ...string) func(ctx context.Context) (int, error) {
@@ -353,20 +375,40 @@ func (f *myFixture) fixture() fixture {
 			if err != nil {
 				return nil, err
 			}
+			out, err := scanOwners(rows.Next, rows.Scan, rows.Err)
+			rows.Close()
+			if err != nil {
+				return nil, err
+			}
+			// The kinds table's rows of key (its counters are keyed by
+			// bucket, kind 0).
+			rows, err = f.admin.QueryContext(ctx, "SELECT kind, state FROM distlock_locks_kinds WHERE lock_key = ? AND kind <> 0", key)
+			if err != nil {
+				return nil, err
+			}
 			defer rows.Close()
-			var out []string
 			for rows.Next() {
-				var o string
-				if err := rows.Scan(&o); err != nil {
+				var (
+					kind  int
+					state []byte
+				)
+				if err := rows.Scan(&kind, &state); err != nil {
 					return nil, err
 				}
-				out = append(out, "row owned by "+o)
+				kr, err := kindRows(kind, "", state)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, kr...)
 			}
 			return out, rows.Err()
 		},
 		evict: func(ctx context.Context, key string) error {
 			if key == "" || strings.HasPrefix(key, counterPrefix) {
 				return fmt.Errorf("evict: refusing to delete a counter row")
+			}
+			if _, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks_kinds WHERE lock_key = ? AND kind <> 0", key); err != nil {
+				return err
 			}
 			_, err := f.admin.ExecContext(ctx, "DELETE FROM distlock_locks WHERE lock_key = ?", key)
 			return err
@@ -502,6 +544,31 @@ ON DUPLICATE KEY UPDATE token = token`, counterKey(key)); err != nil {
 			return scanOwners(rows.Next, rows.Scan, rows.Err)
 		},
 	}
+}
+
+// kindRows describes a row of the kinds table for Leftovers: a mutex's
+// row by its owner, a group's by each of its entries (live or expired),
+// or as an empty row.
+func kindRows(kind int, owner string, state []byte) ([]string, error) {
+	if kind == rowMutex {
+		return []string{"row owned by " + owner}, nil
+	}
+	st, err := parseState(state)
+	if err != nil {
+		return nil, err
+	}
+	name := map[int]string{rowSem: "semaphore", rowRW: "read/write lock"}[kind]
+	var out []string
+	for _, h := range st.H {
+		out = append(out, fmt.Sprintf("%s row: %s holder %s", name, h.K, h.O))
+	}
+	for _, in := range st.I {
+		out = append(out, fmt.Sprintf("%s row: %s intent %s", name, in.K, in.O))
+	}
+	if len(out) == 0 {
+		out = append(out, name+" row, empty")
+	}
+	return out, nil
 }
 
 // eventually polls cond every 10ms until it returns true or d passes.

@@ -181,9 +181,19 @@ func (ln *listener) listen(ctx context.Context) bool {
 	}
 }
 
-func (ln *listener) wake(key string) {
+// wake wakes the subscribers of the key a notice's payload names (both
+// keys, when it may name either: see notifyPayload).
+func (ln *listener) wake(payload string) {
+	key, alt, two := payloadKeys(payload)
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
+	ln.wakeLocked(key)
+	if two {
+		ln.wakeLocked(alt)
+	}
+}
+
+func (ln *listener) wakeLocked(key string) {
 	for ch := range ln.subs[key] {
 		select {
 		case *ch <- struct{}{}:

@@ -53,10 +53,17 @@ type MySQL struct {
 	db    *sql.DB
 	table string
 
-	acq, rel, relAny, ref *sql.Stmt
+	acq, rel, relAny, ref, inspect, refAll, heldAll *sql.Stmt
 	// acqBounded[i] is acq cut by the server (max_statement_time) at
 	// boundRungs[i]; all nil on servers without SET STATEMENT (MySQL).
 	acqBounded [len(boundRungs)]*sql.Stmt
+	// Semaphores and read/write locks, on the kinds table (see
+	// kindStmts).
+	kAcq                                      *sql.Stmt
+	kAcqArgs                                  []string // its parameters' names
+	kAcqBounded                               [len(boundRungs)]*sql.Stmt
+	kRel, kRelAny, kWdr, kWdrAny, kGone, kRef namedStmt
+	kInspect                                  *sql.Stmt
 }
 
 // boundRungs are the server-side bounds the acquire statement is prepared
@@ -83,8 +90,9 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 		return nil, err
 	}
 	q := "`" + strings.Join(c.table, "`.`") + "`"
+	kq := "`" + strings.Join(c.table, "`.`") + kindsSuffix + "`"
 	m := &MySQL{db: db, table: c.tableName()}
-	if err := m.createTable(ctx, q); err != nil {
+	if err := m.createTable(ctx, q, kq); err != nil {
 		return nil, err
 	}
 	prep := func(query string) *sql.Stmt {
@@ -114,11 +122,12 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 	// session's time zone. The client reads the outcome from the OK
 	// packet's insert id: no second round trip.
 	isCounter := `LEFT(lock_key, ` + strconv.Itoa(len(counterPrefix)) + `) = X'` + hex.EncodeToString([]byte(counterPrefix)) + `'`
-	acqSQL := `INSERT INTO ` + q + ` (lock_key, owner, token, expires_at) VALUES
-  (?, '', LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))), '9999-12-31 23:59:59'),
-  (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+	acqSQL := `INSERT INTO ` + q + ` (lock_key, owner, token, expires_at, label) VALUES
+  (?, '', LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))), '9999-12-31 23:59:59', ''),
+  (?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)
 ON DUPLICATE KEY UPDATE
   owner = IF(` + isCounter + ` OR expires_at > UTC_TIMESTAMP(6), owner, ?),
+  label = IF(` + isCounter + ` OR expires_at > UTC_TIMESTAMP(6), label, VALUES(label)),
   token = IF(` + isCounter + `, LAST_INSERT_ID(token + 1),
           IF(expires_at > UTC_TIMESTAMP(6),
              token + 0 * LAST_INSERT_ID(9223372036854775808 | TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)),
@@ -145,6 +154,19 @@ ON DUPLICATE KEY UPDATE
 	m.relAny = prep(`DELETE FROM ` + q + ` WHERE lock_key = ? AND owner = ?`)
 	m.ref = prep(`UPDATE ` + q + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
+	m.inspect = prep(`SELECT token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), label FROM ` + q + `
+WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`)
+	// A batch of renewals: the leases as a JSON document (keys and owners
+	// in hex, TTLs, numbers), joined to the table by its primary key.
+	batch := `JSON_TABLE(?, '$[*]' COLUMNS (i INT PATH '$.i', k VARCHAR(600) PATH '$.k', o VARCHAR(600) PATH '$.o', t BIGINT PATH '$.t')) u`
+	m.refAll = prep(`UPDATE ` + batch + ` STRAIGHT_JOIN ` + q + ` l ON l.lock_key = UNHEX(u.k) AND l.owner = UNHEX(u.o)
+SET l.expires_at = UTC_TIMESTAMP(6) + INTERVAL u.t MICROSECOND
+WHERE l.expires_at > UTC_TIMESTAMP(6)`)
+	m.heldAll = prep(`SELECT u.i FROM ` + batch + ` STRAIGHT_JOIN ` + q + ` l ON l.lock_key = UNHEX(u.k) AND l.owner = UNHEX(u.o)
+WHERE l.expires_at > UTC_TIMESTAMP(6)`)
+	if err == nil {
+		err = m.kindStmts(ctx, kq, prep)
+	}
 	if err != nil {
 		m.Close()
 		return nil, fmt.Errorf("sqldb: mysql: prepare statements for %s: %w", m.table, err)
@@ -152,7 +174,7 @@ WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`)
 	return m, nil
 }
 
-func (m *MySQL) createTable(ctx context.Context, q string) error {
+func (m *MySQL) createTable(ctx context.Context, q, kq string) error {
 	// A query, not Exec: go-sql-driver v1.10 hangs when a SELECT goes
 	// through Exec on a server-side prepared statement, which is what
 	// database/sql does for connectors without ExecerContext (wrappers
@@ -178,10 +200,55 @@ func (m *MySQL) createTable(ctx context.Context, q string) error {
 	default:
 		return fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)
 	}
+	// A table of an older version: the label column and the kinds table
+	// come now. Processes of the older version may go on using the
+	// table: they name the columns they write (the label takes its
+	// default) and never look at the kinds table.
+	ready, err := m.upgraded(ctx, q, kq)
+	if err != nil || ready {
+		return err
+	}
+	upgrade := []string{
+		`ALTER TABLE ` + q + ` ADD COLUMN IF NOT EXISTS label VARBINARY(256) NOT NULL DEFAULT ''`,
+		`CREATE TABLE IF NOT EXISTS ` + kq + ` (
+  lock_key   VARBINARY(255) NOT NULL,
+  kind       TINYINT UNSIGNED NOT NULL,
+  token      BIGINT UNSIGNED NOT NULL,
+  expires_at DATETIME(6) NOT NULL,
+  lim        INT NOT NULL DEFAULT 0,
+  state      LONGTEXT,
+  PRIMARY KEY (lock_key, kind)
+) ENGINE=InnoDB`,
+	}
+	for _, st := range upgrade {
+		if _, err := m.db.ExecContext(ctx, st); err != nil {
+			return fmt.Errorf("sqldb: mysql: upgrade table %s (as a user with ALTER and CREATE, run: %s): %w", m.table, strings.Join(upgrade, "; "), err)
+		}
+	}
 	// The fencing counter rows come with the first acquire of a key in
 	// their bucket. (Tables made before them hold one counter row, key '',
 	// that this version neither reads nor deletes.)
 	return nil
+}
+
+// upgraded reports whether table q has its label column and the kinds
+// table kq exists.
+func (m *MySQL) upgraded(ctx context.Context, q, kq string) (bool, error) {
+	for _, query := range []string{`SELECT label FROM ` + q + ` LIMIT 0`, `SELECT 1 FROM ` + kq + ` LIMIT 0`} {
+		rows, err := m.db.QueryContext(ctx, query)
+		if err == nil {
+			err = rows.Close()
+		}
+		var me *mysql.MySQLError
+		switch {
+		case err == nil:
+		case errors.As(err, &me) && (me.Number == 1146 || me.Number == 1054): // no such table, column
+			return false, nil
+		default:
+			return false, fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)
+		}
+	}
+	return true, nil
 }
 
 // Table returns the lock table's name as given to [WithTable] (or
@@ -246,15 +313,25 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 	if err := m.validate(l); err != nil {
 		return false, 0, err
 	}
-	ttl := micros(l.TTL)
-	args := []any{counterKey(l.Key), l.Key, l.Value, ttl, l.Value, ttl}
+	var args []any
+	acquireStmt := m.acquireStmt
+	if l.Kind == backend.KindMutex {
+		ttl := micros(l.TTL)
+		args = []any{counterKey(l.Key), l.Key, l.Value, ttl, l.Label, l.Value, ttl}
+	} else {
+		args, acquireStmt = m.kindArgs(l), m.kindStmt
+	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
-		return m.outcome(ctx, l, m.acquireWith(ctx, m.acq, args), 0)
+		st := m.acq
+		if l.Kind != backend.KindMutex {
+			st = m.kAcq
+		}
+		return m.outcome(ctx, l, m.acquireWith(ctx, st, args), 0)
 	}
 	if err := ctx.Err(); err != nil {
 		return false, 0, fmt.Errorf("sqldb: mysql: acquire %q: %w", l.Key, err)
 	}
-	st, bound := m.acquireStmt(statementBound(ctx))
+	st, bound := acquireStmt(statementBound(ctx))
 	// The driver drops the connection when sctx ends: only if no reply
 	// came by replyBy after the caller gave up.
 	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -275,8 +352,9 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 			if err != nil {
 				return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
 			}
-			if r.err == nil && (r.id == 0 || uint64(r.id)&contendedBit != 0) || r.err != nil && !myAmbiguous(r.err) {
-				return nil // it wrote nothing
+			if r.err != nil && !myAmbiguous(r.err) ||
+				r.err == nil && (r.id == 0 || uint64(r.id)&(contendedBit|mismatchBit) != 0) && !recordsIntent(l.Kind) {
+				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return m.cleanup(ctx, l)
 		},
@@ -332,6 +410,9 @@ func (m *MySQL) outcome(ctx context.Context, l *backend.Lease, r myReply, bound 
 		}
 	}
 	u := uint64(r.id)
+	if lim, ok := myMismatch(u); ok && l.Kind == backend.KindSemaphore {
+		return false, 0, errLimitMismatch(l.Key, l.Limit, lim)
+	}
 	if u&contendedBit != 0 {
 		return false, time.Duration(u&^contendedBit) * time.Microsecond, nil
 	}
@@ -354,10 +435,24 @@ func (m *MySQL) outcome(ctx context.Context, l *backend.Lease, r myReply, bound 
 func (m *MySQL) cleanup(ctx context.Context, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if _, err := m.exec(cctx, m.relAny, l.Key, l.Value); err != nil {
+	if err := m.deleteAny(cctx, l); err != nil {
 		return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
 	}
 	return nil
+}
+
+// deleteAny deletes l.Value's row of l.Key, or its grant and intent in a
+// group's row, live or expired.
+func (m *MySQL) deleteAny(ctx context.Context, l *backend.Lease) error {
+	if l.Kind == backend.KindMutex {
+		_, err := m.exec(ctx, m.relAny, l.Key, l.Value)
+		return err
+	}
+	_, err := m.groupRemove(ctx, m.kRel, m.kRelAny, l)
+	if err == nil && l.Kind != backend.KindSemaphore {
+		_, err = m.groupRemove(ctx, m.kWdr, m.kWdrAny, l)
+	}
+	return err
 }
 
 // undo deletes l.Value's row of l.Key, live or expired, after an acquire
@@ -366,7 +461,7 @@ func (m *MySQL) cleanup(ctx context.Context, l *backend.Lease) error {
 func (m *MySQL) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if _, cerr := m.exec(cctx, m.relAny, l.Key, l.Value); cerr != nil {
+	if cerr := m.deleteAny(cctx, l); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 	}
 	return err
@@ -380,6 +475,16 @@ func (m *MySQL) undo(ctx context.Context, l *backend.Lease, err error) error {
 func (m *MySQL) Release(ctx context.Context, l *backend.Lease) error {
 	if err := m.validate(l); err != nil {
 		return err
+	}
+	if l.Kind != backend.KindMutex {
+		live, err := m.groupRemove(ctx, m.kRel, m.kRelAny, l)
+		switch {
+		case err != nil:
+			return fmt.Errorf("sqldb: mysql: release %q: %w", l.Key, err)
+		case !live:
+			return backend.ErrNotHeld
+		}
+		return nil
 	}
 	n, err := m.exec(ctx, m.rel, l.Key, l.Value)
 	if err != nil {
@@ -402,7 +507,13 @@ func (m *MySQL) Refresh(ctx context.Context, l *backend.Lease) error {
 	if err := m.validate(l); err != nil {
 		return err
 	}
-	n, err := m.exec(ctx, m.ref, micros(l.TTL), l.Key, l.Value)
+	var n int64
+	var err error
+	if l.Kind == backend.KindMutex {
+		n, err = m.exec(ctx, m.ref, micros(l.TTL), l.Key, l.Value)
+	} else {
+		n, err = m.exec(ctx, m.kRef.Stmt, m.kRef.args(kindVals(l))...)
+	}
 	if err != nil {
 		return fmt.Errorf("sqldb: mysql: refresh %q: %w", l.Key, err)
 	}
@@ -429,7 +540,10 @@ func (m *MySQL) exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, err
 // Close closes the prepared statements. It does not close db.
 func (m *MySQL) Close() error {
 	var errs []error
-	for _, st := range append([]*sql.Stmt{m.acq, m.rel, m.relAny, m.ref}, m.acqBounded[:]...) {
+	sts := []*sql.Stmt{m.acq, m.rel, m.relAny, m.ref, m.inspect, m.refAll, m.heldAll,
+		m.kAcq, m.kRel.Stmt, m.kRelAny.Stmt, m.kWdr.Stmt, m.kWdrAny.Stmt, m.kGone.Stmt, m.kRef.Stmt, m.kInspect}
+	sts = append(append(sts, m.acqBounded[:]...), m.kAcqBounded[:]...)
+	for _, st := range sts {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

@@ -132,7 +132,7 @@ func testCounterRowDeleted(t *testing.T, my *myFixture) {
 	table := fmt.Sprintf("ctr_%d", time.Now().UnixNano()%1e9)
 	r := my.resource(t, my.db(t, nil), WithTable(table))
 	const legacy = 1 << 40
-	if _, err := my.admin.Exec("INSERT INTO "+table+" VALUES ('', '', ?, '9999-12-31 23:59:59')", legacy); err != nil {
+	if _, err := my.admin.Exec("INSERT INTO "+table+" (lock_key, owner, token, expires_at) VALUES ('', '', ?, '9999-12-31 23:59:59')", legacy); err != nil {
 		t.Fatal(err)
 	}
 	key := testsuite.Key(t)

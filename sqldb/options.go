@@ -13,8 +13,9 @@ import (
 // otherwise.
 const DefaultTable = "distlock_locks"
 
-// MaxKeyLen is the longest key the lock_key column holds: 255 characters on
-// PostgreSQL (varchar(255)), 255 bytes on MySQL/MariaDB (VARBINARY(255)).
+// MaxKeyLen is the longest key the backends hold: 255 characters on
+// PostgreSQL (varchar(255); a byte that is not valid UTF-8 counts as one
+// character), 255 bytes on MySQL/MariaDB (VARBINARY(255)).
 const MaxKeyLen = 255
 
 // maxOwnerLen is the longest owner value the MySQL owner column
@@ -97,21 +98,15 @@ const (
 
 // validateKey checks key against the lock_key column: non-empty (the empty
 // key is reserved: before the counter rows of one bucket each, MySQL
-// tables had one with the empty key), at most
-// MaxKeyLen in the column's unit and, for a text column, valid UTF-8
-// without NUL bytes. It does no I/O.
+// tables had one with the empty key) and at most MaxKeyLen in the
+// column's unit. It does no I/O.
 func validateKey(key string, unit keyUnit) error {
 	if key == "" {
 		return errors.New("sqldb: empty key")
 	}
 	switch unit {
 	case unitChars:
-		if !utf8.ValidString(key) {
-			return fmt.Errorf("sqldb: key %s is not valid UTF-8", shortQuote(key))
-		}
-		if strings.IndexByte(key, 0) >= 0 {
-			return fmt.Errorf("sqldb: key %s contains a NUL byte", shortQuote(key))
-		}
+		// Any bytes: an invalid UTF-8 byte counts as one character.
 		if n := utf8.RuneCountInString(key); n > MaxKeyLen {
 			return fmt.Errorf("sqldb: key %s is %d characters long; the lock_key column holds at most %d", shortQuote(key), n, MaxKeyLen)
 		}

@@ -26,14 +26,26 @@ var (
 // Postgres is a lock table in PostgreSQL, reached through a pgx pool. Make
 // one with [NewPostgres]. It is safe for concurrent use.
 type Postgres struct {
-	pool       *pgxpool.Pool
-	table      string // as the user wrote it
-	channel    string // the LISTEN/NOTIFY channel: "distlock_" + the table's oid
-	ln         *listener
-	sqlAcq     string
-	sqlRelFast string
-	sqlRel     string
-	sqlRef     string
+	pool    *pgxpool.Pool
+	table   string // as the user wrote it
+	channel string // the LISTEN/NOTIFY channel: "distlock_" + the table's oid
+	ln      *listener
+	// main is the mutex statements on the main table (keys that are
+	// text), odd those on the kinds table (keys with a NUL byte or
+	// invalid UTF-8).
+	main, odd pgMutexSQL
+	// Semaphores and read/write locks, on the kinds table.
+	kAcq, kRel, kWithdraw, kGone, kRef, kInspect string
+	// tracer is the pool's: the statements sent through pgconn call it
+	// (see pgdirect.go).
+	tracer pgx.QueryTracer
+}
+
+// pgMutexSQL is the statements of mutexes in one table.
+type pgMutexSQL struct {
+	acq, relFast, rel, ref, refAll, inspect string
+	// the names acq and relFast are prepared under (see pgdirect.go)
+	acqName, relFastName string
 }
 
 // NewPostgres returns a lock backend over pool, creating the lock table if
@@ -49,6 +61,11 @@ type Postgres struct {
 // channel. A table dropped and created again under the same name is a new
 // table: resources made before must be made anew.
 //
+// A table made by an older version (without the label column and the
+// kinds table beside it) is upgraded here, which takes the table's owner
+// (see the package doc); without that privilege NewPostgres returns an
+// error that gives the statements to run.
+//
 // It returns an error for a nil pool or a bad option (before any I/O), and
 // the database's error, wrapped, when the table cannot be checked or
 // created.
@@ -61,13 +78,42 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 		return nil, err
 	}
 	p := &Postgres{pool: pool, table: c.tableName()}
-	id, err := p.createTable(ctx, c.table)
+	id, kid, err := p.createTable(ctx, c.table)
 	if err != nil {
 		return nil, err
 	}
 	q := pgx.Identifier{id.schema, id.name}.Sanitize()
+	kq := pgx.Identifier{kid.schema, kid.name}.Sanitize()
 	seq := pgx.Identifier{id.schema, id.name + "_token_seq"}.Sanitize()
 	p.channel = "distlock_" + strconv.FormatUint(uint64(id.oid), 10)
+	p.main = pgMutexStmts(q, seq, id.class(), false)
+	p.odd = pgMutexStmts(kq, seq, kid.class(), true)
+	p.kindStmts(kq, seq, kid.class())
+	p.ln = newListener(pool, p.channel)
+	p.tracer = pool.Config().ConnConfig.Tracer
+	return p, nil
+}
+
+// nowMicros is the statement's time, now(), in microseconds since 1970:
+// the clock of the times in a group's state.
+const nowMicros = `(extract(epoch FROM now()) * 1000000)::bigint`
+
+// inTime is an acquire statement's server-side bound: $4 microseconds
+// from the start of its transaction (0: none).
+const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * interval '1 microsecond')`
+
+// pgMutexStmts returns the mutex statements of table q: the main table,
+// keyed by text, or (odd) the kinds table, keyed by bytes, in rows of
+// kind 0. Parameters: $1 key, $2 owner, $3 TTL in microseconds, $4 the
+// acquire's server-side bound in microseconds, $5 the label; a release
+// notifies on channel $3 with payload $4.
+func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
+	cols, vals, conflict, where, hash := `lock_key`, `$1::text`, `(lock_key)`, `lock_key = $1::text`, `hashtext($1::text)`
+	if odd {
+		cols, vals, conflict, where = `lock_key, kind`, `$1::bytea, 0`, `(lock_key, kind)`, `lock_key = $1::bytea AND kind = 0`
+		hash = `hashtext('0:' || encode($1::bytea, 'hex'))`
+	}
+	var m pgMutexSQL
 	// One statement: insert our row, or take over a row whose lease ran
 	// out by the server's clock. When a live owner holds the key, the
 	// first contender marks the row waited (so the release will notify)
@@ -97,38 +143,178 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	// writes nothing; a conflicting row is neither taken over nor marked
 	// (the WHERE below). So an abandoned acquire that the server runs
 	// late, its connection long gone, takes no key.
-	inTime := `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * interval '1 microsecond')`
-	p.sqlAcq = `INSERT INTO ` + q + ` AS l (lock_key, owner, token, expires_at)
-VALUES ($1::text, $2::text,
-  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(id.class())) + `, hashtext($1::text)) IS NULL THEN NULL
+	m.acq = `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
+VALUES (` + vals + `, $2::text,
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, ` + hash + `) IS NULL THEN NULL
     WHEN ` + inTime + `
     THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
-  now() + $3::bigint * interval '1 microsecond')
-ON CONFLICT (lock_key) DO UPDATE
+  now() + $3::bigint * interval '1 microsecond', $5::bytea)
+ON CONFLICT ` + conflict + ` DO UPDATE
 SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
     token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
+    label      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.label ELSE l.label END,
     waited     = l.expires_at > now(),
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
 WHERE (l.expires_at <= now() OR NOT l.waited) AND ` + inTime + `
 RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`
 	// The common release: our row, live, and no contender marked it
 	// waited. It returns no row and calls no function, which costs the
-	// server and the client markedly less than sqlRel (about 6% of an
-	// uncontended cycle, pinned): when it deletes nothing, sqlRel
-	// follows.
-	p.sqlRelFast = `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2 AND expires_at > now() AND NOT waited`
+	// server and the client markedly less than rel (about 6% of an
+	// uncontended cycle, pinned): when it deletes nothing, rel follows.
+	m.relFast = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2 AND expires_at > now() AND NOT waited`
 	// One statement: delete our row, live or expired (no stale rows left
 	// behind), tell whether it was still live, and, if a contender marked
-	// it waited, wake waiters when the transaction commits. An
-	// uncontended release pays no notification. RETURNING reads the
-	// deleted row.
-	p.sqlRel = `DELETE FROM ` + q + ` WHERE lock_key = $1 AND owner = $2
-RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, lock_key)::text END`
-	p.sqlRef = `UPDATE ` + q + `
+	// it waited, wake waiters when the transaction commits (payload $4:
+	// the key, see notifyPayload). An uncontended release pays no
+	// notification. RETURNING reads the deleted row.
+	m.rel = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2
+RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, $4) END`
+	m.ref = `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
-WHERE lock_key = $1 AND owner = $2 AND expires_at > now()`
-	p.ln = newListener(pool, p.channel)
-	return p, nil
+WHERE ` + where + ` AND owner = $2 AND expires_at > now()`
+	// A batch of renewals: the leases' keys, owners and TTLs as arrays,
+	// numbered; the numbers of the leases renewed come back.
+	keys := `$1::text[]`
+	if odd {
+		keys = `$1::bytea[]`
+	}
+	kindCond := ``
+	if odd {
+		kindCond = ` AND l.kind = 0`
+	}
+	m.refAll = `UPDATE ` + q + ` AS l
+SET expires_at = now() + u.ttl * interval '1 microsecond'
+FROM unnest(` + keys + `, $2::text[], $3::bigint[]) WITH ORDINALITY AS u(k, o, ttl, i)
+WHERE l.lock_key = u.k` + kindCond + ` AND l.owner = u.o AND l.expires_at > now()
+RETURNING u.i`
+	m.inspect = `SELECT token, (date_part('epoch', expires_at - now()) * 1000000)::bigint, label FROM ` + q + `
+WHERE ` + where + ` AND expires_at > now()`
+	m.acqName, m.relFastName = stmtName(m.acq), stmtName(m.relFast)
+	return m
+}
+
+// kindStmts makes the statements of semaphores and read/write locks: one
+// row per lock in the kinds table kq, whose state holds its holders and,
+// for a read/write lock, the intents of its waiting requests (see
+// groupState).
+func (p *Postgres) kindStmts(kq, seq string, class int32) {
+	// Parameters: $1 key, $2 owner, $3 TTL (µs), $4 bound (µs), $5 the
+	// row's kind, $6 the grant's mode ("s", "r", "w"), $7 the limit (0
+	// for a read/write lock), $8 the label.
+	//
+	// One statement. The row is locked by the upsert (ON CONFLICT DO
+	// UPDATE reads its latest version, whatever the statement's
+	// snapshot), so attempts on one lock are serialized, each deciding on
+	// the state the last one committed: never more than the limit. The
+	// decision, on the live entries (expiry after now):
+	//   s: fewer holders than $7, and no holder took it with another limit;
+	//   r: no writer holds, and no writer's intent precedes ours (or, with
+	//      no intent of ours, no writer's intent at all);
+	//   w: nobody holds, and no intent precedes ours (or none at all).
+	// A grant adds a holder with the token and drops our intent; a
+	// read or write attempt that cannot hold adds an intent numbered by
+	// the token drawn (arrival order) or renews ours; expired entries
+	// go. The token is drawn as a mutex's is, under the advisory lock of
+	// (the kinds table's oid, the row's kind and key), so grants draw in
+	// commit order even across the row's deletion and re-creation.
+	own := `(SELECT x FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > a.n AND x->>'o' = $2::text LIMIT 1)`
+	precedes := `(b.own IS NULL OR (x->>'s')::bigint < (b.own->>'s')::bigint)`
+	me := `jsonb_build_object('o', $2::text, 'k', $6::text, 't', %s, 'e', %s + $3::bigint, 'l', encode($8::bytea, 'hex'))`
+	p.kAcq = `INSERT INTO ` + kq + ` AS g (lock_key, kind, token, expires_at, lim, state)
+SELECT $1::bytea, $5::smallint, c.tok, now() + $3::bigint * interval '1 microsecond', $7::int,
+  jsonb_build_object('h', jsonb_build_array(` + fmt.Sprintf(me, `c.tok`, `c.n`) + `), 'i', '[]'::jsonb)
+FROM (SELECT CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, hashtext($5::smallint::text || ':' || encode($1::bytea, 'hex'))) IS NULL THEN NULL
+    WHEN ` + inTime + ` THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END AS tok,
+  ` + nowMicros + ` AS n) c
+ON CONFLICT (lock_key, kind) DO UPDATE
+SET (state, lim, token, expires_at, waited) = (
+  SELECT jsonb_build_object('h', s.nh, 'i', s.ni),
+    CASE WHEN s.ok THEN $7::int ELSE g.lim END,
+    CASE WHEN s.ok THEN EXCLUDED.token ELSE g.token END,
+    timestamptz 'epoch' + (SELECT max((x->>'e')::bigint) FROM jsonb_array_elements(s.nh || s.ni) x) * interval '1 microsecond',
+    g.waited OR NOT s.ok
+  FROM (SELECT d.ok,
+      CASE WHEN d.ok THEN d.h || jsonb_build_array(` + fmt.Sprintf(me, `EXCLUDED.token`, `d.n`) + `) ELSE d.h END AS nh,
+      CASE WHEN d.ok OR $6::text = 's' THEN d.io
+        ELSE d.io || jsonb_build_array(jsonb_build_object('o', $2::text, 'k', $6::text,
+          's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $3::bigint)) END AS ni
+    FROM (SELECT b.*, CASE $6::text
+        WHEN 's' THEN jsonb_array_length(b.h) < $7::int AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
+        WHEN 'r' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(b.h) x WHERE x->>'k' = 'w')
+          AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE x->>'k' = 'w' AND ` + precedes + `)
+        ELSE jsonb_array_length(b.h) = 0
+          AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE ` + precedes + `)
+      END AS ok
+      FROM (SELECT a.n,
+          coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'h') x WHERE (x->>'e')::bigint > a.n), '[]') AS h,
+          coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > a.n AND x->>'o' <> $2::text), '[]') AS io,
+          ` + own + ` AS own
+        FROM (SELECT ` + nowMicros + ` AS n) a) b) d) s)
+WHERE ` + inTime + `
+RETURNING (SELECT (x->>'t')::bigint FROM jsonb_array_elements(g.state->'h') x WHERE x->>'o' = $2::text LIMIT 1),
+  g.lim,
+  (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE x->>'o' <> $2::text) - ` + nowMicros
+	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
+	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
+	p.kGone = `DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $2::smallint
+  AND NOT EXISTS (SELECT FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE (x->>'e')::bigint > ` + nowMicros + `)`
+	p.kRef = `UPDATE ` + kq + ` AS g
+SET state = jsonb_set(g.state, '{h}', (SELECT jsonb_agg(CASE WHEN x->>'o' = $2::text THEN jsonb_set(x, '{e}', to_jsonb(` + nowMicros + ` + $5::bigint)) ELSE x END)
+    FROM jsonb_array_elements(g.state->'h') x)),
+  expires_at = greatest(g.expires_at, now() + $5::bigint * interval '1 microsecond')
+WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
+  AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'h') x WHERE x->>'o' = $2::text AND x->>'k' = $4::text AND (x->>'e')::bigint > ` + nowMicros + `)`
+	p.kInspect = `SELECT state, lim, ` + nowMicros + ` FROM ` + kq + ` WHERE lock_key = $1::bytea AND kind = $2::smallint`
+}
+
+// groupRemove is the statement that removes our entry from a group's
+// state (arr "h": our grant, a release; "i": our intent, a withdrawal),
+// with expired entries, deleting the row when no live entry is left (no
+// row stays behind), and notifies the waiters when a contender marked
+// the row. Parameters: $1 key, $2 owner, $3 the row's kind, $4 the
+// grant's mode, $5 the channel, $6 the payload. It returns one row
+// (whether our entry was live) when it was there, none otherwise.
+//
+// The DELETE and the UPDATE are exclusive: the UPDATE runs only where the
+// DELETE deleted nothing. The DELETE rechecks its condition on the latest
+// version of the row if a concurrent statement changed it (READ
+// COMMITTED's rule for the rows a statement modifies), so the row is
+// deleted only if no live entry but ours is in its latest version. But
+// it judges first by the version in the statement's snapshot: when that
+// one still had another live entry, which left meanwhile, the UPDATE
+// (which does work on the latest version) leaves the row empty, and says
+// so (the third column): groupGone then deletes it.
+//
+// groupGone is that DELETE of a row with no live entry, in a statement of
+// its own (its snapshot sees what the first one committed; a row changed
+// since is rechecked on its latest version).
+func groupRemove(kq, arr, mine string) string {
+	live := `(SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM ` + kq + ` o, jsonb_array_elements(o.state->'` + arr + `') x
+    WHERE o.lock_key = $1::bytea AND o.kind = $3::smallint AND ` + mine + ` LIMIT 1)`
+	mineH, mineI := `false`, `false`
+	if arr == "h" {
+		mineH = mine
+	} else {
+		mineI = mine
+	}
+	keep := func(a, m string) string {
+		return `coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'` + a + `') x
+      WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + m + `)), '[]')`
+	}
+	return `WITH d AS (
+  DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
+    AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
+    AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineH + `))
+    AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineI + `))
+  RETURNING g.waited, ` + live + ` AS live
+), u AS (
+  UPDATE ` + kq + ` AS g SET state = jsonb_build_object('h', ` + keep("h", mineH) + `, 'i', ` + keep("i", mineI) + `)
+  WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint AND NOT EXISTS (SELECT FROM d)
+    AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
+  RETURNING g.waited, ` + live + ` AS live, g.state = '{"h": [], "i": []}'::jsonb AS empty
+)
+SELECT coalesce(r.live, false), CASE WHEN r.waited THEN pg_notify($5, $6) END::text, r.empty
+FROM (SELECT *, false AS empty FROM d UNION ALL SELECT * FROM u) r`
 }
 
 // tableID is what a table name resolved to.
@@ -142,11 +328,16 @@ type tableID struct {
 func (id tableID) class() int32 { return int32(id.oid) }
 
 // createTable resolves the table named by parts (as written: one or two
-// parts) by the pool's search_path, creating it and its sequence first if
-// it does not exist.
-func (p *Postgres) createTable(ctx context.Context, parts []string) (tableID, error) {
+// parts) by the pool's search_path, creating it, its sequence and its
+// kinds table first if they do not exist, and upgrading a table of an
+// older version (see the package doc). It returns the main table and
+// the kinds table.
+func (p *Postgres) createTable(ctx context.Context, parts []string) (main, kinds tableID, err error) {
 	q := pgx.Identifier(parts).Sanitize()
-	resolve := func() (id tableID, ok bool, err error) {
+	kparts := append([]string(nil), parts...)
+	kparts[len(kparts)-1] += kindsSuffix
+	kq := pgx.Identifier(kparts).Sanitize()
+	resolve := func(q string) (id tableID, ok bool, err error) {
 		err = p.pool.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`, q).Scan(&id.oid, &id.schema, &id.name)
@@ -155,46 +346,111 @@ WHERE c.oid = to_regclass($1)`, q).Scan(&id.oid, &id.schema, &id.name)
 		}
 		return id, err == nil, err
 	}
-	id, ok, err := resolve()
-	if err != nil {
-		return id, fmt.Errorf("sqldb: postgres: check table %s: %w", p.table, err)
-	}
-	if ok {
-		return id, nil // an existing table needs no CREATE privilege
+	// hasLabel reports whether the main table has its label column.
+	hasLabel := func(id tableID) (bool, error) {
+		var n int
+		err := p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1 AND attname = 'label' AND NOT attisdropped`, id.oid).Scan(&n)
+		return n > 0, err
 	}
 	seqParts := append([]string(nil), parts...)
 	seqParts[len(seqParts)-1] += "_token_seq"
 	seq := pgx.Identifier(seqParts).Sanitize()
-	_, err = p.pool.Exec(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+`;
-CREATE TABLE IF NOT EXISTS `+q+` (
+	create := `CREATE SEQUENCE IF NOT EXISTS ` + seq + `;
+CREATE TABLE IF NOT EXISTS ` + q + ` (
   lock_key   varchar(255) COLLATE "C" PRIMARY KEY,
   owner      text NOT NULL,
   token      bigint NOT NULL,
   expires_at timestamptz NOT NULL,
-  waited     boolean NOT NULL DEFAULT false
+  waited     boolean NOT NULL DEFAULT false,
+  label      bytea NOT NULL DEFAULT ''
 );
-ALTER SEQUENCE `+seq+` OWNED BY `+q+`.token`)
+ALTER SEQUENCE ` + seq + ` OWNED BY ` + q + `.token;
+`
+	upgrade := `ALTER TABLE ` + q + ` ADD COLUMN IF NOT EXISTS label bytea NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS ` + kq + ` (
+  lock_key   bytea NOT NULL,
+  kind       smallint NOT NULL,
+  owner      text NOT NULL DEFAULT '',
+  token      bigint NOT NULL,
+  expires_at timestamptz NOT NULL,
+  waited     boolean NOT NULL DEFAULT false,
+  label      bytea NOT NULL DEFAULT '',
+  lim        integer NOT NULL DEFAULT 0,
+  state      jsonb,
+  PRIMARY KEY (lock_key, kind)
+)`
+	check := func() (main, kinds tableID, ready bool, err error) {
+		main, ok, err := resolve(q)
+		if err != nil || !ok {
+			return main, kinds, false, err
+		}
+		kinds, kok, err := resolve(kq)
+		if err != nil || !kok {
+			return main, kinds, false, err
+		}
+		lab, err := hasLabel(main)
+		return main, kinds, lab, err
+	}
+	main, kinds, ready, err := check()
+	if err != nil {
+		return main, kinds, fmt.Errorf("sqldb: postgres: check table %s: %w", p.table, err)
+	}
+	if ready {
+		return main, kinds, nil // an existing table needs no CREATE privilege
+	}
+	existed := main.oid != 0
+	stmts := upgrade
+	if !existed {
+		stmts = create + upgrade
+	}
+	_, err = p.pool.Exec(ctx, stmts)
 	// Two processes creating the table at once: the loser may see a
 	// unique violation in the catalog although the table now exists.
-	id, ok, err2 := resolve()
+	main, kinds, ready, err2 := check()
 	switch {
-	case err2 == nil && ok:
-		return id, nil
+	case err2 == nil && ready:
+		return main, kinds, nil
 	case err == nil && err2 != nil:
 		err = err2
 	case err == nil:
 		err = errors.New("not found after CREATE TABLE")
 	}
-	return id, fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
+	if existed {
+		return main, kinds, fmt.Errorf("sqldb: postgres: upgrade table %s (as its owner, run: %s): %w", p.table, strings.ReplaceAll(stmts, "\n", " "), err)
+	}
+	return main, kinds, fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
 }
 
 // Table returns the lock table's name as given to [WithTable] (or
 // [DefaultTable]).
 func (p *Postgres) Table() string { return p.table }
 
-// ValidateKey reports whether key fits the lock_key column: non-empty,
-// valid UTF-8 without NUL, at most [MaxKeyLen] characters. It does no I/O.
+// ValidateKey reports whether key is a key the tables hold: non-empty and
+// at most [MaxKeyLen] characters (a byte that is not valid UTF-8 counts as
+// one). Any bytes are a key: a key with a NUL byte or invalid UTF-8 lives
+// in the kinds table, whose keys are bytes. It does no I/O.
 func (p *Postgres) ValidateKey(key string) error { return validateKey(key, unitChars) }
+
+// CheckKind implements backend.KindChecker: PostgreSQL holds mutexes,
+// semaphores and read/write locks.
+func (p *Postgres) CheckKind(backend.Kind) error { return nil }
+
+// mutex returns the statements of key's mutex: the main table's for a
+// text key, the kinds table's for the others.
+func (p *Postgres) mutex(key string) *pgMutexSQL {
+	if textKey(key) {
+		return &p.main
+	}
+	return &p.odd
+}
+
+// keyArg is key as the statements of its mutex take it.
+func keyArg(key string) any {
+	if textKey(key) {
+		return key
+	}
+	return bytesArg(key)
+}
 
 // TryAcquire makes one attempt to take l.Key for l.TTL by the database's
 // clock, in one statement. On success it sets l.Token from the table's
@@ -240,22 +496,24 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
-		r := p.acquireOn(ctx, c, l, 0)
+		var call pgCall
+		r := p.acquireOn(ctx, &call, c, l, 0)
 		c.Release()
 		return p.outcome(ctx, l, r, 0)
 	}
 	bound := statementBound(ctx)
 	pc := c.Conn().PgConn() // before the flight: c is the flight's from now on
-	f := newFlight[pgReply](bound)
-	// Once abandoned, the cancel request's result: the connection goes
-	// back to the pool only once the server acknowledged it (as pgx's
-	// own CancelRequestContextWatcherHandler waits before reuse), so that
-	// it cannot cancel a later statement on it.
-	var cancelled chan error
+	call := &pgCall{parent: ctx}
+	f := &call.f
+	f.init(bound)
+	// Once abandoned, the cancel request's result (call.cancelled): the
+	// connection goes back to the pool only once the server acknowledged
+	// it (as pgx's own CancelRequestContextWatcherHandler waits before
+	// reuse), so that it cannot cancel a later statement on it.
 	go func() {
-		r := p.acquireOn(context.WithoutCancel(ctx), c, l, bound)
+		r := p.acquireOn(call, call, c, l, bound) // ctx's values, not its end
 		f.finish(r, func(abandoned bool) {
-			if !abandoned || <-cancelled == nil {
+			if !abandoned || <-call.cancelled == nil {
 				c.Release()
 				return
 			}
@@ -264,7 +522,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			cancel()
 		})
 	}()
-	if r, ok := f.wait(ctx, func() { cancelled = make(chan error, 1) }); ok {
+	if r, ok := f.wait(ctx, func() { call.cancelled = make(chan error, 1) }); ok {
 		return p.outcome(ctx, l, r, bound)
 	}
 	// Abandoned: ask the server to cancel the statement, so that its reply
@@ -272,7 +530,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	go func() {
 		cctx, cancel := context.WithDeadline(context.Background(), f.replyBy())
 		defer cancel()
-		cancelled <- pc.CancelRequest(cctx)
+		call.cancelled <- pc.CancelRequest(cctx)
 		select {
 		case <-f.done:
 		case <-cctx.Done():
@@ -286,8 +544,8 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			if err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}
-			if r.err == nil && !r.ours || r.err != nil && !pgAmbiguous(r.err) {
-				return nil // it wrote nothing
+			if r.err != nil && !pgAmbiguous(r.err) || r.err == nil && !r.ours && !recordsIntent(l.Kind) {
+				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return p.cleanup(ctx, l)
 		},
@@ -298,17 +556,35 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 type pgReply struct {
 	ours        bool
 	token, left int64
+	lim         int32 // a semaphore's limit, as its holders took it
 	err         error
 }
 
 // acquireOn runs the acquire statement on c, bounded on the server by
 // bound (0: unbounded).
-func (p *Postgres) acquireOn(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, bound time.Duration) (r pgReply) {
+func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn, l *backend.Lease, bound time.Duration) (r pgReply) {
 	var b int64
 	if bound > 0 {
 		b = micros(bound)
 	}
-	r.err = c.QueryRow(ctx, p.sqlAcq, l.Key, l.Value, micros(l.TTL), b).Scan(&r.ours, &r.token, &r.left)
+	if l.Kind == backend.KindMutex {
+		return p.acquireDirect(ctx, call, c, l, b)
+	}
+	return p.acquireGroup(ctx, c, l, b)
+}
+
+// acquireGroup runs a semaphore's or read/write lock's acquire statement
+// through pgx's query path (a function of its own: the scan's
+// destinations escape).
+func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
+	var tok, left *int64
+	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label)).Scan(&tok, &r.lim, &left)
+	if tok != nil {
+		r.ours, r.token = true, *tok
+	}
+	if left != nil {
+		r.left = *left
+	}
 	return r
 }
 
@@ -324,6 +600,8 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 	case r.err == nil && r.ours:
 		l.Token = uint64(r.token)
 		return true, 0, nil
+	case r.err == nil && l.Kind == backend.KindSemaphore && int(r.lim) != l.Limit:
+		return false, 0, errLimitMismatch(l.Key, l.Limit, int(r.lim))
 	case r.err == nil:
 		return false, max(0, time.Duration(r.left)*time.Microsecond), nil
 	case errors.Is(r.err, pgx.ErrNoRows), pgContention(r.err):
@@ -341,12 +619,17 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 	}
 }
 
-// cleanup deletes l.Value's row of l.Key, live or expired, for an
-// AbandonedError's Cleanup; nil when there was none.
+// cleanup deletes l.Value's row of l.Key (or its grant and intent in a
+// group's row), live or expired, for an AbandonedError's Cleanup; nil
+// when there was none.
 func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if _, err := p.release(cctx, l); err != nil {
+	_, err := p.release(cctx, l)
+	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite) {
+		err = p.withdraw(cctx, l)
+	}
+	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 	}
 	return nil
@@ -358,7 +641,7 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if _, cerr := p.release(cctx, l); cerr != nil {
+	if cerr := p.cleanup(cctx, l); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 	}
 	return err
@@ -387,20 +670,62 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
+	if l.Kind != backend.KindMutex {
+		return p.groupRemove(ctx, p.kRel, l)
+	}
+	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
-		tag, err := p.pool.Exec(ctx, p.sqlRelFast, l.Key, l.Value)
-		if err != nil || tag.RowsAffected() == 1 {
+		n, err := p.relFastDirect(ctx, m, l)
+		if err != nil || n == 1 {
 			live = err == nil
 			return err
 		}
 		// Waited for, expired, or not ours: the full statement, which
 		// notifies the waiters or deletes our stale row.
-		err = p.pool.QueryRow(ctx, p.sqlRel, l.Key, l.Value, p.channel).Scan(&live, nil)
+		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
 		return err
 	})
+	return live, err
+}
+
+// Withdraw implements backend.Withdrawer: it deletes l.Value's intent in
+// l.Key's read/write lock, if any, with the row when nothing else is
+// left in it, and notifies the waiters when one tried meanwhile.
+func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
+	if err := p.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	if err := p.withdraw(ctx, l); err != nil {
+		return fmt.Errorf("sqldb: postgres: withdraw %q: %w", l.Key, err)
+	}
+	return nil
+}
+
+func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
+	_, err := p.groupRemove(ctx, p.kWithdraw, l)
+	return err
+}
+
+// groupRemove runs a groupRemove statement for l, and deletes the row
+// if that left it empty. It reports whether l's entry was live.
+func (p *Postgres) groupRemove(ctx context.Context, stmt string, l *backend.Lease) (live bool, err error) {
+	var empty bool
+	err = retryConflicts(pgContention, func() error {
+		err := p.pool.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		if errors.Is(err, pgx.ErrNoRows) {
+			live, err = false, nil
+		}
+		return err
+	})
+	if err == nil && empty {
+		err = retryConflicts(pgContention, func() error {
+			_, err := p.pool.Exec(ctx, p.kGone, bytesArg(l.Key), groupRow(l.Kind))
+			return err
+		})
+	}
 	return live, err
 }
 
@@ -414,7 +739,11 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 	}
 	var tag pgconn.CommandTag
 	err := retryConflicts(pgContention, func() (err error) {
-		tag, err = p.pool.Exec(ctx, p.sqlRef, l.Key, l.Value, micros(l.TTL))
+		if l.Kind == backend.KindMutex {
+			tag, err = p.pool.Exec(ctx, p.mutex(l.Key).ref, keyArg(l.Key), l.Value, micros(l.TTL))
+		} else {
+			tag, err = p.pool.Exec(ctx, p.kRef, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), micros(l.TTL))
+		}
 		return err
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package sqldb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -119,9 +120,9 @@ func testNoClientTime(t *testing.T, pg *pgFixture) {
 		for _, s := range stmts {
 			for i, a := range s.args {
 				switch a.(type) {
-				case string, int64:
+				case string, int64, bytesArg:
 				default:
-					t.Errorf("%s: argument $%d is %T (%v); want only strings and integers", op.name, i+1, a, a)
+					t.Errorf("%s: argument $%d is %T (%v); want only strings, byte strings and integers", op.name, i+1, a, a)
 				}
 			}
 			if !strings.Contains(s.sql, "now()") && !strings.HasSuffix(op.name, "release") {
@@ -482,7 +483,7 @@ func testLateStatement(t *testing.T, pg *pgFixture) {
 		defer c.Release()
 		// pg_sleep is not needed: a 1µs bound has passed by the time the
 		// statement gets past its advisory lock.
-		return p.acquireOn(t.Context(), c, l, time.Microsecond)
+		return p.acquireOn(t.Context(), new(pgCall), c, l, time.Microsecond)
 	}
 	free := newLease(t, testsuite.Key(t), time.Minute)
 	if r := run(free); !pgLate(r.err) {
@@ -517,9 +518,114 @@ func testLateStatement(t *testing.T, pg *pgFixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := p.acquireOn(t.Context(), c, l, time.Minute)
+	r := p.acquireOn(t.Context(), new(pgCall), c, l, time.Minute)
 	c.Release()
 	if r.err != nil || !r.ours {
 		t.Errorf("acquire with a 1min bound = %+v; want the key", r)
+	}
+}
+
+// testRefreshAllOneStatement: a batch of mutexes is renewed by one
+// statement, whatever its size.
+func testRefreshAllOneStatement(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	r := pg.resource(t, pg.pool(t, tracedPool(tr, nil)))
+	base := testsuite.Key(t)
+	var ls []*backend.Lease
+	for i := range backend.MaxRefreshBatch {
+		l := newLease(t, base+strconv.Itoa(i), time.Minute)
+		ls = append(ls, l)
+	}
+	if err := parallel(ls, func(l *backend.Lease) error { _, _, err := r.TryAcquire(t.Context(), l); return err }); err != nil {
+		t.Fatal(err)
+	}
+	tr.reset()
+	for i, err := range r.RefreshAll(t.Context(), ls) {
+		if err != nil {
+			t.Fatalf("RefreshAll: lease %d: %v", i, err)
+		}
+	}
+	if n := len(tr.reset()); n != 1 {
+		t.Errorf("RefreshAll of %d mutexes sent %d statements; want 1", len(ls), n)
+	}
+	if err := parallel(ls, func(l *backend.Lease) error { return r.Release(t.Context(), l) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// parallel runs fn for each lease, 8 at a time, and returns the first
+// error.
+func parallel(ls []*backend.Lease, fn func(*backend.Lease) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, 8)
+	for _, l := range ls {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(l); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// testNotifyKinds: the release of a semaphore's permit, of a read grant
+// and of the mutex of a key that is not text (its payload is hex) wakes
+// the subscribers of the key.
+func testNotifyKinds(t *testing.T, pg *pgFixture) {
+	a := pg.resource(t, pg.pool(t, nil))
+	b := pg.resource(t, pg.pool(t, nil))
+	base := testsuite.Key(t)
+	sem := newLease(t, base+"-sem", time.Minute)
+	sem.Kind, sem.Limit = backend.KindSemaphore, 1
+	rd := newLease(t, base+"-rw", time.Minute)
+	rd.Kind = backend.KindRead
+	odd := newLease(t, base+"-\x00\xff", time.Minute)
+	held := []*backend.Lease{sem, rd, odd}
+	for _, l := range held {
+		mustAcquire(t, a, l)
+	}
+	wr := newLease(t, rd.Key, time.Minute)
+	wr.Kind = backend.KindWrite
+	contenders := []*backend.Lease{newLease(t, sem.Key, time.Minute), wr, newLease(t, odd.Key, time.Minute)}
+	contenders[0].Kind, contenders[0].Limit = backend.KindSemaphore, 1
+	for _, l := range contenders {
+		if ok, _, err := b.TryAcquire(t.Context(), l); ok || err != nil {
+			t.Fatalf("contended TryAcquire(%q, %v) = %v, %v; want false, nil", l.Key, l.Kind, ok, err)
+		}
+	}
+	var chs []<-chan struct{}
+	for _, l := range contenders {
+		ch, cancel := b.Subscribe(l.Key)
+		defer cancel()
+		chs = append(chs, ch)
+	}
+	for _, ch := range chs { // the wake of the LISTEN connection's start
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no wake after the LISTEN connection came up")
+		}
+	}
+	for i, l := range held {
+		if err := a.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-chs[i]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notice for the release of %q (%v)", l.Key, l.Kind)
+		}
+	}
+	if err := b.Withdraw(t.Context(), wr); err != nil {
+		t.Fatal(err)
 	}
 }

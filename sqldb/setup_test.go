@@ -10,6 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -27,6 +28,28 @@ func exercise(t *testing.T, r, other resource) {
 	}
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+	// A semaphore's permit and a read/write lock's intent: the kinds
+	// table.
+	s := newLease(t, key, time.Minute)
+	s.Kind, s.Limit = backend.KindSemaphore, 1
+	mustAcquire(t, r, s)
+	w := newLease(t, key, time.Minute)
+	w.Kind = backend.KindWrite
+	mustAcquire(t, other, w)
+	rd := newLease(t, key, time.Minute)
+	rd.Kind = backend.KindRead
+	if ok, _, err := r.TryAcquire(t.Context(), rd); ok || err != nil {
+		t.Fatalf("read while written: TryAcquire = %v, %v; want false, nil", ok, err)
+	}
+	if err := r.Release(t.Context(), s); err != nil {
+		t.Fatalf("Release(semaphore): %v", err)
+	}
+	if err := other.Release(t.Context(), w); err != nil {
+		t.Fatalf("Release(write): %v", err)
+	}
+	if err := r.(backend.Withdrawer).Withdraw(t.Context(), rd); err != nil {
+		t.Fatalf("Withdraw: %v", err)
 	}
 }
 
@@ -93,7 +116,7 @@ func testPostgresLeastPrivilege(t *testing.T, pg *pgFixture) {
 	role := "app_" + table
 	for _, q := range []string{
 		`CREATE ROLE ` + role + ` LOGIN`,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON ` + table + ` TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ` + table + `, ` + table + `_kinds TO ` + role,
 		`GRANT USAGE ON SEQUENCE ` + table + `_token_seq TO ` + role,
 	} {
 		if _, err := pg.admin.Exec(t.Context(), q); err != nil {
@@ -102,7 +125,7 @@ func testPostgresLeastPrivilege(t *testing.T, pg *pgFixture) {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		pg.admin.Exec(ctx, `REVOKE ALL ON `+table+` FROM `+role)
+		pg.admin.Exec(ctx, `REVOKE ALL ON `+table+`, `+table+`_kinds FROM `+role)
 		pg.admin.Exec(ctx, `REVOKE ALL ON SEQUENCE `+table+`_token_seq FROM `+role)
 	})
 	asRole := func(c *pgxpool.Config) { c.ConnConfig.User = role }
@@ -133,6 +156,7 @@ func testMySQLLeastPrivilege(t *testing.T, my *myFixture) {
 	for _, q := range []string{
 		"CREATE USER '" + user + "'@'%'",
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON `" + dbName + "`.`" + table + "` TO '" + user + "'@'%'",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON `" + dbName + "`.`" + table + "_kinds` TO '" + user + "'@'%'",
 	} {
 		if _, err := my.admin.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)

@@ -66,7 +66,15 @@ const (
 )
 
 func newFlight[T any](bound time.Duration) *flight[T] {
-	return &flight[T]{done: make(chan struct{}), sent: time.Now(), bound: bound}
+	f := new(flight[T])
+	f.init(bound)
+	return f
+}
+
+// init makes f a flight sent now with the given bound, for a flight held
+// in a larger struct.
+func (f *flight[T]) init(bound time.Duration) {
+	f.done, f.sent, f.bound = make(chan struct{}), time.Now(), bound
 }
 
 // finish records the reply; settle releases the connection, told whether

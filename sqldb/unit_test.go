@@ -20,7 +20,7 @@ import (
 func TestValidateKey(t *testing.T) {
 	tests := []struct {
 		key   string
-		chars bool // valid for a PostgreSQL varchar(255) column
+		chars bool // valid for PostgreSQL: at most 255 characters
 		bytes bool // valid for a MySQL VARBINARY(255) column
 	}{
 		{"", false, false},
@@ -30,8 +30,10 @@ func TestValidateKey(t *testing.T) {
 		{strings.Repeat("鍵", 255), true, false}, // 255 characters, 765 bytes
 		{strings.Repeat("鍵", 85), true, true},   // 255 bytes
 		{strings.Repeat("鍵", 86), true, false},  // 258 bytes
-		{"a\x00b", false, true},
-		{"\xff\xfe", false, true},
+		{"a\x00b", true, true},                  // PostgreSQL: in the kinds table, keyed by bytes
+		{"\xff\xfe", true, true},                // an invalid byte counts as one character
+		{strings.Repeat("\xff", 255), true, true},
+		{strings.Repeat("\xff", 256), false, false},
 	}
 	for _, tt := range tests {
 		if err := validateKey(tt.key, unitChars); (err == nil) != tt.chars {
@@ -314,5 +316,25 @@ func TestAcquireStmtRungs(t *testing.T) {
 		if i := slices.Index(boundRungs[:], b); i < 0 || st != m.acqBounded[i] {
 			t.Errorf("acquireStmt(%v) returned a statement not of rung %v", tt.bound, b)
 		}
+	}
+}
+
+// TestNotifyPayload: a key that is text is its own payload; another is
+// sent in hex, and the listener wakes both readings of a payload that
+// could be either.
+func TestNotifyPayload(t *testing.T) {
+	for _, key := range []string{"a", "ключ", `\x00`, "a\x00b", "\xff", "\x00"} {
+		p := notifyPayload(key)
+		if !textKey(p) {
+			t.Errorf("notifyPayload(%q) = %q: not text", key, p)
+		}
+		k, alt, two := payloadKeys(p)
+		if k != key && (!two || alt != key) {
+			t.Errorf("payloadKeys(notifyPayload(%q)) = %q, %q, %v; want %q among them", key, k, alt, two, key)
+		}
+	}
+	// A text key that reads as hex: both readings.
+	if k, alt, two := payloadKeys(`\x00`); k != `\x00` || !two || alt != "\x00" {
+		t.Errorf(`payloadKeys("\\x00") = %q, %q, %v; want both readings`, k, alt, two)
 	}
 }

@@ -52,6 +52,13 @@ type Config struct {
 	// Zombie makes the worker write once more with its old token after it
 	// saw the lock lost, as a client that did not look at Done would.
 	Zombie bool
+	// Lock is the kind of lock the worker takes: "" (a mutex),
+	// "semaphore" (a permit of Limit), "read" or "write" (a side of a
+	// read/write lock). Mutex, write and semaphore holders make fenced
+	// writes; only mutex and write holders increment the unfenced
+	// counter (a semaphore's or readers' holders may overlap by design).
+	Lock  string
+	Limit int
 }
 
 // MaybeRunWorker runs the worker and exits when this process is a worker
@@ -161,7 +168,7 @@ func errString(err error) string {
 // cfg.Ops writes and increments, and releases it.
 func (w *worker) cycle(ctx context.Context, owner string) error {
 	call := history.Now()
-	lk, err := w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
+	lk, err := w.take(ctx)
 	ret := history.Now()
 	ev := history.Event{Kind: history.Acquire, Owner: owner, Call: call, Return: ret, Err: errString(err)}
 	if err == nil {
@@ -195,11 +202,17 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 			continue
 		default:
 		}
-		if err := w.write(ctx, owner, lk.Token()); err != nil {
-			return err
+		if w.cfg.Lock != "read" {
+			if err := w.write(ctx, owner, lk.Token()); err != nil {
+				return err
+			}
 		}
-		if err := w.increment(ctx, owner, step/2); err != nil {
-			return err
+		if w.cfg.Lock == "" || w.cfg.Lock == "write" {
+			if err := w.increment(ctx, owner, step/2); err != nil {
+				return err
+			}
+		} else {
+			time.Sleep(step / 2)
 		}
 		select {
 		case <-lk.Done():
@@ -239,6 +252,19 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 	say("released %s %s", owner, errString(err))
 	w.think()
 	return nil
+}
+
+// take acquires the worker's lock.
+func (w *worker) take(ctx context.Context) (*distlock.Lock, error) {
+	switch w.cfg.Lock {
+	case "semaphore":
+		return w.d.Semaphore(w.cfg.Key, w.cfg.Limit).TryAcquire(ctx, w.cfg.Wait)
+	case "read":
+		return w.d.RWMutex(w.cfg.Key).TryRLock(ctx, w.cfg.Wait)
+	case "write":
+		return w.d.RWMutex(w.cfg.Key).TryLock(ctx, w.cfg.Wait)
+	}
+	return w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
 }
 
 // write makes one fenced write and records it. A lock without a token
