@@ -274,6 +274,21 @@ func (m *model) unlock(t *rapid.T) {
 	})
 }
 
+// releasedMeanwhile reports whether ml's lock may have been released or
+// taken away by something other than the facade's own mistakes: an Unlock
+// of one of its handles, an eviction, a backend loss, a Close.
+func releasedMeanwhile(locks []*modelLock, ml *modelLock, s *faultyStore) bool {
+	if ml.evicted.Load() || s.wasEvicted(ml.token) || ml.p.closing.Load() {
+		return true
+	}
+	for _, o := range locks {
+		if o.token == ml.token && o.p == ml.p && o.unlocking.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // siblingsLive reports whether another handle of ml's lock is not yet unlocked.
 func siblingsLive(m *model, ml *modelLock) bool {
 	m.mu.Lock()
@@ -395,7 +410,11 @@ func (m *model) check(t *rapid.T) {
 		}
 		dl := ml.lk.Deadline()
 		v, ok := m.store.holder(ml.key)
-		if now := time.Now(); now.Before(dl) && (!ok || v != ml.value) && !m.store.wasEvicted(ml.token) && !ml.p.closing.Load() {
+		now := time.Now()
+		// What may release or take the lock concurrently, read after the
+		// store: an Unlock of this handle or a sibling, an eviction, a
+		// Close of the process.
+		if now.Before(dl) && (!ok || v != ml.value) && !releasedMeanwhile(locks, ml, m.store) {
 			t.Fatalf("%q: the facade holds it (deadline %v ahead) for %q but the store's holder is %q (held %v)",
 				ml.key, dl.Sub(now), ml.value, v, ok)
 		}
