@@ -92,8 +92,11 @@ type model struct {
 	locks   []*modelLock
 
 	wg      sync.WaitGroup // operations running in the background
-	mu      sync.Mutex     // guards locks appended by them, and failures
+	mu      sync.Mutex     // guards locks appended by them, failures and reentries
 	failure error
+	// Nested TryLocks by token: in flight, and begun. A reentry adds a
+	// handle before the model knows it (siblingsLive).
+	reentries, reentryGen map[uint64]int
 }
 
 type proc struct {
@@ -116,10 +119,35 @@ type modelLock struct {
 	released  atomic.Bool // Unlock returned nil or ErrNotHeld
 	evicted   atomic.Bool // taken away behind the facade's back
 	nested    bool
+
+	callsMu  sync.Mutex
+	calls    int // Unlock calls of the handle in flight
+	overlaps int // Unlock calls begun while another was in flight
+}
+
+// beginUnlock counts an Unlock call of the handle in; endUnlock counts it
+// out and reports whether another Unlock call of the handle ran at any
+// time during it.
+func (ml *modelLock) beginUnlock() (overlapped bool, mark int) {
+	ml.callsMu.Lock()
+	defer ml.callsMu.Unlock()
+	ml.calls++
+	if ml.calls > 1 {
+		ml.overlaps++
+	}
+	return ml.calls > 1, ml.overlaps
+}
+
+func (ml *modelLock) endUnlock(overlapped bool, mark int) bool {
+	ml.callsMu.Lock()
+	defer ml.callsMu.Unlock()
+	ml.calls--
+	return overlapped || ml.calls > 0 || ml.overlaps != mark
 }
 
 func newModel(t *rapid.T) *model {
-	m := &model{store: newFaultyStore(), hot: hotspot.New(keys[0])}
+	m := &model{store: newFaultyStore(), hot: hotspot.New(keys[0]),
+		reentries: map[uint64]int{}, reentryGen: map[uint64]int{}}
 	for i := range m.procs {
 		m.procs[i] = m.newProc(t, rapid.Bool().Draw(t, fmt.Sprintf("renew%d", i)))
 	}
@@ -218,6 +246,8 @@ func (m *model) lock(t *rapid.T) {
 // nested: TryLock of a held key with the context carrying it.
 func (m *model) nested(t *rapid.T) {
 	ml := m.drawLock(t)
+	m.beginReentry(ml.token)
+	defer m.endReentry(ml.token)
 	calls := m.store.marked.Load()
 	before := ml.lk.Deadline()
 	ctx := context.WithValue(distlock.ContextWithLock(context.Background(), ml.lk), marker{}, true)
@@ -254,10 +284,21 @@ func (m *model) unlock(t *rapid.T) {
 	ml := m.drawLock(t)
 	m.async(t, func() {
 		ml.unlocking.Store(true)
+		overlapped, mark := ml.beginUnlock()
+		gen := m.reentryMark(ml.token)
 		err := ml.lk.Unlock(context.Background())
+		// A second Unlock of the handle while the first is in flight
+		// returns ErrNotHeld ("already unlocked") before the first
+		// closes Done, or fails and leaves the lock held.
+		if ml.endUnlock(overlapped, mark) && errors.Is(err, distlock.ErrNotHeld) {
+			return // that call tells how the release went
+		}
 		if err == nil || errors.Is(err, distlock.ErrNotHeld) {
 			ml.released.Store(true)
-			if !ml.nested && !siblingsLive(m, ml) {
+			// A nested TryLock during the Unlock may have added a
+			// handle the model did not know of yet: the Unlock then
+			// was not the last.
+			if !ml.nested && !siblingsLive(m, ml) && !m.reentryRaced(ml.token, gen) {
 				select {
 				case <-ml.lk.Done():
 				default:
@@ -266,10 +307,42 @@ func (m *model) unlock(t *rapid.T) {
 			}
 			return
 		}
-		if !m.store.faulty() {
+		// The fault may have been switched off since the store failed.
+		if !m.store.faulty() && !errors.Is(err, errReleaseFault) {
 			m.fail("Unlock(%q) = %v on a healthy store", ml.key, err)
 		}
 	})
+}
+
+// beginReentry and endReentry count a nested TryLock of token in and out.
+func (m *model) beginReentry(token uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reentries[token]++
+	m.reentryGen[token]++
+}
+
+func (m *model) endReentry(token uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reentries[token]--
+}
+
+// reentryMark and reentryRaced tell whether a nested TryLock of token ran
+// at any time between them.
+func (m *model) reentryMark(token uint64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.reentries[token] > 0 {
+		return -1
+	}
+	return m.reentryGen[token]
+}
+
+func (m *model) reentryRaced(token uint64, mark int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return mark < 0 || m.reentries[token] > 0 || m.reentryGen[token] != mark
 }
 
 // siblingsLive reports whether another handle of ml's lock is not yet unlocked.
@@ -291,8 +364,9 @@ func (m *model) do(t *rapid.T) {
 	ctx := distlock.ContextWithTTL(context.Background(), m.drawTTL(t))
 	m.async(t, func() {
 		_ = p.d.Do(ctx, key, 50*time.Millisecond, func(ctx context.Context, lk *distlock.Lock) error {
-			dl := lk.Deadline()
+			// The store first: see check.
 			v, ok := m.store.holder(key)
+			dl := lk.Deadline()
 			if now := time.Now(); now.Before(dl) && !m.store.wasEvicted(lk.Token()) {
 				if want, _ := m.store.value(lk.Token()); !ok || v != want {
 					m.fail("Do(%q): the store's holder is %q, not the lock's %q, before its deadline", key, v, want)
@@ -328,6 +402,10 @@ func (m *model) close(t *rapid.T) {
 // evict: an operator deletes a key behind its holder's back.
 func (m *model) evict(t *rapid.T) {
 	key := rapid.SampledFrom(keys).Draw(t, "key")
+	// No acquisition lands between the look and the eviction: the
+	// holder marked evicted is the one evicted.
+	m.store.evictMu.Lock()
+	defer m.store.evictMu.Unlock()
 	if v, ok := m.store.holder(key); ok {
 		m.store.markEvicted(v)
 		m.mu.Lock()
@@ -390,8 +468,12 @@ func (m *model) check(t *rapid.T) {
 			}
 		default:
 		}
-		dl := ml.lk.Deadline()
+		// The store first, then the facade: a release (an async Unlock or
+		// Close) makes Deadline zero before it deletes the key, and an
+		// acquisition writes the key before TryLock returns, so in this
+		// order only two owners at once look like two owners.
 		v, ok := m.store.holder(ml.key)
+		dl := ml.lk.Deadline()
 		if now := time.Now(); now.Before(dl) && (!ok || v != ml.value) && !m.store.wasEvicted(ml.token) {
 			t.Fatalf("%q: the facade holds it (deadline %v ahead) for %q but the store's holder is %q (held %v)",
 				ml.key, dl.Sub(now), ml.value, v, ok)
@@ -621,6 +703,7 @@ type faultyStore struct {
 	failRelease atomic.Bool
 	failRefresh atomic.Bool
 	marked      atomic.Int64 // acquisition calls whose context carries marker
+	evictMu     sync.RWMutex // an eviction excludes acquisitions
 
 	mu       sync.Mutex
 	values   map[uint64]string        // token -> owner value
@@ -645,7 +728,9 @@ func (s *faultyStore) TryAcquire(ctx context.Context, l *backend.Lease) (bool, t
 	if ctx.Value(marker{}) != nil {
 		s.marked.Add(1)
 	}
+	s.evictMu.RLock()
 	ok, ttl, err := s.Store.TryAcquire(ctx, l)
+	s.evictMu.RUnlock()
 	if ok {
 		ch := make(chan struct{})
 		s.mu.Lock()
