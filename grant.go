@@ -173,11 +173,10 @@ type event struct {
 // outcome is what step asks its caller to do outside the grant's lock, and
 // how the event went.
 type outcome struct {
-	ok       bool            // the event applied (commit, reenter, release, renew start)
-	err      error           // why it did not (commit, reenter)
-	lostBy   error           // the grant was just lost: tell the observers
-	finished bool            // released or lost just now: apply closes Done
-	watch    <-chan struct{} // start watching Lost, until this closes
+	ok     bool            // the event applied (commit, reenter, release, renew start)
+	err    error           // why it did not (commit, reenter)
+	lostBy error           // the grant was just lost: tell the observers, then close Done
+	watch  <-chan struct{} // start watching Lost, until this closes
 }
 
 // step applies ev to g. It is the only function that writes g.state.
@@ -230,7 +229,7 @@ func (g *grant) step(ev event) (out outcome) {
 		g.scheduleLocked() // registers it: Close sees it from now on
 	case evRollback:
 		if g.state == acquiring {
-			out.finished = g.finishLocked(released, ev.cause)
+			g.finishLocked(released, ev.cause)
 			out.ok = true
 		}
 	case evReenter:
@@ -319,7 +318,7 @@ func (g *grant) step(ev event) (out outcome) {
 		g.d.sched.unschedule(g)
 	case evReleased:
 		if g.state == releasing {
-			out.finished = g.finishLocked(released, nil)
+			g.finishLocked(released, nil)
 			g.settleLocked()
 			g.d.sched.remove(g)
 		}
@@ -355,10 +354,15 @@ func (g *grant) loseLocked(cause error) error {
 	return cause
 }
 
-// announce closes Done once the grant has finished.
+// announce closes Done once the loss observers were told.
 func (g *grant) announce() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.announceLocked()
+}
+
+// announceLocked closes Done, once.
+func (g *grant) announceLocked() {
 	if g.flags&announced != 0 {
 		return
 	}
@@ -374,14 +378,15 @@ func (g *grant) announce() {
 }
 
 // finishLocked moves g to lost or released. The first time, it records
-// the cause (none for a release) and stops timers and watches, and asks
-// apply to close Done (after telling the loss observers, so that whoever
-// wakes on Done finds them told); a lost grant's release only changes its
-// state.
-func (g *grant) finishLocked(to grantState, cause error) bool {
+// the cause (none for a release) and stops timers and watches; a lost
+// grant's release only changes its state. A released grant's Done closes
+// here, with the state, so that an Unlock that finds the grant released
+// finds Done closed; a lost grant's closes in apply, once the loss
+// observers were told (whoever wakes on Done finds them told).
+func (g *grant) finishLocked(to grantState, cause error) {
 	g.state = to
 	if g.flags&finished != 0 {
-		return false
+		return
 	}
 	g.flags |= finished
 	if cause != nil {
@@ -392,7 +397,9 @@ func (g *grant) finishLocked(to grantState, cause error) bool {
 	}
 	g.renewAt = never
 	g.d.sched.unschedule(g) // a lost grant stays registered until released
-	return true
+	if to == released {
+		g.announceLocked() // nobody to tell first
+	}
 }
 
 // errReleased is the cause of a grant that ended by its release.
@@ -549,7 +556,7 @@ func (g *grant) apply(out outcome) {
 	if out.lostBy != nil {
 		g.d.lockLost(g.req, out.lostBy)
 	}
-	if out.finished || out.lostBy != nil {
+	if out.lostBy != nil {
 		g.announce()
 	}
 }
