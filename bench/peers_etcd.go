@@ -154,7 +154,7 @@ func (m *etcdMutex) worker(ctx context.Context) (locker, error) {
 
 type mutexLocker struct{ s *concurrency.Session }
 
-func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	mu := concurrency.NewMutex(l.s, mutexPrefix+key)
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -164,8 +164,13 @@ func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (
 		}
 		return nil, err
 	}
-	return mu.Unlock, nil
+	return mutexHeld{mu}, nil
 }
+
+// mutexHeld is a held *concurrency.Mutex.
+type mutexHeld struct{ mu *concurrency.Mutex }
+
+func (h mutexHeld) unlock(ctx context.Context) error { return h.mu.Unlock(ctx) }
 
 func (m *etcdMutex) close() error {
 	m.mu.Lock()
