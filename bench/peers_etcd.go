@@ -33,8 +33,7 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock-ttl", store: "etcd",
-		note:    "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
-		renewal: "none: a lock lives its TTL",
+		note: "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o, false)
 		},
