@@ -11,8 +11,9 @@ import (
 // wait's end plus attemptGrace; for a single attempt, the TTL, at least
 // minAttemptBound) and, when the acquisition may wait, by Close.
 //
-// It lives inside the grant, so it costs no allocation of its own, and it
-// makes its Done channel and timer only when someone asks for Done: a
+// It is allocated with what else the acquisition needs only while it runs
+// (see acquisition), not with the grant: a held lock does not keep it.
+// It makes its Done channel and timer only when someone asks for Done: a
 // store that answers in process never does, a network client does when it
 // waits. Deadline reports the bound, so clients that set I/O deadlines
 // from the context (go-redis, gRPC) stop at it. Err reports the caller's

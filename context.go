@@ -48,7 +48,7 @@ func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
 func heldIn(ctx context.Context, d *DistributeLock, key string, kind Kind, limit int) *grant {
 	l, _ := ctx.Value(lockKey{}).(*heldList)
 	for ; l != nil; l = l.next {
-		if g := l.lk.g; g != nil && g.d == d && g.req.Key == key && g.req.Kind == kind && g.req.Limit == limit {
+		if g := l.lk.g; g != nil && g.d == d && g.lease.Key == key && g.lease.Kind == kind && g.lease.Limit == limit {
 			return g
 		}
 	}

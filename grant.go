@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distlock/distlock/backend"
@@ -22,6 +24,8 @@ import (
 //	acquiring   commit: the whole chain returned nil, the      held        registered with the DistributeLock (Close sees
 //	            store granted, d is open, validity is left,                it); renewal and expiry scheduled (none when the
 //	            no Lost closed                                             store keeps it alive: KeptAlive); Lost watched
+//	                                                                       when d has loss observers (else from the
+//	                                                                       first Done call, and polled)
 //	acquiring   rollback: a handler failed after the store     released    Done closed; the handlers that acquired, and only
 //	            granted, Close ran, or the validity ended                  they, see Release (the store too, if it granted)
 //	held        reenter: validity left, under the limit        held        one more handle (no I/O)
@@ -29,7 +33,11 @@ import (
 //	            validity ended by the facade's clock
 //	held        lose: a renewal found the lock gone, or        lost        Done closed with the cause; loss observers told
 //	            failed until the validity ended; the                       once; renewal stopped
-//	            backend's Lost closed
+//	            backend's Lost closed (seen by the watch)
+//	held        poll: a lease's Lost closed while nobody       lost        as lose
+//	            watched it, seen by a call that asks the
+//	            state (Done, Deadline, reenter, Unlock,
+//	            Extend)
 //	held        renew start: the scheduler finds it due        held        one renewal in flight (never two)
 //	held        renewed (started after the last release        held        validity extended; next renewal scheduled
 //	            began: same epoch)
@@ -44,6 +52,8 @@ import (
 //	releasing   released: the store said nil or ErrNotHeld     released    Done closed (if still open); unregistered
 //	releasing   release failed: a store error                  held, lost  back where it was: Unlock may be retried;
 //	                                                                       renewal stays stopped, the TTL frees it
+//	                                                                       (expiry scheduled, Lost watched if Done was
+//	                                                                       asked for meanwhile)
 //
 // Every other pair is ignored: a loss or a renewal's result once a release
 // has begun, a second release, a commit of a rolled-back grant. So a grant
@@ -51,35 +61,77 @@ import (
 // and every handler whose Acquire returned nil sees exactly one Release
 // (again only when the caller retries a failed Unlock).
 type grant struct {
+	lease backend.Lease // the store's view: key, value, TTL, kind, token, handle
 	d     *DistributeLock
-	req   Request
-	lease backend.Lease
-	subs  []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &lease; nil otherwise
-	actx  acqCtx           // the acquisition's context, while acquiring
+	// req is the Request the chain passes: while acquiring, and after
+	// the commit only when d has handlers (they may keep it until its
+	// Release). Without handlers it lives in the acquisition and is
+	// dropped at the commit.
+	req   *Request
+	first Lock                      // the first handle, allocated with the grant
+	more  atomic.Pointer[grantMore] // what few grants need; set once, under mu
 
-	mu         sync.Mutex
-	state      grantState
-	prev       grantState    // while releasing: where a failed release returns
-	refs       int           // live handles
-	epoch      uint64        // bumped when a release begins: older renewal results are stale
-	validity   time.Duration // how long one grant or renewal is known valid (safeValidity)
-	expiry     time.Time     // when the validity ends, by the facade's clock
-	cause      error         // why Done closed: nil while held
-	done       chan struct{} // made on the first Done call; closed by announce
-	announced  bool          // Done is closed (or will be closed as it is made)
-	announcing chan struct{} // made by a release waiting for a loss to be announced; closed by announce
-	watched    bool          // Done was asked for: the expiry is scheduled
-	renewAt    time.Time     // the next renewal; zero: none planned
-	renewing   bool          // a renewal is in flight
-	kept       bool          // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
-	stopLost   chan struct{} // closed when the grant leaves held; nil unless lease.Lost is set
-	settled    chan struct{} // made by a waiter, closed when the release in flight ends
+	mu    sync.Mutex
+	state grantState
+	flags grantFlags
+	slack uint8  // the scheduler's: due may be taken this much early (slackBits)
+	refs  int32  // live handles
+	epoch uint32 // bumped when a release begins: older renewal results are stale
+	index int32  // the scheduler's: in its heap (registered); -1 when not
 
-	// The scheduler's, guarded by its mutex.
-	due   time.Time
-	slack time.Duration // due may be taken this much early
-	index int           // in the scheduler's heap; -1 when not in it
+	// Times on the facade's monotonic clock (see mono).
+	expiry  int64 // when the validity ends; never: the store keeps it alive
+	renewAt int64 // the next renewal; never: none planned
+	due     int64 // the scheduler's: the next timed event; never: none
 }
+
+// grantFlags are a grant's yes/no state, guarded by its mutex.
+type grantFlags uint8
+
+const (
+	announced  grantFlags = 1 << iota // Done is closed (or will be closed as it is made)
+	watched                           // Done was asked for: the expiry is scheduled
+	renewing                          // a renewal is in flight
+	kept                              // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
+	finished                          // released or lost: the cause is recorded (more.cause; none: released)
+	lostSignal                        // a lease has Lost: the store may report the loss
+	watching                          // a goroutine watches Lost (observers, or Done was asked for)
+)
+
+// grantMore is what only some grants need, made on first use: the keys
+// of a lock of several keys, Done, a loss's cause, the channels of the
+// goroutines that wait on the grant.
+type grantMore struct {
+	subs       []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &g.lease; set before the commit
+	done       chan struct{}    // made on the first Done call; closed by announce
+	cause      error            // why a lost grant was lost
+	announcing chan struct{}    // made by a release waiting for a loss to be announced; closed by announce
+	stopLost   chan struct{}    // closed when the grant leaves held, while watching
+	settled    chan struct{}    // made by a waiter, closed when the release in flight ends
+}
+
+// moreLocked returns g's grantMore, making it.
+func (g *grant) moreLocked() *grantMore {
+	m := g.more.Load()
+	if m == nil {
+		m = new(grantMore)
+		g.more.Store(m)
+	}
+	return m
+}
+
+// never is the monotonic time of an event that is not planned.
+const never = math.MaxInt64
+
+// clockBase is the origin of the facade's monotonic clock: grants keep
+// their times as nanoseconds since it, 8 bytes instead of a time.Time's 24.
+var clockBase = time.Now()
+
+// mono returns t on the facade's monotonic clock.
+func mono(t time.Time) int64 { return int64(t.Sub(clockBase)) }
+
+// monoNow returns the time now on the facade's monotonic clock.
+func monoNow() int64 { return int64(time.Since(clockBase)) }
 
 // grantState is where a grant is in its life; see [grant].
 type grantState uint8
@@ -104,6 +156,7 @@ const (
 	evReenter
 	evExpire
 	evLose
+	evPoll
 	evRenewStart
 	evRenewed
 	evRenewFailed
@@ -116,9 +169,9 @@ const (
 // event is what happens to a grant: its kind and what that kind carries.
 type event struct {
 	kind  eventKind
-	at    time.Time     // commit: the granted attempt's start; renewed: the renewal's start; expire, renew failed: now
+	at    int64         // (monotonic) commit: the granted attempt's start; renewed, extended: the start; expire: now
 	cause error         // lose, rollback
-	epoch uint64        // renewed, renew failed: the epoch the renewal started in
+	epoch uint32        // renewed, renew failed, extended: the epoch the call started in
 	max   int           // reenter: the reentrancy limit (0: none)
 	err   error         // renew failed: the store's error
 	ttl   time.Duration // extended: the new TTL
@@ -127,12 +180,10 @@ type event struct {
 // outcome is what step asks its caller to do outside the grant's lock, and
 // how the event went.
 type outcome struct {
-	ok       bool  // the event applied (commit, reenter, release, renew start)
-	err      error // why it did not (commit, reenter)
-	lostBy   error // the grant was just lost: tell the observers
-	register bool  // commit: register with d and watch Lost
-	forget   bool  // released: unregister from d
-	finished bool  // released or lost just now: apply closes Done
+	ok     bool            // the event applied (commit, reenter, release, renew start)
+	err    error           // why it did not (commit, reenter)
+	lostBy error           // the grant was just lost: tell the observers, then close Done
+	watch  <-chan struct{} // start watching Lost, until this closes
 }
 
 // step applies ev to g. It is the only function that writes g.state.
@@ -144,72 +195,89 @@ func (g *grant) step(ev event) (out outcome) {
 		if g.state != acquiring {
 			return
 		}
-		g.expiry = ev.at.Add(g.validity)
-		if !time.Now().Before(g.expiry) {
-			out.err = fmt.Errorf("%w: %s: its validity (%v) ended before the handler chain returned", ErrNotHeld, quote(g.req.Key), g.validity)
+		validity := g.validityLocked()
+		g.expiry = ev.at + int64(validity)
+		if monoNow() >= g.expiry {
+			out.err = fmt.Errorf("%w: %s: its validity (%v) ended before the handler chain returned", ErrNotHeld, quote(g.lease.Key), validity)
 			return
 		}
-		watch := false
+		signal := false
 		for _, l := range g.subLeases() {
 			if isClosed(l.Lost) {
-				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.req.Key))
+				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.lease.Key))
 				return
 			}
-			watch = watch || l.Lost != nil
+			signal = signal || l.Lost != nil
 		}
-		g.state, g.refs, out.ok, out.register = held, 1, true, true
-		g.kept = g.d.cfg.autoRenew
+		g.state, g.refs, out.ok = held, 1, true
+		keptAlive := g.d.cfg.autoRenew
 		for _, l := range g.subLeases() {
-			g.kept = g.kept && l.KeptAlive
+			keptAlive = keptAlive && l.KeptAlive
 		}
-		if g.kept { // the store keeps it alive and reports its loss
-			g.expiry = neverExpires
+		g.renewAt = never
+		if keptAlive { // the store keeps it alive and reports its loss
+			g.flags |= kept
+			g.expiry = never
 		} else if g.d.cfg.autoRenew {
-			g.renewAt = ev.at.Add(g.renewInterval())
+			g.renewAt = ev.at + int64(renewInterval(validity))
 		}
-		if watch {
-			g.stopLost = make(chan struct{})
+		if signal {
+			// Watched at once when observers must hear of a loss;
+			// otherwise from the first Done call, and taken in by
+			// whatever asks the grant's state before (poll).
+			g.flags |= lostSignal
+			if len(g.d.observers) > 0 {
+				out.watch = g.watchLocked()
+			}
 		}
-		g.scheduleLocked()
+		if g.d.bare {
+			g.req = nil // the acquisition's: nobody else keeps it
+		}
+		g.scheduleLocked() // registers it: Close sees it from now on
 	case evRollback:
 		if g.state == acquiring {
-			out.finished = g.finishLocked(released, ev.cause)
+			g.finishLocked(released, ev.cause)
 			out.ok = true
 		}
 	case evReenter:
 		switch {
-		case g.state == held && !time.Now().Before(g.expiry):
-			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its validity ended", ErrNotHeld, quote(g.req.Key)))
-			out.err = fmt.Errorf("%w: reentering %s, whose validity ended", ErrNotHeld, quote(g.req.Key))
-		case g.state == held && ev.max > 0 && g.refs >= ev.max:
-			out.err = fmt.Errorf("%w: %s is held %d times", ErrReentrancy, quote(g.req.Key), g.refs)
+		case g.state == held && monoNow() >= g.expiry:
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its validity ended", ErrNotHeld, quote(g.lease.Key)))
+			out.err = fmt.Errorf("%w: reentering %s, whose validity ended", ErrNotHeld, quote(g.lease.Key))
+		case g.state == held && (ev.max > 0 && int(g.refs) >= ev.max || g.refs == math.MaxInt32):
+			out.err = fmt.Errorf("%w: %s is held %d times", ErrReentrancy, quote(g.lease.Key), g.refs)
 		case g.state == held:
 			g.refs++
 			out.ok = true
 		case g.state == lost:
-			out.err = fmt.Errorf("%w: reentering %s, which was lost", ErrNotHeld, quote(g.req.Key))
+			out.err = fmt.Errorf("%w: reentering %s, which was lost", ErrNotHeld, quote(g.lease.Key))
 		}
 		// releasing, released: not ok and no error; the caller acquires anew.
 	case evExpire:
 		if g.state != held {
 			return
 		}
-		if ev.at.Before(g.expiry) { // renewed meanwhile
+		if ev.at < g.expiry { // renewed meanwhile
 			g.scheduleLocked()
 			return
 		}
-		out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: TTL %v ran out", ErrNotHeld, quote(g.req.Key), g.lease.TTL))
+		out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: TTL %v ran out", ErrNotHeld, quote(g.lease.Key), g.lease.TTL))
 	case evLose:
 		if g.state == held {
 			out.lostBy = g.loseLocked(ev.cause)
 		}
+	case evPoll:
+		if g.state == held && g.lostUnseenLocked() {
+			out.lostBy = g.loseLocked(g.lostCause())
+		}
 	case evRenewStart:
-		if g.state == held && !g.renewing {
-			g.renewing, g.renewAt, out.ok = true, time.Time{}, true
+		if g.state == held && g.flags&renewing == 0 {
+			g.flags |= renewing
+			g.renewAt, out.ok = never, true
 		}
 	case evExtended:
 		if ev.epoch != g.epoch || g.state != held {
-			out.err = fmt.Errorf("%w: %s was released or lost while it was extended", ErrNotHeld, quote(g.req.Key))
+			out.err = fmt.Errorf("%w: %s was released or lost while it was extended", ErrNotHeld, quote(g.lease.Key))
 			return
 		}
 		for _, l := range g.subLeases() {
@@ -218,56 +286,61 @@ func (g *grant) step(ev event) (out outcome) {
 			// acquisition's).
 			l.TTL, l.Validity = ev.ttl, 0
 		}
-		g.validity = validityAll(g.subLeases())
-		g.expiry = ev.at.Add(g.validity)
+		validity := g.validityLocked()
+		g.expiry = ev.at + int64(validity)
 		if g.d.cfg.autoRenew {
-			g.renewAt = ev.at.Add(g.renewInterval())
+			g.renewAt = ev.at + int64(renewInterval(validity))
 		}
 		g.scheduleLocked()
 		out.ok = true
 	case evRenewed, evRenewFailed:
+		g.flags &^= renewing
 		if ev.epoch != g.epoch || g.state != held {
-			g.renewing = false
 			return
 		}
-		g.renewing = false
-		now := time.Now()
+		now := monoNow()
+		validity := g.validityLocked()
+		interval := int64(renewInterval(validity))
 		switch {
 		case ev.kind == evRenewed:
-			if e := ev.at.Add(g.validity); e.After(g.expiry) {
-				g.expiry = e
-			}
-			g.renewAt = ev.at.Add(g.renewInterval())
+			g.expiry = max(g.expiry, ev.at+int64(validity))
+			g.renewAt = ev.at + interval
 		case errors.Is(ev.err, ErrNotHeld):
-			out.lostBy = g.loseLocked(fmt.Errorf("renewing %s: %w", quote(g.req.Key), ev.err))
+			out.lostBy = g.loseLocked(fmt.Errorf("renewing %s: %w", quote(g.lease.Key), ev.err))
 			return
-		case !now.Before(g.expiry):
-			out.lostBy = g.loseLocked(fmt.Errorf("%w: renewing %s failed until its validity ended: %w", ErrNotHeld, quote(g.req.Key), ev.err))
+		case now >= g.expiry:
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: renewing %s failed until its validity ended: %w", ErrNotHeld, quote(g.lease.Key), ev.err))
 			return
 		default: // retry sooner, within the validity left
-			g.renewAt = now.Add(min(g.renewInterval()/4, g.expiry.Sub(now)))
+			g.renewAt = now + min(interval/4, g.expiry-now)
 		}
 		g.scheduleLocked()
 	case evRelease:
 		if g.state != held && g.state != lost {
 			return
 		}
-		g.prev, g.state, out.ok = g.state, releasing, true
+		g.state, out.ok = releasing, true
 		g.epoch++
-		g.renewAt = time.Time{}
-		g.d.sched.remove(g)
+		g.renewAt = never
+		g.d.sched.unschedule(g)
 	case evReleased:
 		if g.state == releasing {
-			out.finished = g.finishLocked(released, nil)
+			g.finishLocked(released, nil)
 			g.settleLocked()
-			out.forget = true
+			g.d.sched.remove(g)
 		}
 	case evReleaseFailed:
 		if g.state == releasing {
-			g.state = g.prev
+			g.state = held // where it was: a lost grant has finished
+			if g.flags&finished != 0 {
+				g.state = lost
+			}
 			g.settleLocked()
 			if g.state == held {
 				g.scheduleLocked() // expiry only: renewal stays stopped
+				if g.flags&watched != 0 {
+					out.watch = g.watchLocked()
+				}
 			}
 		}
 	}
@@ -276,9 +349,9 @@ func (g *grant) step(ev event) (out outcome) {
 
 // settleLocked wakes whoever waits for the release in flight to end.
 func (g *grant) settleLocked() {
-	if g.settled != nil {
-		close(g.settled)
-		g.settled = nil
+	if m := g.more.Load(); m != nil && m.settled != nil {
+		close(m.settled)
+		m.settled = nil
 	}
 }
 
@@ -288,85 +361,90 @@ func (g *grant) loseLocked(cause error) error {
 	return cause
 }
 
-// announce closes Done once the grant has finished.
+// announce closes Done once the loss observers were told.
 func (g *grant) announce() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.announced {
+	g.announceLocked()
+}
+
+// announceLocked closes Done, once.
+func (g *grant) announceLocked() {
+	if g.flags&announced != 0 {
 		return
 	}
-	g.announced = true
-	if g.done != nil {
-		close(g.done)
-	}
-	if g.announcing != nil {
-		close(g.announcing)
+	g.flags |= announced
+	if m := g.more.Load(); m != nil {
+		if m.done != nil {
+			close(m.done)
+		}
+		if m.announcing != nil {
+			close(m.announcing)
+		}
 	}
 }
 
 // finishLocked moves g to lost or released. The first time, it records
-// the cause and stops timers and watches, and asks apply to close Done
-// (after telling the loss observers, so that whoever wakes on Done finds
-// them told); a lost grant's release only changes its state.
-func (g *grant) finishLocked(to grantState, cause error) bool {
+// the cause (none for a release) and stops timers and watches; a lost
+// grant's release only changes its state. A released grant's Done closes
+// here, with the state, so that an Unlock that finds the grant released
+// finds Done closed; a lost grant's closes in apply, once the loss
+// observers were told (whoever wakes on Done finds them told).
+func (g *grant) finishLocked(to grantState, cause error) {
 	g.state = to
-	if g.cause != nil {
-		return false
+	if g.flags&finished != 0 {
+		return
 	}
-	if cause == nil {
-		cause = errReleased
+	g.flags |= finished
+	if cause != nil {
+		g.moreLocked().cause = cause
 	}
-	g.cause = cause
-	if g.stopLost != nil {
-		close(g.stopLost)
+	if m := g.more.Load(); m != nil && m.stopLost != nil {
+		close(m.stopLost)
 	}
-	g.renewAt = time.Time{}
-	g.d.sched.remove(g)
-	return true
+	g.renewAt = never
+	g.d.sched.unschedule(g) // a lost grant stays registered until released
+	if to == released {
+		g.announceLocked() // nobody to tell first
+	}
 }
 
 // errReleased is the cause of a grant that ended by its release.
 var errReleased = errors.New("distlock: released")
 
-// renewInterval is the time between renewals: a third of the validity, so
-// that two may fail before it ends.
-func (g *grant) renewInterval() time.Duration {
-	return max(g.validity/3, time.Millisecond)
+// renewInterval is the time between renewals of a lock valid for
+// validity: a third of it, so that two may fail before it ends.
+func renewInterval(validity time.Duration) time.Duration {
+	return max(validity/3, time.Millisecond)
 }
 
-// neverExpires is the expiry of a lock the store keeps alive itself.
-var neverExpires = time.Unix(1<<62, 0)
+// validityLocked is how long one grant or renewal is known valid: the
+// shortest safe validity of the grant's leases (safeValidity).
+func (g *grant) validityLocked() time.Duration {
+	return validityAll(g.subLeases())
+}
 
 // scheduleLocked tells the scheduler the grant's next event: the renewal,
 // or the expiry when someone watches Done or renewal is on. A renewal may
 // run up to half an interval early, so that the renewals due about the same
 // time go to the store together.
 func (g *grant) scheduleLocked() {
-	if g.kept {
-		g.d.sched.remove(g)
-		return
+	at, slack := int64(never), int64(0)
+	if g.renewAt != never {
+		at, slack = g.renewAt, int64(renewInterval(g.validityLocked())/2)
 	}
-	var at time.Time
-	var slack time.Duration
-	if !g.renewAt.IsZero() {
-		at, slack = g.renewAt, g.renewInterval()/2
-	}
-	if (g.watched || g.d.cfg.autoRenew) && (at.IsZero() || g.expiry.Before(at)) {
+	if (g.flags&watched != 0 || g.d.cfg.autoRenew) && g.expiry < at {
 		at, slack = g.expiry, 0
-	}
-	if at.IsZero() {
-		g.d.sched.remove(g)
-		return
 	}
 	g.d.sched.schedule(g, at, slack)
 }
 
 // takeDue tells what the scheduler found due for g at now: a renewal (within
 // its slack), or else its expiry (applied here).
-func (g *grant) takeDue(now time.Time) (renew bool) {
+func (g *grant) takeDue(now int64) (renew bool) {
 	g.mu.Lock()
-	renew = g.state == held && !g.renewing && !g.renewAt.IsZero() &&
-		!now.Add(g.renewInterval()/2).Before(g.renewAt)
+	renew = g.state == held && g.flags&renewing == 0 && g.renewAt != never &&
+		now+int64(renewInterval(g.validityLocked())/2) >= g.renewAt
 	g.mu.Unlock()
 	if renew {
 		return g.step(event{kind: evRenewStart}).ok
@@ -389,18 +467,24 @@ func (g *grant) leaseCopiesLocked() []backend.Lease {
 // renewal is one grant's part of a renewal: its leases, copied.
 type renewal struct {
 	g      *grant
-	epoch  uint64
-	expiry time.Time
+	epoch  uint32
+	expiry int64
 	leases []backend.Lease
 }
 
 // renewed reports a renewal's result to step.
-func (rn renewal) renewed(start time.Time, err error) {
+func (rn renewal) renewed(start int64, err error) {
 	if err == nil {
 		rn.g.apply(rn.g.step(event{kind: evRenewed, at: start, epoch: rn.epoch}))
 		return
 	}
 	rn.g.apply(rn.g.step(event{kind: evRenewFailed, epoch: rn.epoch, err: err}))
+}
+
+// wallTime returns the time.Time of t on the facade's monotonic clock.
+func wallTime(t int64) time.Time {
+	now := time.Now()
+	return now.Add(time.Duration(t - mono(now)))
 }
 
 // renewGrants renews grants due together: in batches where the store
@@ -418,9 +502,9 @@ func (d *DistributeLock) renewGrants(gs []*grant) {
 		for chunk := range slices.Chunk(rns, 32) {
 			go func() {
 				for _, rn := range chunk {
-					start := time.Now()
+					start := monoNow()
 					// A renewal that answers after the validity ended is worthless.
-					ctx, cancel := context.WithDeadline(context.Background(), rn.expiry)
+					ctx, cancel := context.WithDeadline(context.Background(), wallTime(rn.expiry))
 					err := refreshAll(ctx, d.refresher, rn.leases)
 					cancel()
 					rn.renewed(start, err)
@@ -452,12 +536,10 @@ func refreshBatch(br backend.BatchRefresher, rns []renewal) {
 		for i := range rn.leases {
 			ls = append(ls, &rn.leases[i])
 		}
-		if rn.expiry.Before(deadline) {
-			deadline = rn.expiry
-		}
+		deadline = min(deadline, rn.expiry)
 	}
-	start := time.Now()
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	start := monoNow()
+	ctx, cancel := context.WithDeadline(context.Background(), wallTime(deadline))
 	errs := br.RefreshAll(ctx, ls)
 	cancel()
 	for _, rn := range rns {
@@ -475,65 +557,112 @@ func refreshBatch(br backend.BatchRefresher, rns []renewal) {
 
 // apply does what an outcome asks outside the grant's lock.
 func (g *grant) apply(out outcome) {
-	if out.register {
-		g.d.register(g)
-		if g.stopLost != nil {
-			if subs := g.subLeases(); len(subs) > 1 {
-				go g.watchLostAll(subs, g.stopLost)
-			} else {
-				go g.watchLost(g.lease.Lost, g.stopLost)
-			}
-		}
-	}
-	if out.forget {
-		g.d.forget(g)
+	if out.watch != nil {
+		go g.watchLost(out.watch)
 	}
 	if out.lostBy != nil {
-		g.d.lockLost(&g.req, out.lostBy)
+		g.d.lockLost(g.req, out.lostBy)
 	}
-	if out.finished || out.lostBy != nil {
+	if out.lostBy != nil {
 		g.announce()
 	}
 }
 
+// watchLocked starts the watch of the leases' Lost channels, once, while
+// g is held: it returns the channel that stops it, for apply to start
+// the goroutine; nil when there is nothing to start.
+func (g *grant) watchLocked() <-chan struct{} {
+	if g.flags&(lostSignal|watching) != lostSignal || g.state != held {
+		return nil
+	}
+	g.flags |= watching
+	m := g.moreLocked()
+	m.stopLost = make(chan struct{})
+	return m.stopLost
+}
+
 // watchLost reports the backend's loss signal to step.
-func (g *grant) watchLost(lost, stop <-chan struct{}) {
+func (g *grant) watchLost(stop <-chan struct{}) {
+	if subs := g.subLeases(); len(subs) > 1 {
+		g.watchLostAll(subs, stop)
+		return
+	}
 	select {
-	case <-lost:
-		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: the backend reported the lock lost", ErrNotHeld, quote(g.req.Key))}))
+	case <-g.lease.Lost:
+		g.apply(g.step(event{kind: evLose, cause: g.lostCause()}))
 	case <-stop:
 	}
 }
 
+// lostUnseenLocked reports whether a lease's Lost closed while nobody
+// watches for it.
+func (g *grant) lostUnseenLocked() bool {
+	if g.flags&(lostSignal|watching) != lostSignal {
+		return false
+	}
+	for _, l := range g.subLeases() {
+		if isClosed(l.Lost) {
+			return true
+		}
+	}
+	return false
+}
+
+// lostCause is the cause of a loss the backend reported.
+func (g *grant) lostCause() error {
+	return fmt.Errorf("%w: %s: the backend reported the lock lost", ErrNotHeld, quote(g.lease.Key))
+}
+
+// poll takes in a loss the backend reported while nobody watched for it:
+// every call that asks a grant's state polls first, so that a lock
+// nobody waits on costs no goroutine.
+func (g *grant) poll() {
+	g.apply(g.step(event{kind: evPoll}))
+}
+
 // doneChan returns the Done channel, making it (and scheduling the
-// expiry) on the first call.
+// expiry, and watching Lost) on the first call.
 func (g *grant) doneChan() <-chan struct{} {
+	g.poll()
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.done == nil {
-		g.done = make(chan struct{})
+	var watch <-chan struct{}
+	m := g.moreLocked()
+	if m.done == nil {
+		m.done = make(chan struct{})
 		switch {
 		case g.state == held:
-			g.watched = true
+			g.flags |= watched
 			g.scheduleLocked()
-		case g.state == releasing && g.cause == nil:
-			g.watched = true // scheduled if the release fails
-		case g.announced:
-			close(g.done)
+			watch = g.watchLocked()
+		case g.state == releasing && g.flags&finished == 0:
+			g.flags |= watched // scheduled and watched if the release fails
+		case g.flags&announced != 0:
+			close(m.done)
 		} // else finished, not yet announced: announce closes it
 	}
-	return g.done
+	done := m.done
+	g.mu.Unlock()
+	g.apply(outcome{watch: watch})
+	return done
 }
 
 // deadline returns when the validity ends by the facade's clock; zero
 // once the grant is lost or released, or when the store keeps it alive.
 func (g *grant) deadline() time.Time {
+	g.poll()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != held || g.kept {
+	if g.state != held || g.flags&kept != 0 {
 		return time.Time{}
 	}
-	return g.expiry
+	return wallTime(g.expiry)
+}
+
+// ttl returns the lease time of the lock (Extend changes it).
+func (g *grant) ttl() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lease.TTL
 }
 
 // live reports whether the grant is held or lost but not yet released.
@@ -547,7 +676,13 @@ func (g *grant) live() bool {
 func (g *grant) err() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.cause
+	if g.flags&finished == 0 {
+		return nil
+	}
+	if m := g.more.Load(); m != nil && m.cause != nil {
+		return m.cause
+	}
+	return errReleased
 }
 
 // release runs the final release through the chain: the last handle's
@@ -560,12 +695,19 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 		switch g.state {
 		case released:
 			g.mu.Unlock()
-			return fmt.Errorf("%w: %s already released", ErrNotHeld, quote(g.req.Key))
-		case releasing:
-			if g.settled == nil {
-				g.settled = make(chan struct{})
+			return fmt.Errorf("%w: %s already released", ErrNotHeld, quote(g.lease.Key))
+		case held:
+			if g.lostUnseenLocked() {
+				g.mu.Unlock()
+				g.poll()
+				continue
 			}
-			settled := g.settled
+		case releasing:
+			m := g.moreLocked()
+			if m.settled == nil {
+				m.settled = make(chan struct{})
+			}
+			settled := m.settled
 			g.mu.Unlock()
 			select {
 			case <-settled:
@@ -574,14 +716,15 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 				return ctx.Err()
 			}
 		case lost:
-			if !g.announced {
+			if g.flags&announced == 0 {
 				// Lost a moment ago: the observers are being told. A
 				// release waits for them, so that none hears of the
 				// loss once a release has begun.
-				if g.announcing == nil {
-					g.announcing = make(chan struct{})
+				m := g.moreLocked()
+				if m.announcing == nil {
+					m.announcing = make(chan struct{})
 				}
-				announcing := g.announcing
+				announcing := m.announcing
 				g.mu.Unlock()
 				select {
 				case <-announcing:
@@ -596,7 +739,7 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 			wasLost := g.state == lost
 			g.mu.Unlock()
 			if wasLost {
-				return fmt.Errorf("%w: %s was lost", ErrNotHeld, quote(g.req.Key))
+				return fmt.Errorf("%w: %s was lost", ErrNotHeld, quote(g.lease.Key))
 			}
 			return nil
 		}
@@ -604,9 +747,14 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 		if !g.step(event{kind: evRelease}).ok {
 			continue // moved meanwhile: look again
 		}
-		err := g.d.chain.release(ctx, &g.req)
+		var err error
+		if g.d.bare {
+			err = g.d.releaseGrant(ctx, g) // no chain: the store step alone
+		} else {
+			err = g.d.chain.release(ctx, g.req)
+		}
 		if err != nil && !errors.Is(err, ErrNotHeld) {
-			g.step(event{kind: evReleaseFailed})
+			g.apply(g.step(event{kind: evReleaseFailed}))
 			return err
 		}
 		g.apply(g.step(event{kind: evReleased}))
@@ -640,10 +788,11 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	if g.d.refresher == nil {
 		return fmt.Errorf("%w: %T cannot extend locks", ErrUnsupported, g.d.res)
 	}
+	g.poll()
 	g.mu.Lock()
 	if g.state != held {
 		g.mu.Unlock()
-		return fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.req.Key), g.state)
+		return fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.lease.Key), g.state)
 	}
 	epoch := g.epoch
 	leases := g.leaseCopiesLocked()
@@ -651,14 +800,14 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	for i := range leases {
 		leases[i].TTL = ttl
 	}
-	start := time.Now()
+	start := monoNow()
 	err := refreshAll(ctx, g.d.refresher, leases)
 	switch {
 	case err == nil:
 		out := g.step(event{kind: evExtended, at: start, epoch: epoch, ttl: ttl})
 		return out.err
 	case errors.Is(err, ErrNotHeld):
-		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("extending %s: %w", quote(g.req.Key), err)}))
+		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("extending %s: %w", quote(g.lease.Key), err)}))
 	case errors.Is(err, errors.ErrUnsupported):
 		return fmt.Errorf("%w: %w", ErrUnsupported, err)
 	}

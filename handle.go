@@ -3,7 +3,6 @@ package distlock
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -20,7 +19,7 @@ func (l *Lock) Key() string {
 	if l.g == nil {
 		return ""
 	}
-	return l.g.req.Key
+	return l.g.lease.Key
 }
 
 // Token returns the fencing token: a number that strictly increases with
@@ -41,10 +40,12 @@ func (l *Lock) Keys() []string {
 	if l.g == nil {
 		return nil
 	}
-	if l.g.req.Keys != nil {
-		return slices.Clone(l.g.req.Keys)
+	subs := l.g.subLeases()
+	keys := make([]string, len(subs))
+	for i, s := range subs {
+		keys[i] = s.Key
 	}
-	return []string{l.g.req.Key}
+	return keys
 }
 
 // Tokens returns the fencing token of each key, in the order of
@@ -77,7 +78,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	case l.g == nil:
 		return fmt.Errorf("%w: a Lock not returned by TryLock", ErrInvalid)
 	case ttl <= 0:
-		return fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(l.g.req.Key))
+		return fmt.Errorf("%w: TTL %v for %s must be > 0", ErrInvalid, ttl, quote(l.g.lease.Key))
 	}
 	return l.g.extend(ctx, ttl)
 }
@@ -133,7 +134,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	case l.g == nil:
 		return fmt.Errorf("%w: a Lock not returned by TryLock", ErrInvalid)
 	case !l.unlocked.CompareAndSwap(false, true):
-		return fmt.Errorf("%w: %s already unlocked", ErrNotHeld, quote(l.g.req.Key))
+		return fmt.Errorf("%w: %s already unlocked", ErrNotHeld, quote(l.g.lease.Key))
 	}
 	err := l.g.release(ctx, l)
 	if err != nil && !isFinal(err) {

@@ -30,6 +30,7 @@ type DistributeLock struct {
 	cfg       config
 	policy    spin.Policy
 	chain     *chain
+	bare      bool // no handlers: a grant drops its Request at the commit
 	observers []LossObserver
 
 	// flights counts the acquisitions in flight; closedBit is set by Close,
@@ -39,11 +40,8 @@ type DistributeLock struct {
 	drainOnce sync.Once
 	closing   context.Context // ended by Close: ends the waits in flight
 	closeAll  context.CancelFunc
-	sched     scheduler   // renewals and expiries of committed grants
+	sched     scheduler   // the committed grants, with their renewals and expiries
 	bg        *background // rollbacks and clean-ups nobody waits for
-
-	mu   sync.Mutex // guards held
-	held map[*grant]struct{}
 }
 
 const closedBit = 1 << 62
@@ -81,7 +79,6 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		res:     r,
 		cfg:     cfg,
 		policy:  spin.Policy{Min: cfg.spinMin, Random: cfg.spinRandom},
-		held:    make(map[*grant]struct{}),
 		drained: make(chan struct{}),
 		bg:      newBackground(),
 	}
@@ -111,6 +108,7 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		}
 	}
 	d.chain = newChain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
+	d.bare = len(cfg.handlers) == 0
 	return d, nil
 }
 
@@ -160,9 +158,10 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 		return nil, err
 	}
 	if g := otherSide(ctx, d, key, kind); g != nil {
-		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.req.Kind, quote(key))
+		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.lease.Kind, quote(key))
 	}
 	if g := heldIn(ctx, d, key, kind, limit); g != nil {
+		g.poll()
 		out := g.step(event{kind: evReenter, max: d.cfg.maxReentrancy})
 		g.apply(out)
 		if out.ok {
@@ -219,19 +218,50 @@ func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []stri
 		return nil, ErrClosed
 	}
 	defer d.leave()
-	g := &grant{d: d, index: -1}
-	g.req = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
-	if wait > 0 {
-		g.req.Deadline = time.Now().Add(wait)
+	// Three allocations: the owner value, the grant (with its first
+	// handle) and what the acquisition needs only until it returns (its
+	// context; and the Request, unless handlers may keep it: then it is
+	// allocated with the grant).
+	var (
+		g    *grant
+		r    *Request
+		actx *acqCtx
+	)
+	if d.bare {
+		a := new(acquisition)
+		g, r, actx = new(grant), &a.req, &a.ctx
+	} else {
+		gr := new(grantRequest)
+		g, r, actx = &gr.grant, &gr.req, new(acqCtx)
 	}
-	return d.acquire(ctx, g)
+	g.d, g.req, g.index, g.first.g = d, r, -1, g
+	*r = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
+	if wait > 0 {
+		r.Deadline = time.Now().Add(wait)
+	}
+	return d.acquire(ctx, g, actx)
+}
+
+// acquisition is what an acquisition of a DistributeLock without handlers
+// needs only while it runs: its context and the Request the store step is
+// given. It is garbage once TryLock returns.
+type acquisition struct {
+	ctx acqCtx
+	req Request
+}
+
+// grantRequest is a grant and its Request in one allocation, for a
+// DistributeLock with handlers: they see the same Request on acquire and
+// release, so it lives as long as the grant.
+type grantRequest struct {
+	grant
+	req Request
 }
 
 // acquire runs g's acquisition through the chain and commits it, or rolls
 // back what it acquired.
-func (d *DistributeLock) acquire(ctx context.Context, g *grant) (*Lock, error) {
-	r := &g.req
-	actx := &g.actx
+func (d *DistributeLock) acquire(ctx context.Context, g *grant, actx *acqCtx) (*Lock, error) {
+	r := g.req
 	actx.init(ctx, d, r)
 	defer actx.stop()
 	err := d.chain.acquire(actx, r)
@@ -241,9 +271,9 @@ func (d *DistributeLock) acquire(ctx context.Context, g *grant) (*Lock, error) {
 	if err == nil {
 		if d.isClosed() {
 			err = fmt.Errorf("%w: Close ran while %s was acquired", ErrClosed, quote(r.Key))
-		} else if out := g.step(event{kind: evCommit, at: r.Acquired}); out.ok {
+		} else if out := g.step(event{kind: evCommit, at: mono(r.Acquired)}); out.ok {
 			g.apply(out)
-			return &Lock{g: g}, nil
+			return &g.first, nil
 		} else {
 			err = out.err
 		}
@@ -265,9 +295,10 @@ func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
 	if !out.ok {
 		return
 	}
-	g.req.RolledBack = true
-	done := d.bg.goRun("rolling back "+quote(g.req.Key), func(ctx context.Context) error {
-		err := d.chain.release(context.WithValue(ctx, rollbackKey{}, true), &g.req)
+	r := g.req
+	r.RolledBack = true
+	done := d.bg.goRun("rolling back "+quote(r.Key), func(ctx context.Context) error {
+		err := d.chain.release(context.WithValue(ctx, rollbackKey{}, true), r)
 		if errors.Is(err, ErrNotHeld) {
 			return nil
 		}
@@ -379,7 +410,6 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	}
 	r.Token = g.lease.Token
 	r.Acquired = start
-	g.validity = validityAll(g.subLeases())
 	return nil
 }
 
@@ -387,15 +417,18 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 // retries store errors until the store answers or Close's bound: nobody
 // else will release that lock.
 func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
-	release := func(ctx context.Context) error { return d.res.Release(ctx, &r.g.lease) }
-	if len(r.Keys) > 1 {
-		subs := r.g.subLeases()
-		release = func(ctx context.Context) error { return d.releaseAll(ctx, subs) }
-	}
 	if ctx.Value(rollbackKey{}) != nil {
-		return retry(ctx, release)
+		return retry(ctx, func(ctx context.Context) error { return d.releaseGrant(ctx, r.g) })
 	}
-	return release(ctx)
+	return d.releaseGrant(ctx, r.g)
+}
+
+// releaseGrant releases g's lease, or each of its leases.
+func (d *DistributeLock) releaseGrant(ctx context.Context, g *grant) error {
+	if subs := g.subLeases(); len(subs) > 1 {
+		return d.releaseAll(ctx, subs)
+	}
+	return d.res.Release(ctx, &g.lease)
 }
 
 // Do runs fn while holding key, acquired as by TryLock(ctx, key, wait).
@@ -435,7 +468,7 @@ func (d *DistributeLock) do(ctx context.Context, key string, wait time.Duration,
 	defer func() {
 		close(stop)
 		cancel(nil)
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), lk.g.req.TTL)
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), lk.g.ttl())
 		defer ucancel()
 		uerr := lk.Unlock(uctx)
 		if uerr != nil && !isFinal(uerr) {
@@ -493,12 +526,7 @@ func (d *DistributeLock) Close() error {
 // releaseHeld releases every committed grant, a few at a time, retrying a
 // release that fails until Close's bound.
 func (d *DistributeLock) releaseHeld(bound time.Time) []error {
-	d.mu.Lock()
-	gs := make([]*grant, 0, len(d.held))
-	for g := range d.held {
-		gs = append(gs, g)
-	}
-	d.mu.Unlock()
+	gs := d.sched.grants()
 	ctx, cancel := context.WithDeadline(context.Background(), bound)
 	defer cancel()
 	var (
@@ -516,7 +544,7 @@ func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 				}
 				// Nothing of d runs after Close: the lock is lost (no
 				// renewal, no watch) and the store frees it with its TTL.
-				g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: Close could not release it: %w", ErrNotHeld, quote(g.req.Key), err)}))
+				g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: Close could not release it: %w", ErrNotHeld, quote(g.lease.Key), err)}))
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -529,20 +557,6 @@ func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 	close(work)
 	wg.Wait()
 	return errs
-}
-
-// register makes a committed grant visible to Close.
-func (d *DistributeLock) register(g *grant) {
-	d.mu.Lock()
-	d.held[g] = struct{}{}
-	d.mu.Unlock()
-}
-
-// forget drops a released grant.
-func (d *DistributeLock) forget(g *grant) {
-	d.mu.Lock()
-	delete(d.held, g)
-	d.mu.Unlock()
 }
 
 // lockLost tells the loss observers.

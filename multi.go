@@ -55,10 +55,18 @@ func (d *DistributeLock) TryLockAll(ctx context.Context, keys []string, wait tim
 // subLeases returns one lease per key of the grant, the first g.lease
 // itself.
 func (g *grant) subLeases() []*backend.Lease {
-	if g.subs != nil {
-		return g.subs
+	if m := g.more.Load(); m != nil && m.subs != nil {
+		return m.subs
 	}
 	return []*backend.Lease{&g.lease}
+}
+
+// setSubs records the leases of a lock of several keys, before the
+// commit.
+func (g *grant) setSubs(subs []*backend.Lease) {
+	g.mu.Lock()
+	g.moreLocked().subs = subs
+	g.mu.Unlock()
 }
 
 // acquireAll is the innermost acquire step of a lock of several keys.
@@ -81,7 +89,7 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 	if err != nil {
 		return start, err
 	}
-	g.subs = subs
+	g.setSubs(subs)
 	return start, nil
 }
 
@@ -158,7 +166,7 @@ func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backen
 			return time.Time{}, errors.Join(err, gerr)
 		}
 	}
-	r.g.subs = subs
+	r.g.setSubs(subs)
 	// A push store counts validity from Acquire's return: the first key's.
 	return time.Now(), nil
 }
@@ -204,6 +212,6 @@ func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
 		}
 	}
 	if i, _, _ := reflect.Select(cases); i > 0 {
-		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: the backend reported a key of the lock lost", ErrNotHeld, quote(g.req.Key))}))
+		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: the backend reported a key of the lock lost", ErrNotHeld, quote(g.lease.Key))}))
 	}
 }

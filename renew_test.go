@@ -3,6 +3,7 @@ package distlock_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -148,3 +149,102 @@ func TestKeptAliveNoRenewal(t *testing.T) {
 		t.Errorf("Unlock after the loss = %v; want ErrNotHeld", err)
 	}
 }
+
+// signalling gives every lock a Lost channel of its own, which the test
+// closes through lose.
+type signalling struct {
+	*memory.Store
+	mu   sync.Mutex
+	lost map[string]chan struct{}
+}
+
+func (s *signalling) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	ok, ttl, err := s.Store.TryAcquire(ctx, l)
+	if ok {
+		ch := make(chan struct{})
+		s.mu.Lock()
+		s.lost[l.Key] = ch
+		s.mu.Unlock()
+		l.KeptAlive, l.Lost = l.AutoRenew, ch
+	}
+	return ok, ttl, err
+}
+
+func (s *signalling) lose(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.lost[key])
+}
+
+// A store's loss signal costs no goroutine per held lock until someone
+// waits on Done (or loss observers must hear of it); a loss nobody watched
+// is taken in by the next call that asks: Deadline, Done, a nested TryLock.
+func TestLossSignalWatchedOnlyWhenAsked(t *testing.T) {
+	store := &signalling{Store: memory.New(), lost: map[string]chan struct{}{}}
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(time.Minute))
+	ctx := t.Context()
+	const n = 200
+	before := runtime.NumGoroutine()
+	locks := make([]*distlock.Lock, n)
+	for i := range locks {
+		lk, err := d.TryLock(ctx, "k"+itoa(i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks[i] = lk
+	}
+	if grown := runtime.NumGoroutine() - before; grown >= n/2 {
+		t.Errorf("%d goroutines more for %d held locks; want no goroutine per lock", grown, n)
+	}
+
+	// Nobody watched: the next Deadline, Done or nested TryLock sees the loss.
+	store.lose("k0")
+	if dl := locks[0].Deadline(); !dl.IsZero() {
+		t.Errorf("Deadline after the loss = %v; want zero", dl)
+	}
+	select {
+	case <-locks[0].Done():
+	default:
+		t.Error("Done of a lock lost before it was asked for is open")
+	}
+	store.lose("k1")
+	if _, err := d.TryLock(distlock.ContextWithLock(ctx, locks[1]), "k1", 0); !errors.Is(err, distlock.ErrNotHeld) {
+		t.Errorf("nested TryLock of a lost lock = %v; want ErrNotHeld", err)
+	}
+
+	// Done asked for first: the loss closes it when it comes.
+	done := locks[2].Done()
+	store.lose("k2")
+	within(t, done, "Done after the loss")
+
+	// Loss observers hear of a loss nobody asks about.
+	obs := &lossCount{lost: make(chan struct{}, 1)}
+	d2 := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithHandlers(obs))
+	lk, err := d2.TryLock(ctx, "observed", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.lose("observed")
+	within(t, obs.lost, "LockLost")
+	if err := lk.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
+		t.Errorf("Unlock of the lost lock = %v", err)
+	}
+	for _, lk := range locks {
+		if err := lk.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
+			t.Errorf("Unlock(%s) = %v", lk.Key(), err)
+		}
+	}
+}
+
+// lossCount is a pass-through handler that signals every loss.
+type lossCount struct{ lost chan struct{} }
+
+func (h *lossCount) Acquire(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
+	return next(ctx, r)
+}
+
+func (h *lossCount) Release(ctx context.Context, r *distlock.Request, next distlock.ReleaseFunc) error {
+	return next(ctx, r)
+}
+
+func (h *lossCount) LockLost(*distlock.Request, error) { h.lost <- struct{}{} }

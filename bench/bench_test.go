@@ -129,3 +129,95 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestSectionID(t *testing.T) {
+	for _, c := range []struct{ sec, want string }{
+		{"### Uncontended: redis (pinned: client and server threads on CPU 0, GOMAXPROCS 1)\n\nx", "uncontended/redis"},
+		{"### Parallel: etcd (16 goroutines, distinct keys, not pinned)\n", "parallel/etcd"},
+		{"### Contended: postgres\n", "contended/postgres"},
+		{"### Handoff: zookeeper\n", "handoff/zookeeper"},
+		{"### Scale: redis, 10000 locks held at once by one process\n", "scale/redis/held/10000"},
+		{"### Scale: memory, 100000 locks held at once by one process\n", "scale/memory/held/100000"},
+		{"### Scale: etcd, 1000 goroutines on one key\n", "scale/etcd/hotkey"},
+		{"### Left out\n\n- x\n", "left out"},
+	} {
+		if got := sectionID(c.sec); got != c.want {
+			t.Errorf("sectionID(%q) = %q; want %q", c.sec, got, c.want)
+		}
+	}
+}
+
+// A run of the scale workload on some stores replaces those stores'
+// scale tables in RESULTS.md, adds the ones it lacks after the other
+// scale tables, and keeps the rest byte for byte.
+func TestMergeSections(t *testing.T) {
+	old := "# head\n\n## Targets\n\n| a | b |\n\n" +
+		"### Uncontended: redis (pinned)\n\nold uncontended\n\n" +
+		"### Scale: redis, 10000 locks held at once by one process\n\nold redis held\n\n" +
+		"### Scale: redis, 1000 goroutines on one key\n\nold redis hot\n\n" +
+		"### Scale: etcd, 10000 locks held at once by one process\n\nold etcd held\n\n" +
+		"### Left out\n\n- nothing\n\n"
+	sec := func(w, text string) *section {
+		s := &section{workload: w}
+		s.b.WriteString(text)
+		return s
+	}
+	fresh := []*section{
+		sec("scale", "### Scale: memory, 100000 locks held at once by one process\n\nnew memory held\n\n"),
+		sec("scale", "### Scale: redis, 10000 locks held at once by one process\n\nnew redis held\n\n"),
+		sec("scale", "### Scale: redis, 1000 goroutines on one key\n\nnew redis hot\n\n"),
+	}
+	got := mergeSections(old, fresh, "(run)")
+	want := "# head\n\n## Targets\n\n| a | b |\n\n" +
+		"### Uncontended: redis (pinned)\n\nold uncontended\n\n" +
+		"### Scale: redis, 10000 locks held at once by one process\n\n(run)\n\nnew redis held\n\n" +
+		"### Scale: redis, 1000 goroutines on one key\n\n(run)\n\nnew redis hot\n\n" +
+		"### Scale: etcd, 10000 locks held at once by one process\n\nold etcd held\n\n" +
+		"### Scale: memory, 100000 locks held at once by one process\n\n(run)\n\nnew memory held\n\n" +
+		"### Left out\n\n- nothing\n\n"
+	if got != want {
+		t.Errorf("merged:\n%s\nwant:\n%s", got, want)
+	}
+	// A file without the workload's tables gets them before "Left out".
+	got = mergeSections("# head\n\n### Handoff: redis\n\nh\n\n### Left out\n\n- x\n", fresh[1:2], "(run)")
+	if want := "# head\n\n### Handoff: redis\n\nh\n\n### Scale: redis, 10000 locks held at once by one process\n\n(run)\n\nnew redis held\n\n### Left out\n\n- x\n"; got != want {
+		t.Errorf("merged into a file without scale tables:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestHeldTargets(t *testing.T) {
+	cfg := config{scaleLocks: 100_000, scaleTTL: 6 * time.Second}
+	dl := &peer{name: "distlock", renewal: "auto"}
+	native := &peer{name: "redislock"}
+	rs := []heldResult{
+		{p: native, n: 100_000, acquire: 2 * time.Second, window: 4 * time.Second},
+		// 100,000 locks renewed every 2s in batches of 500: 200 requests
+		// per interval, 100 per second.
+		{p: dl, n: 100_000, acquire: time.Second, window: 4 * time.Second, requests: 400, bytesPerLock: 250},
+	}
+	ts := heldTargets(cfg, "redis", rs)
+	if len(ts) != 4 {
+		t.Fatalf("%d targets; want 4: %+v", len(ts), ts)
+	}
+	for _, tg := range ts {
+		if !tg.ok || !tg.known {
+			t.Errorf("%s: %s: ok %v, known %v; want met", tg.what, tg.got, tg.ok, tg.known)
+		}
+	}
+	if x := requestsPer500(rs[1], 2*time.Second); x != 1 {
+		t.Errorf("requestsPer500 = %v; want 1", x)
+	}
+	// Twice the requests, twice the heap, slower than the native peer:
+	// every target but the 0 lost is missed; at 10,000 locks the size is
+	// not the target's.
+	rs[1].requests, rs[1].bytesPerLock, rs[1].acquire = 800, 600, 3*time.Second
+	cfg.scaleLocks = 10_000
+	for i, tg := range heldTargets(cfg, "redis", rs) {
+		if i == 0 && tg.known {
+			t.Errorf("%s at 10,000 locks: known; want not the target's size", tg.what)
+		}
+		if i > 0 && tg.ok {
+			t.Errorf("%s: %s met; want missed", tg.what, tg.got)
+		}
+	}
+}

@@ -93,7 +93,7 @@ func runContended(ctx context.Context, cfg config, s *servers, p *peer, v varian
 				if ctx.Err() != nil {
 					return
 				}
-				unlock, err := l.lock(ctx, key, v.wait)
+				h, err := l.lock(ctx, key, v.wait)
 				switch {
 				case errors.Is(err, errNotAcquired):
 					tout.Add(1)
@@ -108,7 +108,7 @@ func runContended(ctx context.Context, cfg config, s *servers, p *peer, v varian
 				}
 				time.Sleep(v.hold)
 				holders.Add(-1)
-				if err := unlock(ctx); err != nil {
+				if err := h.unlock(ctx); err != nil {
 					fail.Add(1)
 					errOnce.Do(func() { firstErr = fmt.Errorf("unlock: %w", err) })
 				}
@@ -266,14 +266,14 @@ func runHandoff(ctx context.Context, cfg config, s *servers, ps []*peer, log log
 }
 
 func handoffOnce(ctx context.Context, cfg config, la, lb locker, b instance, key string) (time.Duration, error) {
-	unlockA, err := la.lock(ctx, key, 10*time.Second)
+	heldA, err := la.lock(ctx, key, 10*time.Second)
 	if err != nil {
 		return 0, fmt.Errorf("holder: %w", err)
 	}
 	type got struct {
-		at     time.Time
-		unlock func(context.Context) error
-		err    error
+		at  time.Time
+		h   held
+		err error
 	}
 	ch := make(chan got, 1)
 	mark := b.mark(key)
@@ -284,7 +284,7 @@ func handoffOnce(ctx context.Context, cfg config, la, lb locker, b instance, key
 	deadline := time.Now().Add(10 * time.Second)
 	for !b.waiting(ctx, key, mark) {
 		if time.Now().After(deadline) {
-			_ = unlockA(ctx)
+			_ = heldA.unlock(ctx)
 			<-ch
 			return 0, errors.New("the waiter did not start waiting within 10s")
 		}
@@ -296,7 +296,7 @@ func handoffOnce(ctx context.Context, cfg config, la, lb locker, b instance, key
 	}
 	time.Sleep(pause)
 	t0 := time.Now()
-	if err := unlockA(ctx); err != nil {
+	if err := heldA.unlock(ctx); err != nil {
 		<-ch
 		return 0, fmt.Errorf("holder unlock: %w", err)
 	}
@@ -304,7 +304,7 @@ func handoffOnce(ctx context.Context, cfg config, la, lb locker, b instance, key
 	if g.err != nil {
 		return 0, fmt.Errorf("waiter: %w", g.err)
 	}
-	if err := g.unlock(ctx); err != nil {
+	if err := g.h.unlock(ctx); err != nil {
 		return 0, fmt.Errorf("waiter unlock: %w", err)
 	}
 	return g.at.Sub(t0), nil

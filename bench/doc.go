@@ -21,6 +21,24 @@
 // handoff (release to a blocked waiter's acquire), scale (10,000 locks held
 // at once; 1,000 goroutines on one key).
 //
+// The scale workload measures issue 18's targets, each store's distlock
+// against its native peer in the same run: how long taking the locks
+// takes, the heap a held lock costs, the requests per second to the store
+// while the locks are merely held (counted at the server where it can
+// tell requests apart: PostgreSQL's pg_stat_statements, which the bench
+// enables on the server it starts, etcd's metrics, ZooKeeper's mntr;
+// Redis's INFO commandstats counts the commands inside scripts too, so
+// its requests are the clients'), and the locks lost. It also runs on the
+// in-process memory store (the facade's own cost). Its tables say which
+// targets are met:
+//
+//	cd bench && go run . -workload scale -out RESULTS.md                 # 10,000 locks, every store
+//	cd bench && go run . -workload scale -store redis -scale-locks 100000 -out RESULTS.md
+//
+// A run of some workloads or stores only updates the -out file: its
+// tables replace the same tables there, each saying which run it comes
+// from, and the rest of the file stays.
+//
 // This is a module of its own (bench/go.mod), tied to the library's
 // modules by the repository's go.work, so the peers never enter the
 // library's dependencies. scripts/tidy.sh tidies it with the others.

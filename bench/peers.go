@@ -32,6 +32,15 @@ type peer struct {
 	// hotspot is set on the distlock variant with the hotspot handler: it
 	// runs only in the contended and scale workloads.
 	hotspot bool
+	// only, when set, lists the workloads the peer runs in (the memory
+	// store: scale only); empty: every workload.
+	only []string
+	// serverRequests says that counts.cmds counts the requests the store
+	// received at the server (PostgreSQL's pg_stat_statements, etcd's
+	// metrics, ZooKeeper's mntr), so that the scale workload takes them
+	// from there; otherwise from counts.rt, the clients' count (Redis:
+	// INFO commandstats counts the commands inside scripts too).
+	serverRequests bool
 	// open returns one instance, as one process would have it: its own
 	// clients, sessions and connections.
 	open func(ctx context.Context, s *servers, o openOpts) (instance, error)
@@ -85,9 +94,29 @@ type instance interface {
 }
 
 // locker acquires a key, waiting at most wait: errNotAcquired when the
-// wait ran out. The returned function releases it.
+// wait ran out.
 type locker interface {
-	lock(ctx context.Context, key string, wait time.Duration) (unlock func(context.Context) error, err error)
+	lock(ctx context.Context, key string, wait time.Duration) (held, error)
+}
+
+// held is a lock a locker took, as its caller would keep it: the library's
+// own handle where it has one (a pointer: no allocation to hold it), so
+// that the heap a held lock costs is the library's.
+type held interface {
+	unlock(ctx context.Context) error
+}
+
+// runs reports whether the peer runs in workload w.
+func (p *peer) runs(w string) bool {
+	if len(p.only) == 0 {
+		return true
+	}
+	for _, o := range p.only {
+		if o == w {
+			return true
+		}
+	}
+	return false
 }
 
 var registry []*peer
@@ -106,7 +135,7 @@ func registerVariants() {
 }
 
 // storeOrder is the order of the stores in tables.
-var storeOrder = []string{"redis", "etcd", "zookeeper", "postgres", "mysql"}
+var storeOrder = []string{"memory", "redis", "etcd", "zookeeper", "postgres", "mysql"}
 
 func storeRank(s string) int {
 	for i, n := range storeOrder {

@@ -62,7 +62,7 @@ func (i *dlInstance) cycle(ctx context.Context, key string) error {
 
 func (i *dlInstance) worker(context.Context) (locker, error) { return i, nil }
 
-func (i *dlInstance) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (i *dlInstance) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	lk, err := i.d.TryLock(ctx, key, wait)
 	if errors.Is(err, distlock.ErrNotAcquired) && ctx.Err() == nil {
 		return nil, errNotAcquired
@@ -70,8 +70,13 @@ func (i *dlInstance) lock(ctx context.Context, key string, wait time.Duration) (
 	if err != nil {
 		return nil, err
 	}
-	return lk.Unlock, nil
+	return dlHeld{lk}, nil
 }
+
+// dlHeld is a held distlock.Lock.
+type dlHeld struct{ lk *distlock.Lock }
+
+func (h dlHeld) unlock(ctx context.Context) error { return h.lk.Unlock(ctx) }
 
 func (i *dlInstance) close() error {
 	errs := []error{i.d.Close()}

@@ -33,8 +33,7 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock-ttl", store: "etcd",
-		note:    "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
-		renewal: "none: a lock lives its TTL",
+		note: "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o, false)
 		},
@@ -154,7 +153,7 @@ func (m *etcdMutex) worker(ctx context.Context) (locker, error) {
 
 type mutexLocker struct{ s *concurrency.Session }
 
-func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	mu := concurrency.NewMutex(l.s, mutexPrefix+key)
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -164,8 +163,13 @@ func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (
 		}
 		return nil, err
 	}
-	return mu.Unlock, nil
+	return mutexHeld{mu}, nil
 }
+
+// mutexHeld is a held *concurrency.Mutex.
+type mutexHeld struct{ mu *concurrency.Mutex }
+
+func (h mutexHeld) unlock(ctx context.Context) error { return h.mu.Unlock(ctx) }
 
 func (m *etcdMutex) close() error {
 	m.mu.Lock()

@@ -22,7 +22,7 @@ func init() { variantHooks = append(variantHooks, hotspotVariants) }
 // or for distinct keys).
 func hotspotVariants() {
 	for _, base := range registry {
-		if base.name != "distlock" {
+		if base.name != "distlock" || len(base.only) > 0 {
 			continue
 		}
 		register(&peer{

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,7 +21,8 @@ import (
 // pgSent counts the statements every PostgreSQL client of this program
 // sent (a pgx tracer): one statement, one round trip. The server's own
 // count (pg_stat_statements) needs shared_preload_libraries, which the
-// test server does not set.
+// test server does not set: the scale workload sets it (a restart) and
+// counts there (servers.enablePGStatements).
 var pgSent atomic.Int64
 
 // stmtCounter is a pgx tracer that counts statements, in the program's
@@ -43,13 +45,13 @@ func (c *stmtCounter) waiting(_ context.Context, _ string, mark int64) bool {
 
 func init() {
 	register(&peer{
-		name: "floor", store: "postgres", ref: true,
+		name: "floor", store: "postgres", ref: true, serverRequests: true,
 		note:     "bare pgx: INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING token (server clock), DELETE by key and owner; retry every 10ms",
 		open:     openPGFloor,
 		counters: pgCounters,
 	})
 	register(&peer{
-		name: "distlock", store: "postgres",
+		name: "distlock", store: "postgres", serverRequests: true,
 		note:    "sqldb.NewPostgres, defaults: one upsert per attempt, one delete per release (a second one, with pg_notify, when a contender waited), LISTEN for wake-up; no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: an UPDATE per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
@@ -59,12 +61,22 @@ func init() {
 	})
 }
 
-func pgCounters(_ context.Context, s *servers) (counts, error) {
+// pgCounters: rt is the statements the clients sent; cmds those the
+// server executed (pg_stat_statements) once the scale workload enabled
+// it, else the clients' count too.
+func pgCounters(ctx context.Context, s *servers) (counts, error) {
 	if _, err := s.postgresDSN(); err != nil {
 		return counts{}, err
 	}
 	n := pgSent.Load()
-	return counts{rt: n, cmds: n}, nil
+	srv, ok, err := s.pgStatements(ctx)
+	if err != nil {
+		return counts{}, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	if !ok {
+		srv = n
+	}
+	return counts{rt: n, cmds: srv}, nil
 }
 
 func newPGPool(ctx context.Context, s *servers, sc *stmtCounter) (*pgxpool.Pool, error) {
@@ -181,7 +193,7 @@ func (f *pgFloor) cycle(ctx context.Context, key string) error {
 
 func (f *pgFloor) worker(context.Context) (locker, error) { return f, nil }
 
-func (f *pgFloor) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (f *pgFloor) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	v := f.value()
 	deadline := time.Now().Add(wait)
 	for {
@@ -190,7 +202,7 @@ func (f *pgFloor) lock(ctx context.Context, key string, wait time.Duration) (fun
 			return nil, err
 		}
 		if ok {
-			return func(ctx context.Context) error { return f.release(ctx, key, v) }, nil
+			return &pgFloorHeld{f, key, v}, nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -203,3 +215,11 @@ func (f *pgFloor) lock(ctx context.Context, key string, wait time.Duration) (fun
 }
 
 func (f *pgFloor) close() error { f.pool.Close(); return nil }
+
+// pgFloorHeld is what a user of the bare floor keeps: key and value.
+type pgFloorHeld struct {
+	f        *pgFloor
+	key, val string
+}
+
+func (h *pgFloorHeld) unlock(ctx context.Context) error { return h.f.release(ctx, h.key, h.val) }

@@ -186,7 +186,7 @@ func (f *redisFloor) cycle(ctx context.Context, key string) error {
 
 func (f *redisFloor) worker(context.Context) (locker, error) { return f, nil }
 
-func (f *redisFloor) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (f *redisFloor) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	v := f.value()
 	deadline := time.Now().Add(wait)
 	for {
@@ -195,9 +195,7 @@ func (f *redisFloor) lock(ctx context.Context, key string, wait time.Duration) (
 			return nil, err
 		}
 		if ok {
-			return func(ctx context.Context) error {
-				return floorRelease.Run(ctx, f.c, []string{key}, v).Err()
-			}, nil
+			return &redisFloorHeld{f, key, v}, nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -210,6 +208,16 @@ func (f *redisFloor) lock(ctx context.Context, key string, wait time.Duration) (
 }
 
 func (f *redisFloor) close() error { return f.redisClients.close() }
+
+// redisFloorHeld is what a user of the bare floor keeps: key and value.
+type redisFloorHeld struct {
+	f        *redisFloor
+	key, val string
+}
+
+func (h *redisFloorHeld) unlock(ctx context.Context) error {
+	return floorRelease.Run(ctx, h.f.c, []string{h.key}, h.val).Err()
+}
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -250,7 +258,7 @@ func (r *redislockInstance) cycle(ctx context.Context, key string) error {
 
 func (r *redislockInstance) worker(context.Context) (locker, error) { return r, nil }
 
-func (r *redislockInstance) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (r *redislockInstance) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	l, err := r.c.Obtain(wctx, key, r.ttl, r.retry)
@@ -260,8 +268,13 @@ func (r *redislockInstance) lock(ctx context.Context, key string, wait time.Dura
 		}
 		return nil, err
 	}
-	return l.Release, nil
+	return redislockHeld{l}, nil
 }
+
+// redislockHeld is a held *redislock.Lock.
+type redislockHeld struct{ l *redislock.Lock }
+
+func (h redislockHeld) unlock(ctx context.Context) error { return h.l.Release(ctx) }
 
 func (r *redislockInstance) close() error { return r.redisClients.close() }
 
@@ -305,7 +318,7 @@ func (r *redsyncInstance) cycle(ctx context.Context, key string) error {
 
 func (r *redsyncInstance) worker(context.Context) (locker, error) { return r, nil }
 
-func (r *redsyncInstance) lock(ctx context.Context, key string, wait time.Duration) (func(context.Context) error, error) {
+func (r *redsyncInstance) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	m := r.rs.NewMutex(key, redsync.WithExpiry(r.ttl), redsync.WithTries(math.MaxInt32))
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -316,10 +329,15 @@ func (r *redsyncInstance) lock(ctx context.Context, key string, wait time.Durati
 		}
 		return nil, err
 	}
-	return func(ctx context.Context) error {
-		_, err := m.UnlockContext(ctx)
-		return err
-	}, nil
+	return redsyncHeld{m}, nil
+}
+
+// redsyncHeld is a held *redsync.Mutex.
+type redsyncHeld struct{ m *redsync.Mutex }
+
+func (h redsyncHeld) unlock(ctx context.Context) error {
+	_, err := h.m.UnlockContext(ctx)
+	return err
 }
 
 func (r *redsyncInstance) close() error { return r.redisClients.close() }

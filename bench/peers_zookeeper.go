@@ -143,12 +143,17 @@ func (z *zkLock) cycle(_ context.Context, key string) error {
 func (z *zkLock) worker(context.Context) (locker, error) { return z, nil }
 
 // lock ignores wait: zk.Lock has no timeout and no context.
-func (z *zkLock) lock(_ context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+func (z *zkLock) lock(_ context.Context, key string, _ time.Duration) (held, error) {
 	l := zk.NewLock(z.conn, zkLockRoot+key, zk.WorldACL(zk.PermAll))
 	if err := l.Lock(); err != nil {
 		return nil, err
 	}
-	return func(context.Context) error { return l.Unlock() }, nil
+	return zkHeld{l}, nil
 }
+
+// zkHeld is a held *zk.Lock.
+type zkHeld struct{ l *zk.Lock }
+
+func (h zkHeld) unlock(context.Context) error { return h.l.Unlock() }
 
 func (z *zkLock) close() error { z.conn.Close(); return nil }

@@ -166,17 +166,18 @@ func (r *report) peerNotes(s *section, rs []*cycleResult) {
 	fmt.Fprintln(&s.b)
 }
 
-// write prints the report and writes the files asked for.
+// write prints the report and writes the files asked for. A run of
+// some workloads, stores or peers only (-workload scale, -store redis)
+// whose -out file exists updates that file: its tables replace the
+// same tables there (each says which run it comes from) and the rest of
+// the file, the targets at its top included, stays as it was; -svg is not
+// written then (the chart needs every workload).
 func (r *report) write(stdout io.Writer) error {
 	var b strings.Builder
 	r.header(&b)
 	r.targets(&b)
-	for _, w := range allWorkloads {
-		for _, s := range r.sections {
-			if s.workload == w {
-				b.WriteString(s.b.String())
-			}
-		}
+	for _, s := range r.ordered() {
+		b.WriteString(s.b.String())
 	}
 	if len(r.notes) > 0 {
 		b.WriteString("### Left out\n\n")
@@ -189,16 +190,149 @@ func (r *report) write(stdout io.Writer) error {
 		return err
 	}
 	if r.cfg.out != "" {
-		if err := os.WriteFile(r.cfg.out, []byte(b.String()), 0o644); err != nil {
+		out := b.String()
+		if old, err := os.ReadFile(r.cfg.out); err == nil && r.cfg.partial() {
+			out = mergeSections(string(old), r.ordered(), r.provenance())
+			fmt.Fprintf(os.Stderr, "bench: %s: updated this run's tables only\n", r.cfg.out)
+		}
+		if err := os.WriteFile(r.cfg.out, []byte(out), 0o644); err != nil {
 			return err
 		}
 	}
 	if r.cfg.svg != "" {
+		if r.cfg.partial() {
+			fmt.Fprintf(os.Stderr, "bench: %s not written: the chart needs a run of every workload\n", r.cfg.svg)
+			return nil
+		}
 		if err := os.WriteFile(r.cfg.svg, []byte(chart(r.bars)), 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ordered returns the sections in workload order.
+func (r *report) ordered() []*section {
+	var out []*section
+	for _, w := range allWorkloads {
+		for _, s := range r.sections {
+			if s.workload == w {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// partial reports whether the run leaves out workloads, stores or peers.
+func (c config) partial() bool {
+	return len(c.workloads) < len(allWorkloads) || len(c.stores) > 0 || len(c.peers) > 0
+}
+
+// provenance says where a table merged into an older file comes from.
+func (r *report) provenance() string {
+	return fmt.Sprintf("_This table: `cd bench && go run . %s` on %s, distlock %s, load average %s._",
+		strings.Join(os.Args[1:], " "), r.start.UTC().Format("2006-01-02 15:04 UTC"), gitRev(), loadAvg())
+}
+
+// mergeSections replaces, in old (a RESULTS.md), the tables fresh has
+// anew, matched by sectionID, and keeps the rest. A fresh table old lacks
+// goes after old's last table of the same workload (else before "Left
+// out", else at the end). Each fresh table gets the provenance line under
+// its heading.
+func mergeSections(old string, fresh []*section, provenance string) string {
+	text := func(s *section) string {
+		head, rest, _ := strings.Cut(s.b.String(), "\n\n")
+		return head + "\n\n" + provenance + "\n\n" + rest
+	}
+	byID := map[string]*section{}
+	for _, s := range fresh {
+		byID[sectionID(s.b.String())] = s
+	}
+	pre, chunks := splitSections(old)
+	used := map[string]bool{}
+	var b strings.Builder
+	b.WriteString(pre)
+	// addNew writes the fresh tables of workload w old lacks.
+	addNew := func(w string) {
+		for _, s := range fresh {
+			if id := sectionID(s.b.String()); !used[id] && (w == "" || s.workload == w) {
+				used[id] = true
+				b.WriteString(text(s))
+			}
+		}
+	}
+	for i, c := range chunks {
+		id := sectionID(c)
+		if id == "left out" {
+			addNew("")
+		}
+		if s, ok := byID[id]; ok && !used[id] {
+			used[id] = true
+			b.WriteString(text(s))
+		} else if !ok {
+			b.WriteString(c)
+		}
+		if w := workloadOf(id); w != "" && (i+1 == len(chunks) || workloadOf(sectionID(chunks[i+1])) != w) {
+			addNew(w)
+		}
+	}
+	addNew("")
+	return b.String()
+}
+
+// splitSections cuts a RESULTS.md into what comes before its first "### "
+// heading and the sections that start with one.
+func splitSections(s string) (pre string, chunks []string) {
+	i := strings.Index(s, "\n### ")
+	if i < 0 {
+		return s, nil
+	}
+	pre, s = s[:i+1], s[i+1:]
+	for s != "" {
+		j := strings.Index(s, "\n### ")
+		if j < 0 {
+			chunks = append(chunks, s)
+			break
+		}
+		chunks = append(chunks, s[:j+1])
+		s = s[j+1:]
+	}
+	return pre, chunks
+}
+
+// sectionID names the table a section holds from its heading: workload
+// and store, and for the scale workload which table, with the number of
+// locks held ("scale/redis/held/10000", "scale/redis/hotkey"); "left out"
+// for the list of peers left out.
+func sectionID(sec string) string {
+	head, _, _ := strings.Cut(strings.TrimPrefix(sec, "### "), "\n")
+	kind, rest, ok := strings.Cut(head, ": ")
+	if !ok {
+		return strings.ToLower(head)
+	}
+	store, _, _ := strings.Cut(rest, ",")
+	store, _, _ = strings.Cut(store, " ")
+	id := strings.ToLower(kind) + "/" + store
+	if kind == "Scale" {
+		switch {
+		case strings.Contains(rest, "locks held"):
+			n, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(rest, store+",")), " ")
+			id += "/held/" + n
+		case strings.Contains(rest, "on one key"):
+			id += "/hotkey"
+		}
+	}
+	return id
+}
+
+// workloadOf is the workload of a section ID, "" for other sections.
+func workloadOf(id string) string {
+	w, _, ok := strings.Cut(id, "/")
+	if !ok {
+		return ""
+	}
+	return w
 }
 
 func (r *report) header(b *strings.Builder) {
@@ -396,25 +530,65 @@ func (r *report) handoff(store string, rs []*handoffResult) {
 	fmt.Fprintln(&s.b)
 }
 
-// held adds the "many locks held" table of one store.
+// held adds the "many locks held" table of one store, with issue 18's
+// targets for it.
 func (r *report) held(store string, rs []heldResult) {
+	if len(rs) == 0 {
+		return
+	}
 	s := r.section("scale", fmt.Sprintf("Scale: %s, %d locks held at once by one process", store, r.cfg.scaleLocks))
-	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the store's requests are counted, then releases them. Memory: live heap after GC, less the heap before, per lock (the benchmark's own handle per lock included: a few dozen bytes). Peers that keep locks alive do so with TTL %v; the others get a TTL that outlasts the hold. Lost: locks found gone at release.\n\n",
-		r.cfg.scaleLocks, scaleHoldWorkers, r.cfg.scaleWindow, r.cfg.scaleTTL)
-	fmt.Fprintf(&s.b, "| peer | acquire all | locks/s | heap B/lock | requests/s while held | how locks stay alive | lost | release all |\n|---|---:|---:|---:|---:|---|---:|---:|\n")
+	interval := r.cfg.scaleTTL / 3
+	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the requests to the store are counted, then releases them. Peers that keep locks alive do so with TTL %v (distlock's WithAutoRenew: a renewal every TTL/3 = %v); the others get a TTL that outlasts the hold. Heap: live heap after GC, less the heap before, per lock, with the library's handle of each lock (kept by the benchmark as a caller would). Requests while held: %s Per 500 per renewal: requests while held, per %v, per 500 locks (issue 18: at most 1 on Redis and SQL). Lost: locks found gone at release.\n\n",
+		r.cfg.scaleLocks, scaleHoldWorkers, r.cfg.scaleWindow, r.cfg.scaleTTL, interval, countNote[store], interval)
+	ref := rs[0]
+	for _, h := range rs {
+		if h.p.name == nativePeer[store] {
+			ref = h
+		}
+	}
+	fmt.Fprintf(&s.b, "| peer | acquire all | vs %s | locks/s | heap B/lock | requests/s while held | per 500 per renewal | second count/s | how locks stay alive | lost | release all |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n", ref.p.name)
 	for _, h := range rs {
 		renewal := h.p.renewal
 		if renewal == "" {
 			renewal = "none: each lock lives its TTL"
 		}
-		row := fmt.Sprintf("| %s | %v | %s | %s | %s | %s | %d | %v |", h.p.name, h.acquire.Round(10*time.Millisecond), f0(float64(h.n)/h.acquire.Seconds()),
-			f0(h.bytesPerLock), f0(h.renewPerSec), renewal, h.lost, h.release.Round(10*time.Millisecond))
+		x500 := "-"
+		if h.p.renewal != "" {
+			x500 = f2(requestsPer500(h, interval))
+		}
+		row := fmt.Sprintf("| %s | %v | %s | %s | %s | %s | %s | %s | %s | %d | %v |", h.p.name, h.acquire.Round(10*time.Millisecond),
+			f2(h.acquire.Seconds()/ref.acquire.Seconds()), f0(float64(h.n)/h.acquire.Seconds()),
+			f0(h.bytesPerLock), f1(h.perSec(h.requests)), x500, f1(h.perSec(h.other)), renewal, h.lost, h.release.Round(10*time.Millisecond))
 		if h.err != nil {
 			row += " error: " + oneLine(h.err.Error()) + " |"
 		}
 		fmt.Fprintln(&s.b, row)
 	}
+	if ts := heldTargets(r.cfg, store, rs); len(ts) > 0 {
+		fmt.Fprintf(&s.b, "\nIssue 18's targets, distlock in this run:\n\n")
+		for _, t := range ts {
+			mark := ""
+			switch {
+			case !t.known:
+			case t.ok:
+				mark = " ✓"
+			default:
+				mark = " ✗"
+			}
+			fmt.Fprintf(&s.b, "- %s: %s%s\n", t.what, t.got, mark)
+		}
+	}
 	fmt.Fprintln(&s.b)
+}
+
+// countNote says, per store, how the scale workload counts the requests
+// to the store while the locks are held, and what the server count is.
+var countNote = map[string]string{
+	"memory":    "calls into the store (a batch renewal is one), counted in process; second count: the same.",
+	"redis":     "commands and pipelines the clients sent (a go-redis hook: the server cannot tell requests from the commands run inside scripts); second count: the server's, calls in INFO commandstats, the commands inside scripts included.",
+	"etcd":      "gRPC messages the server received (grpc_server_msg_received_total on /metrics: unary calls, and watch and lease keep-alive stream messages); second count: the same.",
+	"zookeeper": "packets the server received (zk_packets_received in mntr, session pings included); second count: the same.",
+	"postgres":  "statements the server executed (pg_stat_statements, which the bench enables on the server it starts; on another server, the statements the clients sent); second count: the statements the clients sent (a pgx tracer).",
 }
 
 // hotKey adds the "many goroutines on one key" table of one store.

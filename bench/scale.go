@@ -17,24 +17,34 @@ type heldResult struct {
 	n            int
 	acquire      time.Duration
 	bytesPerLock float64
-	renewPerSec  float64 // requests per second while the locks were held
-	lost         int     // locks found gone at release
+	window       time.Duration // how long the requests were counted
+	requests     int64         // requests to the store while merely holding (see peer.serverRequests)
+	other        int64         // the other count meanwhile: the server's (Redis) or the clients' (PostgreSQL)
+	lost         int           // locks found gone at release
 	release      time.Duration
+}
+
+func (h heldResult) perSec(n int64) float64 {
+	if h.window <= 0 {
+		return 0
+	}
+	return float64(n) / h.window.Seconds()
 }
 
 // scaleHoldWorkers acquire and release the locks in parallel.
 const scaleHoldWorkers = 32
 
-// runHeld holds cfg.scaleLocks distinct locks at once in one instance:
-// how much memory a held lock costs the process, and how many requests per
-// second keep them alive (distlock: WithAutoRenew, a refresh per lock
-// every TTL/3; etcd's Session and ZooKeeper's session: one keep-alive for
-// all; the others do not renew, and get a TTL that outlasts the window).
+// runHeld holds cfg.scaleLocks distinct locks at once in one instance, as
+// a process that owns many shards would: how long taking them all takes,
+// how much heap a held lock costs the process, how many requests per
+// second to the store keep them alive (distlock: WithAutoRenew; etcd's
+// Session and ZooKeeper's session: their keep-alive; the others do not
+// renew, and get a TTL that outlasts the hold), and whether any was lost.
 func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResult) {
 	res = heldResult{p: p, n: cfg.scaleLocks}
 	o := openOpts{ttl: cfg.scaleTTL, autoRenew: true, retry: cfg.retry}
-	if p.renewal == "" {
-		o.ttl = cfg.scaleTTL + cfg.scaleWindow + time.Minute
+	if p.renewal == "" { // outlast taking them all, the hold and the release
+		o.ttl = cfg.scaleTTL + cfg.scaleWindow + time.Minute*time.Duration(1+cfg.scaleLocks/50_000)
 	}
 	in, err := p.open(ctx, s, o)
 	if err != nil {
@@ -51,22 +61,18 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 	for i := range keys {
 		keys[i] = keyName("scale", runID, p.name, fmt.Sprint(i))
 	}
-	unlocks := make([]func(context.Context) error, len(keys))
-	var m0, m1 runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&m0)
+	locks := make([]held, len(keys))
+	m0 := liveHeap()
 	t0 := time.Now()
 	if err := parallelDo(ctx, len(keys), func(i int) error {
-		u, err := l.lock(ctx, keys[i], 10*time.Second)
-		unlocks[i] = u
+		h, err := l.lock(ctx, keys[i], time.Minute)
+		locks[i] = h
 		return err
 	}); err != nil {
 		res.err = fmt.Errorf("acquire: %w", err)
 	}
 	res.acquire = time.Since(t0)
-	runtime.GC()
-	runtime.ReadMemStats(&m1)
-	res.bytesPerLock = (float64(m1.HeapAlloc) - float64(m0.HeapAlloc)) / float64(len(keys))
+	res.bytesPerLock = float64(liveHeap()-m0) / float64(len(keys))
 
 	if res.err == nil {
 		c0, err := p.counters(ctx, s)
@@ -75,7 +81,12 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 			_ = sleepCtx(ctx, cfg.scaleWindow)
 			var c1 counts
 			c1, err = p.counters(ctx, s)
-			res.renewPerSec = float64(c1.sub(c0).rt) / time.Since(w0).Seconds()
+			res.window = time.Since(w0)
+			d := c1.sub(c0)
+			res.requests, res.other = d.rt, d.cmds
+			if p.serverRequests {
+				res.requests, res.other = d.cmds, d.rt
+			}
 		}
 		if err != nil {
 			res.err = err
@@ -84,10 +95,10 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 	var lost atomic.Int64
 	t1 := time.Now()
 	err = parallelDo(context.WithoutCancel(ctx), len(keys), func(i int) error {
-		if unlocks[i] == nil {
+		if locks[i] == nil {
 			return nil
 		}
-		if err := unlocks[i](ctx); err != nil {
+		if err := locks[i].unlock(ctx); err != nil {
 			lost.Add(1)
 		}
 		return nil
@@ -98,6 +109,16 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 		res.err = err
 	}
 	return res
+}
+
+// liveHeap returns the bytes of live heap objects, after two collections
+// (the second frees what the first moved to sync.Pool victim caches).
+func liveHeap() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
 }
 
 // parallelDo runs f(0..n-1) on scaleHoldWorkers goroutines; the first
@@ -145,3 +166,85 @@ func runHotKey(ctx context.Context, cfg config, s *servers, p *peer) contendedRe
 }
 
 var errNoHotspot = errors.New("no hotspot variant")
+
+// nativePeer names, per store, the peer issue 18 compares acquisition
+// time with: the store's own client recipe (PostgreSQL has none: the
+// bare floor).
+var nativePeer = map[string]string{
+	"redis":     "redislock",
+	"etcd":      "concurrency.Mutex",
+	"zookeeper": "zk.Lock",
+	"postgres":  "floor",
+}
+
+// scaleTarget is one of issue 18's targets, as the held table checks it.
+type scaleTarget struct {
+	what string
+	got  string
+	ok   bool
+	// known: measured in this run at the size the target names
+	known bool
+}
+
+// heldTargets checks issue 18's targets on one store's held results: the
+// distlock row against the store's native peer in the same run.
+func heldTargets(cfg config, store string, rs []heldResult) []scaleTarget {
+	var dl, native *heldResult
+	for i := range rs {
+		switch rs[i].p.name {
+		case "distlock":
+			dl = &rs[i]
+		case nativePeer[store]:
+			native = &rs[i]
+		}
+	}
+	if dl == nil || store == "memory" {
+		return nil
+	}
+	var ts []scaleTarget
+	full := cfg.scaleLocks >= 100_000
+	size := fmt.Sprintf("%d locks held", dl.n)
+	if !full {
+		size += " (the target is 100,000: -scale-locks 100000)"
+	}
+	ts = append(ts, scaleTarget{what: "100,000 locks held by one process, 0 lost",
+		got: fmt.Sprintf("%s, %d lost%s", size, dl.lost, errNote(dl.err)), ok: dl.err == nil && dl.lost == 0, known: full})
+	interval := cfg.scaleTTL / 3
+	switch store {
+	case "redis", "postgres", "mysql":
+		x := requestsPer500(*dl, interval)
+		ts = append(ts, scaleTarget{what: "requests while held <= 1 per 500 locks per renewal interval",
+			got: fmt.Sprintf("%s per 500 locks per %v", f2(x), interval), ok: x <= 1, known: dl.err == nil})
+	case "etcd", "zookeeper":
+		if native != nil {
+			a, b := dl.perSec(dl.requests), native.perSec(native.requests)
+			ts = append(ts, scaleTarget{what: "requests while held <= the session's own keep-alive (" + native.p.name + ", same run)",
+				got: fmt.Sprintf("%s/s vs %s/s", f1(a), f1(b)), ok: a <= b+0.5, known: dl.err == nil && native.err == nil})
+		}
+	}
+	ts = append(ts, scaleTarget{what: "heap per held lock <= 300 B",
+		got: f0(dl.bytesPerLock) + " B", ok: dl.bytesPerLock <= 300, known: dl.err == nil})
+	if native != nil {
+		x := dl.acquire.Seconds() / native.acquire.Seconds()
+		ts = append(ts, scaleTarget{what: fmt.Sprintf("acquiring 10,000 locks at least as fast as %s", native.p.name),
+			got: fmt.Sprintf("%v vs %v (%sx its time) for %d", dl.acquire.Round(10*time.Millisecond), native.acquire.Round(10*time.Millisecond), f2(x), dl.n),
+			ok:  x <= 1, known: dl.err == nil && native.err == nil})
+	}
+	return ts
+}
+
+// requestsPer500 is h's requests while held per 500 locks per renewal
+// interval.
+func requestsPer500(h heldResult, interval time.Duration) float64 {
+	if h.n == 0 {
+		return 0
+	}
+	return h.perSec(h.requests) * interval.Seconds() / (float64(h.n) / 500)
+}
+
+func errNote(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " (error: " + oneLine(err.Error()) + ")"
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // testserver.Postgres speaks database/sql
 	goredis "github.com/redis/go-redis/v9"
 
@@ -32,6 +34,7 @@ type servers struct {
 	etcd   *testserver.EtcdClusterServer
 	zk     *testserver.ZooKeeperServer
 	pg     *testserver.PostgresServer
+	pgStat *pgx.Conn // reads pg_stat_statements, once enabled; nil before
 	failed map[string]error
 }
 
@@ -125,6 +128,68 @@ func (s *servers) postgresDSN() (string, error) {
 		s.pg = pg
 	}
 	return s.pg.DSN, nil
+}
+
+// enablePGStatements turns on pg_stat_statements on the PostgreSQL server
+// this program started (preloaded, which takes a restart: the scale
+// workload, which needs it, runs last), so that the server counts the
+// statements it executes. Other workloads run without it.
+func (s *servers) enablePGStatements(ctx context.Context) error {
+	dsn, err := s.postgresDSN()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pgStat != nil {
+		return nil
+	}
+	if s.pg.PID() == 0 {
+		return errors.New("not a server this program started")
+	}
+	if err := pgExec(ctx, dsn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"); err != nil {
+		return err
+	}
+	if _, err := startWith(s.tb, func(testing.TB) struct{} { s.pg.Restart(); return struct{}{} }); err != nil {
+		return fmt.Errorf("restart: %w", err)
+	}
+	if err := pgExec(ctx, dsn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		return err
+	}
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	s.pgStat = c
+	s.tb.Cleanup(func() { c.Close(context.Background()) })
+	return nil
+}
+
+// pgStatements returns the statements the PostgreSQL server executed in
+// the bench's database (pg_stat_statements calls, this query's own
+// excluded), and false before enablePGStatements.
+func (s *servers) pgStatements(ctx context.Context) (int64, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pgStat == nil {
+		return 0, false, nil
+	}
+	var n int64
+	err := s.pgStat.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+AND query NOT LIKE '%pg_stat_statements%'`).Scan(&n)
+	return n, true, err
+}
+
+// pgExec runs one statement on a connection of its own.
+func pgExec(ctx context.Context, dsn, sql string) error {
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, sql)
+	return err
 }
 
 // pids returns the process ids of the servers of store (0 for a server

@@ -92,8 +92,11 @@ type model struct {
 	locks   []*modelLock
 
 	wg      sync.WaitGroup // operations running in the background
-	mu      sync.Mutex     // guards locks appended by them, and failures
+	mu      sync.Mutex     // guards locks appended by them, failures and reentries
 	failure error
+	// Nested TryLocks by token: in flight, and begun. A reentry adds a
+	// handle before the model knows it (siblingsLive).
+	reentries, reentryGen map[uint64]int
 }
 
 type proc struct {
@@ -112,15 +115,39 @@ type modelLock struct {
 	key       string
 	value     string
 	token     uint64
-	unlocking atomic.Bool  // Unlock called (the facade may still hold it after a failed one)
-	unlocks   atomic.Int32 // Unlock calls made
-	released  atomic.Bool  // Unlock returned nil or ErrNotHeld
-	evicted   atomic.Bool  // taken away behind the facade's back
+	unlocking atomic.Bool // Unlock called (the facade may still hold it after a failed one)
+	released  atomic.Bool // Unlock returned nil or ErrNotHeld
+	evicted   atomic.Bool // taken away behind the facade's back
 	nested    bool
+
+	callsMu  sync.Mutex
+	calls    int // Unlock calls of the handle in flight
+	overlaps int // Unlock calls begun while another was in flight
+}
+
+// beginUnlock counts an Unlock call of the handle in; endUnlock counts it
+// out and reports whether another Unlock call of the handle ran at any
+// time during it.
+func (ml *modelLock) beginUnlock() (overlapped bool, mark int) {
+	ml.callsMu.Lock()
+	defer ml.callsMu.Unlock()
+	ml.calls++
+	if ml.calls > 1 {
+		ml.overlaps++
+	}
+	return ml.calls > 1, ml.overlaps
+}
+
+func (ml *modelLock) endUnlock(overlapped bool, mark int) bool {
+	ml.callsMu.Lock()
+	defer ml.callsMu.Unlock()
+	ml.calls--
+	return overlapped || ml.calls > 0 || ml.overlaps != mark
 }
 
 func newModel(t *rapid.T) *model {
-	m := &model{store: newFaultyStore(), hot: hotspot.New(keys[0])}
+	m := &model{store: newFaultyStore(), hot: hotspot.New(keys[0]),
+		reentries: map[uint64]int{}, reentryGen: map[uint64]int{}}
 	for i := range m.procs {
 		m.procs[i] = m.newProc(t, rapid.Bool().Draw(t, fmt.Sprintf("renew%d", i)))
 	}
@@ -219,6 +246,8 @@ func (m *model) lock(t *rapid.T) {
 // nested: TryLock of a held key with the context carrying it.
 func (m *model) nested(t *rapid.T) {
 	ml := m.drawLock(t)
+	m.beginReentry(ml.token)
+	defer m.endReentry(ml.token)
 	calls := m.store.marked.Load()
 	before := ml.lk.Deadline()
 	ctx := context.WithValue(distlock.ContextWithLock(context.Background(), ml.lk), marker{}, true)
@@ -255,11 +284,21 @@ func (m *model) unlock(t *rapid.T) {
 	ml := m.drawLock(t)
 	m.async(t, func() {
 		ml.unlocking.Store(true)
-		first := ml.unlocks.Add(1) == 1 // a second Unlock of the handle may overtake the first's release
+		overlapped, mark := ml.beginUnlock()
+		gen := m.reentryMark(ml.token)
 		err := ml.lk.Unlock(context.Background())
+		// A second Unlock of the handle while the first is in flight
+		// returns ErrNotHeld ("already unlocked") before the first
+		// closes Done, or fails and leaves the lock held.
+		if ml.endUnlock(overlapped, mark) && errors.Is(err, distlock.ErrNotHeld) {
+			return // that call tells how the release went
+		}
 		if err == nil || errors.Is(err, distlock.ErrNotHeld) {
 			ml.released.Store(true)
-			if first && !ml.nested && !siblingsLive(m, ml) {
+			// A nested TryLock during the Unlock may have added a
+			// handle the model did not know of yet: the Unlock then
+			// was not the last.
+			if !ml.nested && !siblingsLive(m, ml) && !m.reentryRaced(ml.token, gen) {
 				select {
 				case <-ml.lk.Done():
 				default:
@@ -268,25 +307,42 @@ func (m *model) unlock(t *rapid.T) {
 			}
 			return
 		}
-		if !m.store.faulty() {
+		// The fault may have been switched off since the store failed.
+		if !m.store.faulty() && !errors.Is(err, errReleaseFault) {
 			m.fail("Unlock(%q) = %v on a healthy store", ml.key, err)
 		}
 	})
 }
 
-// releasedMeanwhile reports whether ml's lock may have been released or
-// taken away by something other than the facade's own mistakes: an Unlock
-// of one of its handles, an eviction, a backend loss, a Close.
-func releasedMeanwhile(locks []*modelLock, ml *modelLock, s *faultyStore) bool {
-	if ml.evicted.Load() || s.wasEvicted(ml.token) || ml.p.closing.Load() {
-		return true
+// beginReentry and endReentry count a nested TryLock of token in and out.
+func (m *model) beginReentry(token uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reentries[token]++
+	m.reentryGen[token]++
+}
+
+func (m *model) endReentry(token uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reentries[token]--
+}
+
+// reentryMark and reentryRaced tell whether a nested TryLock of token ran
+// at any time between them.
+func (m *model) reentryMark(token uint64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.reentries[token] > 0 {
+		return -1
 	}
-	for _, o := range locks {
-		if o.token == ml.token && o.p == ml.p && o.unlocking.Load() {
-			return true
-		}
-	}
-	return false
+	return m.reentryGen[token]
+}
+
+func (m *model) reentryRaced(token uint64, mark int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return mark < 0 || m.reentries[token] > 0 || m.reentryGen[token] != mark
 }
 
 // siblingsLive reports whether another handle of ml's lock is not yet unlocked.
@@ -308,10 +364,10 @@ func (m *model) do(t *rapid.T) {
 	ctx := distlock.ContextWithTTL(context.Background(), m.drawTTL(t))
 	m.async(t, func() {
 		_ = p.d.Do(ctx, key, 50*time.Millisecond, func(ctx context.Context, lk *distlock.Lock) error {
-			dl := lk.Deadline()
+			// The store first: see check.
 			v, ok := m.store.holder(key)
-			// A closing process releases its locks meanwhile.
-			if now := time.Now(); now.Before(dl) && !m.store.wasEvicted(lk.Token()) && !p.closing.Load() {
+			dl := lk.Deadline()
+			if now := time.Now(); now.Before(dl) && !m.store.wasEvicted(lk.Token()) {
 				if want, _ := m.store.value(lk.Token()); !ok || v != want {
 					m.fail("Do(%q): the store's holder is %q, not the lock's %q, before its deadline", key, v, want)
 				}
@@ -346,6 +402,10 @@ func (m *model) close(t *rapid.T) {
 // evict: an operator deletes a key behind its holder's back.
 func (m *model) evict(t *rapid.T) {
 	key := rapid.SampledFrom(keys).Draw(t, "key")
+	// No acquisition lands between the look and the eviction: the
+	// holder marked evicted is the one evicted.
+	m.store.evictMu.Lock()
+	defer m.store.evictMu.Unlock()
 	if v, ok := m.store.holder(key); ok {
 		m.store.markEvicted(v)
 		m.mu.Lock()
@@ -408,13 +468,13 @@ func (m *model) check(t *rapid.T) {
 			}
 		default:
 		}
-		dl := ml.lk.Deadline()
+		// The store first, then the facade: a release (an async Unlock or
+		// Close) makes Deadline zero before it deletes the key, and an
+		// acquisition writes the key before TryLock returns, so in this
+		// order only two owners at once look like two owners.
 		v, ok := m.store.holder(ml.key)
-		now := time.Now()
-		// What may release or take the lock concurrently, read after the
-		// store: an Unlock of this handle or a sibling, an eviction, a
-		// Close of the process.
-		if now.Before(dl) && (!ok || v != ml.value) && !releasedMeanwhile(locks, ml, m.store) {
+		dl := ml.lk.Deadline()
+		if now := time.Now(); now.Before(dl) && (!ok || v != ml.value) && !m.store.wasEvicted(ml.token) {
 			t.Fatalf("%q: the facade holds it (deadline %v ahead) for %q but the store's holder is %q (held %v)",
 				ml.key, dl.Sub(now), ml.value, v, ok)
 		}
@@ -643,6 +703,7 @@ type faultyStore struct {
 	failRelease atomic.Bool
 	failRefresh atomic.Bool
 	marked      atomic.Int64 // acquisition calls whose context carries marker
+	evictMu     sync.RWMutex // an eviction excludes acquisitions
 
 	mu       sync.Mutex
 	values   map[uint64]string        // token -> owner value
@@ -667,7 +728,9 @@ func (s *faultyStore) TryAcquire(ctx context.Context, l *backend.Lease) (bool, t
 	if ctx.Value(marker{}) != nil {
 		s.marked.Add(1)
 	}
+	s.evictMu.RLock()
 	ok, ttl, err := s.Store.TryAcquire(ctx, l)
+	s.evictMu.RUnlock()
 	if ok {
 		ch := make(chan struct{})
 		s.mu.Lock()
