@@ -336,7 +336,12 @@ func (g *grant) step(ev event) (out outcome) {
 				g.state = lost
 			}
 			g.settleLocked()
-			if g.state == held {
+			if g.state == held && g.d.isClosed() {
+				// Nothing of a closed DistributeLock keeps the lock
+				// alive or watches it: it is lost, and the store frees
+				// it with its TTL (Unlock may still delete it).
+				out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its release failed after Close", ErrNotHeld, quote(g.lease.Key)))
+			} else if g.state == held {
 				g.scheduleLocked() // expiry only: renewal stays stopped
 				if g.flags&watched != 0 {
 					out.watch = g.watchLocked()

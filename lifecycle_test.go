@@ -518,3 +518,43 @@ func TestLossToldBeforeRelease(t *testing.T) {
 		t.Errorf("Release ran while LockLost was reporting the loss")
 	}
 }
+
+// blockingRelease holds each Release until let go, then fails it.
+type blockingRelease struct {
+	*memory.Store
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (b *blockingRelease) Release(ctx context.Context, l *backend.Lease) error {
+	b.entered <- struct{}{}
+	<-b.gate
+	return errors.New("fault: release failed")
+}
+
+// A release that was in flight past Close's bound and then fails leaves
+// the lock lost, not held with nothing of the closed DistributeLock
+// watching it.
+func TestReleaseFailingAfterCloseIsLoss(t *testing.T) {
+	store := &blockingRelease{Store: memory.New(), entered: make(chan struct{}, 2), gate: make(chan struct{})}
+	d, err := distlock.New(store, distlock.WithCloseTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err := d.TryLock(distlock.ContextWithTTL(t.Context(), time.Minute), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := lk.Done()
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- lk.Unlock(context.Background()) }()
+	within(t, store.entered, "the release")
+	if err := d.Close(); err == nil {
+		t.Errorf("Close with a release still in flight at its bound = nil; want an error")
+	}
+	close(store.gate) // the release fails now, after Close
+	if err := within(t, unlocked, "Unlock"); err == nil {
+		t.Errorf("Unlock whose release failed = nil")
+	}
+	within(t, done, "Done of the lock whose release failed after Close")
+}
