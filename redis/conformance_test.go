@@ -40,7 +40,7 @@ func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) test
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},
-		// The fence counter stays on purpose (it keeps tokens increasing);
+		// The fence stays on purpose (it keeps tokens increasing);
 		// the lock key must not.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
 			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)

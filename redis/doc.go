@@ -11,7 +11,7 @@
 // is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
 // Redis 7.0 or later; on older servers locks work and wake-up falls back to
 // spinning). A *goredis.Ring works too (its shards follow the hash tag, so
-// a lock and its fence counter stay together) but without wake-up. The
+// a lock and its fence stay together) but without wake-up. The
 // caller owns the client;
 // [Resource.Close] closes only the subscription connections the Resource
 // opened itself.
@@ -20,9 +20,10 @@
 //
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
-//   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
-//     and return it as the token; on failure return the holder's PTTL, so the
-//     spin loop never sleeps past the holder's expiry;
+//   - acquire: SET lock value NX PX ttl; on success take the next token
+//     from the fence (see Fencing tokens) and return it; on failure return
+//     the holder's PTTL, so the spin loop never sleeps past the holder's
+//     expiry;
 //   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
 //     release notice on the key's channel;
 //   - refresh: compare-and-PEXPIRE.
@@ -62,13 +63,13 @@
 // # Keys
 //
 // A lock on key k uses prefix{k'} for the lock and prefix{k'}:fence for the
-// counter, where k' is k with '%', '{' and '}' percent-escaped. The braces
+// last token, where k' is k with '%', '{' and '}' percent-escaped. The braces
 // are the Cluster hash tag, so both keys live in one slot whatever k
 // contains, and distinct keys never share names. The release channel is
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
 // sets another; it is escaped the same way, so its braces never make the
-// tag. The fence counter never expires: it is what makes tokens
-// increase across holders, and it costs a few bytes per distinct lock name.
+// tag. The fence never expires: it is what makes tokens increase across
+// holders, and it costs a few bytes per distinct lock name.
 // A failed acquire's tombstone, prefix{k'}:dead:value, lives in the same
 // slot for one lease TTL. The layout and scripts live in
 // internal/redisscript, shared with the Redlock backend.
@@ -81,39 +82,67 @@
 //
 // # Fencing tokens
 //
-// The token is the fence counter's value after the INCR that went with the
-// acquisition: it strictly increases across successive holders of a key on
-// one deployment. A lock with a TTL can expire while its holder is paused
-// (GC, swap, a slow network) and another process then acquires it; both
-// believe they hold it. The protected resource must therefore check the
-// token: remember the highest it has seen and refuse writes carrying a lower
-// one. Without that check the lock is an efficiency hint, not a guarantee.
+// The token is a hybrid clock: each grant takes max(last token + 1, the
+// server's time in microseconds, from TIME) inside the acquire script, and
+// stores it in the fence key as the new last token. Tokens strictly
+// increase across successive holders of a key on one deployment, and they
+// are Unix times in microseconds (below 2^53 until the year 2255: a JSON
+// number carries them exactly), or one more than the last token when the
+// clock lags it.
 //
-// The fence counter must survive a crash. A Redis server without
-// persistence (no AOF, as a cache node is often run) restarts empty: the
-// lock is gone and so is the counter, which starts again at 1, so tokens go
-// backwards. The fault suite (docs/SAFETY.md) showed it: after a SIGKILL and
-// restart a holder from before the crash overlapped the new holders, whose
-// lower tokens the fenced resource refused (30 writes), and the history was
-// not linearizable. Run Redis with appendonly yes and appendfsync always
-// where tokens matter (appendfsync everysec can lose the last second of
-// INCRs, and an RDB snapshot everything since it was taken).
+// A lock with a TTL can expire while its holder is paused (GC, swap, a
+// slow network) and another process then acquires it; both believe they
+// hold it. The protected resource must therefore check the token: remember
+// the highest it has seen and refuse writes carrying a lower one. Without
+// that check the lock is an efficiency hint, not a guarantee.
+//
+// The clock is what keeps tokens from going backwards when the fence key
+// is lost. A server without persistence (no AOF, as a cache node is often
+// run) restarts empty; a failover can promote a replica that missed the
+// last grants; an operator can restore an older snapshot. The next token
+// then comes from the server's clock, which has moved on since the lost
+// tokens were issued, so it is larger than every one of them. The fault
+// suite (docs/SAFETY.md) measures both: after a SIGKILL and restart
+// without persistence, and after a failover to a lagging replica, no token
+// went backwards and the histories are linearizable (before, tokens
+// started again at 1 after the restart, and the promoted replica handed
+// out the same token twice).
+//
+// The assumption, exactly: the token after a loss is larger than every
+// earlier one as long as the clock of the server that issues it (after a
+// failover: the new master's) reads later than the clock that issued the
+// largest lost token read when it issued it. A server clock stepped back
+// by d (by an operator, or NTP stepping rather than slewing it), or a new
+// master whose clock is d behind the old one's, breaks it for a loss that
+// comes within d of the last grant: the first grants after the loss may
+// then carry tokens at or below tokens already handed out, and the fenced
+// resource refuses the new holder's writes (and would accept a stale
+// holder's) until the clock passes them. Clocks kept by NTP agree within
+// milliseconds, and a failover takes seconds; run NTP so that it slews
+// (chrony without makestep after start-up, ntpd -x), keep masters and
+// replicas on the same time source, and alert on a step. A clock that went
+// back shows in the data: the fence key (prefix{k'}:fence) then holds a
+// token ahead of the server's TIME (tokens run on as a counter until the
+// clock catches up), and a token is never expected to lie ahead of the
+// time its server reported when it was issued. Without a loss the fence
+// key alone keeps tokens increasing, whatever the clock does.
 //
 // # Failover
 //
 // Redis replicates asynchronously. If a master fails after granting a lock
-// and before its replica received the SET and the INCR, Sentinel or Cluster
-// promotes a replica that never saw them: a second owner gets the same lock,
-// and may even get a token already handed out. [WithWaitReplicas] narrows
-// the window (WAIT after the acquire, an error when too few replicas
-// acknowledged) but does not close it: WAIT does not make Redis a consensus
-// system. In the fault suite a failover to a replica that lagged behind the
-// grant let a second owner take the lock with the same token in 3 of 3
-// trials (a resource checking only token >= last accepts both holders'
-// writes, so refuse an equal token from another owner too), while
+// and before its replica received the grant, Sentinel or Cluster promotes
+// a replica that never saw it: a second owner gets the same lock while the
+// first still holds it (a double grant). Its token is larger (the hybrid
+// clock), so a fenced resource refuses the first owner's writes from then
+// on; the overlap itself is not prevented. [WithWaitReplicas] narrows the
+// window (WAIT after the acquire, an error when too few replicas
+// acknowledged) but does not close it: WAIT does not make Redis a
+// consensus system. In the fault suite a failover to a replica that lagged
+// behind the grant let a second owner take the lock in 3 of 3 trials, each
+// with a larger token, so the first owner's next write was refused, while
 // WithWaitReplicas(1, 200ms) turned all 3 into ErrNotReplicated, with no
-// double grant. Where that matters, check tokens and prefer a store with
-// consensus (etcd, ZooKeeper).
+// double grant. Where an overlap matters even when it is fenced, prefer a
+// store with consensus (etcd, ZooKeeper).
 //
 // # Wake-up
 //

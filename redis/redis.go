@@ -299,8 +299,9 @@ func (r *Resource) ValidateKey(key string) error {
 }
 
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
-// SET lock value NX PX ttl and, on success, INCR of the fence counter,
-// whose result becomes l.Token. When the key is held it returns false and
+// SET lock value NX PX ttl and, on success, the next token from the fence
+// (max(last token + 1, the server's time in microseconds): see the package
+// doc), which becomes l.Token. When the key is held it returns false and
 // the holder's remaining time. It returns when ctx ends, whatever the
 // server does.
 //

@@ -2,8 +2,8 @@
 -- KEYS[1] lock key
 -- KEYS[2] fence counter (optional; same hash slot)
 -- ARGV[1] owner value, ARGV[2] TTL in milliseconds
--- Returns > 0 when acquired: the fencing token (INCR of KEYS[2]), or 1 when
--- no fence key was given. Returns <= 0 when another owner holds the lock:
+-- Returns > 0 when acquired: the fencing token (next_token of KEYS[2], the
+-- hybrid clock of clock.lua), or 1 when no fence key was given. Returns <= 0 when another owner holds the lock:
 -- minus the holder's remaining milliseconds (0 when unknown).
 -- Returns the error DEAD, and leaves the lock as it was, when the tombstone
 -- of ARGV[1], KEYS[1]..':dead:'..ARGV[1], exists (cleanup.lua): this request
@@ -30,14 +30,14 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
   end
   if KEYS[2] then
-    return redis.call('INCR', KEYS[2])
+    return next_token(KEYS[2])
   end
   return 1
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if KEYS[2] then
-    return redis.call('INCR', KEYS[2])
+    return next_token(KEYS[2])
   end
   return 1
 end

@@ -8,7 +8,7 @@
 // A lock on key k under prefix p uses, all in one Redis Cluster hash slot:
 //
 //	p{E(k)}        the lock: a string holding the owner value, with a PX expiry
-//	p{E(k)}:fence  the fence counter: INCR'd on every acquisition, never expires
+//	p{E(k)}:fence  the fence: the last token handed out, never expires
 //	p{E(k)}:dead:v the tombstone of owner value v, written by [Cleanup] and
 //	               living one lease TTL: [Acquire] of v does not take the lock
 //	               while it exists
@@ -34,6 +34,22 @@
 // time, so whichever of the two runs second sees the first: a late acquire
 // leaves nothing behind, as long as it arrives within one lease TTL (the
 // tombstone's life) of its clean-up.
+//
+// # Fencing tokens
+//
+// Every script that grants a lock with a token starts with clock.lua, whose
+// next_token(fence) returns max(last token + 1, the server's time in
+// microseconds from TIME) and stores it in the fence key as the new last
+// token: a hybrid clock. Tokens increase strictly while the fence key
+// lives; when it is lost (a restart without persistence, a failover to a
+// replica that missed the last grants, a dataset rolled back to an
+// earlier snapshot) the next token is still larger than every earlier one,
+// which were issued at earlier server times, unless the server's clock is
+// behind the clock that issued them by more than the time that passed
+// since. A token is a count of microseconds since 1970 (or one more than
+// the last token, when grants come faster than the clock ticks or the
+// clock went back): below 2^53 until the year 2255, so it survives a trip
+// through a JSON number.
 //
 // # Scripts
 //

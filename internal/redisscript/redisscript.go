@@ -17,10 +17,12 @@ var (
 	extendSrc string
 	//go:embed cleanup.lua
 	cleanupSrc string
+	//go:embed clock.lua
+	clockSrc string
 )
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
-// the next fencing token; when the lock is held it returns minus the
+// the next fencing token (see [Clock]); when the lock is held it returns minus the
 // holder's remaining milliseconds. A lock that already holds the value
 // counts as acquired (a fresh token), with its expiry set again to ttl
 // from now: the request was resent after its first run took the lock and
@@ -30,7 +32,7 @@ var (
 // start. It fails with a DEAD error (see
 // [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
 // KEYS: lock [, fence]. ARGV: value, ttl ms.
-var Acquire = goredis.NewScript(acquireSrc)
+var Acquire = goredis.NewScript(clockSrc + acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
@@ -59,7 +61,8 @@ const (
 	ShardedPublish = "SPUBLISH" // Redis Cluster (Redis 7.0+)
 )
 
-// FenceSuffix is appended to the lock key to name the fence counter.
+// FenceSuffix is appended to the lock key to name the fence, which holds
+// the last token.
 const FenceSuffix = ":fence"
 
 // DeadInfix comes between the lock key and an owner value in the name of

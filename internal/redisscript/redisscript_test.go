@@ -103,7 +103,7 @@ func TestDecodeAcquire(t *testing.T) {
 }
 
 // FuzzLayout checks that the escaping is injective and brace-free and that
-// a lock and its fence counter always share a Cluster hash slot.
+// a lock and its fence always share a Cluster hash slot.
 func FuzzLayout(f *testing.F) {
 	for _, s := range []string{"k", "{", "}", "%", "a{b}c", "%7B", "{}", "x:fence"} {
 		f.Add("distlock:", s)
