@@ -48,6 +48,52 @@
 // takes the lock its first run set, instead of finding it "held" and
 // leaving it to expire unowned.
 //
+// # Semaphores and read/write locks
+//
+// [Resource.CheckKind] accepts every kind of lock: distlock's Semaphore and
+// RWMutex work on Redis, each attempt and each release one script call, as
+// for a mutex. A key's mutex, semaphore and read/write lock are distinct
+// locks, in keys of their own (see Keys), all in the key's hash slot.
+//
+// A semaphore keeps its holders in a sorted set scored by their expiry on
+// the server's clock (TIME, in milliseconds), as Redisson's
+// RPermitExpirableSemaphore does, and their tokens and labels, with the
+// limit, in a hash. An attempt drops the holders whose expiry has passed,
+// then takes a permit when fewer than the limit remain; otherwise it
+// returns the time until the first of them expires, so the spin loop does
+// not sleep past it. Every permit is a lease: a holder that dies loses its
+// permit at its TTL, and renewal (distlock.WithAutoRenew) extends its own
+// entry only. The limit lives with the holders: an attempt with another
+// limit than the live holders' fails with backend.ErrLimitMismatch
+// (distlock.ErrLimitMismatch), writing nothing, and once no holder is left
+// the next attempt sets the limit anew.
+//
+// A read/write lock keeps its holders the same way, each marked reader or
+// writer, and serves requests in order of arrival, readers together, as
+// backend.KindChecker describes: an attempt that cannot hold records an
+// intent, numbered by arrival from the lock's fence, in a sorted set of
+// writers' or readers' intents, with an expiry of one TTL that each later
+// attempt renews. A writer holds when nobody holds and no intent precedes
+// its own; a reader when no writer holds and no writer's intent precedes
+// its own. New readers therefore queue behind a waiting writer (a stream
+// of readers cannot starve it), and readers that waited for a writer get
+// in before the writers that came after them. A request that gives up
+// withdraws its intent ([Resource.Withdraw], called by the facade), and
+// an intent whose owner stopped trying (its process died) expires with its
+// TTL. Tokens of a read/write lock come from one fence, so a write grant's
+// token is larger than every earlier grant's and a read grant's larger
+// than every earlier write grant's; a semaphore's increase across its
+// permits. Both are the hybrid clock of Fencing tokens.
+//
+// Every release, and every withdrawn intent, publishes a notice on the
+// key's channel, the one mutex waiters listen on: waiters of every kind on
+// the key retry at once. A failed or abandoned attempt is cleaned up as a
+// mutex's is, with a tombstone of its owner value (see Round trips): the
+// clean-up drops the value's grant and intent, and a late attempt that
+// finds the tombstone takes nothing and records no intent, so a cancelled
+// wait leaves nothing behind. Sets and hashes expire with their last
+// holder or intent: nothing outlives its TTLs.
+//
 // # Contexts
 //
 // Every call returns when its context ends, whatever the server does. A
@@ -71,8 +117,14 @@
 // tag. The fence never expires: it is what makes tokens increase across
 // holders, and it costs a few bytes per distinct lock name.
 // A failed acquire's tombstone, prefix{k'}:dead:value, lives in the same
-// slot for one lease TTL. The layout and scripts live in
-// internal/redisscript, shared with the Redlock backend.
+// slot for one lease TTL. A mutex holder's label (distlock.WithLabel) is
+// kept beside the lock, in prefix{k'}:label, with the lock's expiry. The
+// semaphore of k uses prefix{k'}:sem (holders), prefix{k'}:sem:h (tokens,
+// labels, limit) and prefix{k'}:sem:fence; the read/write lock
+// prefix{k'}:rw, prefix{k'}:rw:h, prefix{k'}:rw:fence and, for intents,
+// prefix{k'}:rw:qw, :qr and :qx. Every one of them is in k's slot, so a
+// script can reach all of a lock's keys on Cluster. The layout and
+// scripts live in internal/redisscript, shared with the Redlock backend.
 //
 // # TTL
 //

@@ -129,6 +129,20 @@ func FuzzLayout(f *testing.F) {
 			t.Fatalf("Layout(%q, %q): slots %d, %d; want both %d (tag %q)",
 				prefix, key, hashSlot(lock), hashSlot(fence), crc16(e)%16384, e)
 		}
+		// Every key of every kind of lock on key, fences included, shares
+		// the slot; none is a tombstone's name (those alone have
+		// DeadInfix right after the tag).
+		names := append(StateKeys(prefix, key), fence, lock+SemFenceSuffix, lock+RWFenceSuffix)
+		names = append(names, SemaphoreKeys(lock)...)
+		names = append(names, RWKeys(lock)...)
+		for _, n := range names {
+			if hashSlot(n) != hashSlot(lock) {
+				t.Fatalf("key %q of lock %q: slot %d; want %d", n, lock, hashSlot(n), hashSlot(lock))
+			}
+			if strings.HasPrefix(n[strings.IndexByte(n, '}')+1:], DeadInfix) {
+				t.Fatalf("key %q of lock %q looks like a tombstone", n, lock)
+			}
+		}
 		// A tombstone (any value: try the key and the prefix) shares the
 		// slot and is no lock or fence name: those end with the tag's '}'
 		// or with FenceSuffix right after it.
