@@ -63,7 +63,7 @@ func TestRedisFailover(t *testing.T) {
 				res = merge(res, harness.Check(t, "redis", fault, evs))
 			}
 			res.Notes = fmt.Sprintf("double grants %d of %d trials; first acquisition refused (ErrNotReplicated) %d; "+
-				"writes refused only for carrying the last writer's token from another owner (a fence checking >= alone would accept them): %d",
+				"writes refused for carrying the last writer's token from another owner: %d",
 				doubles, trials*soak, refusedGrants, sameToken)
 			res.Log(t)
 			if len(res.Stale) != 0 {
