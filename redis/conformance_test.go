@@ -35,7 +35,6 @@ func TestConformance(t *testing.T) {
 // reaches, which Stall freezes (SIGSTOP) all at once.
 func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) testsuite.Harness {
 	return testsuite.Harness{
-		NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},

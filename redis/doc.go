@@ -94,6 +94,34 @@
 // wait leaves nothing behind. Sets and hashes expire with their last
 // holder or intent: nothing outlives its TTLs.
 //
+// # Inspection, labels and several keys
+//
+// [Resource.Inspect] (backend.Inspector, distlock's Inspect) reads a
+// lock's holders with one read-only script: for each, its kind, token,
+// time left by the server's clock (PTTL, or its score in the holders' set
+// less the server's time) and label. A mutex holder's token is the fence's
+// value, since no grant can follow the live one. The label
+// (distlock.WithLabel) is never compared: a semaphore's or read/write
+// lock's is kept in the holder's record, a mutex holder's beside the lock
+// in prefix{k'}:label, written with the lock by the acquire script and
+// with the lock's expiry, as "<length of the owner value>:<owner
+// value><label>", and shown only when the owner value is the live
+// holder's. The key is written only for a lock that has a label: without
+// one (the default) no command touches it. A lock deleted from outside
+// leaves its label key until the lock's TTL would have ended.
+//
+// [Resource.TryAcquireAll] (backend.MultiSpinner, distlock's TryLockAll)
+// takes several mutexes, all or none, with one script call that sets
+// every lock and takes a token for each, once no key is held by another
+// owner and no key has the owner value's tombstone. On Cluster a script
+// reaches the keys of one hash slot only: for keys of several slots, and
+// for several keys over a *goredis.Ring (whose shards hash keys apart), it
+// returns errors.ErrUnsupported before any I/O and the facade takes the
+// keys one by one; a standalone server or a Sentinel master takes any set.
+// Under [WithWaitReplicas] it does the same, so that every key's grant is
+// acknowledged by the replicas (the facade's key-by-key acquire waits for
+// each).
+//
 // # Contexts
 //
 // Every call returns when its context ends, whatever the server does. A

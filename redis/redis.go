@@ -166,6 +166,8 @@ var (
 	groupCleanupSHA any = redisscript.GroupCleanup.Hash()
 	rwWithdrawSHA   any = redisscript.RWWithdraw.Hash()
 	inspectSHA      any = redisscript.Inspect.Hash()
+	multiAcquireSHA any = redisscript.MultiAcquire.Hash()
+	batchExtendSHA  any = redisscript.BatchExtend.Hash()
 )
 
 // labelFlag is the scripts' argument that says a lock has a label key.
@@ -199,12 +201,29 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 // deadline under ContextTimeoutEnabled), and may still reach the server:
 // the caller decides what that means (see TryAcquire).
 func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	v, _, err := r.runCall(ctx, s, keys, cmd, false)
+	return v, err
+}
+
+// runValue is run for a script whose reply is not an integer: it returns
+// the reply as go-redis reads it (an []any for an array).
+func (r *Resource) runValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
+	_, val, err := r.runCall(ctx, s, keys, cmd, true)
+	return val, err
+}
+
+func (r *Resource) runCall(ctx context.Context, s *goredis.Script, keys []string, cmd []any, value bool) (int64, any, error) {
 	done := ctx.Done()
 	if done == nil {
-		return r.runNow(ctx, s, keys, cmd)
+		if value {
+			val, err := r.runNowValue(ctx, s, keys, cmd)
+			return 0, val, err
+		}
+		v, err := r.runNow(ctx, s, keys, cmd)
+		return v, nil, err
 	}
 	c := calls.Get().(*call)
-	c.r, c.ctx, c.s, c.keys, c.cmd = r, ctx, s, keys, cmd
+	c.r, c.ctx, c.s, c.keys, c.cmd, c.value = r, ctx, s, keys, cmd, value
 	r.submit(c)
 	select {
 	case <-c.done:
@@ -213,13 +232,13 @@ func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cm
 		case <-c.done: // the reply came with the end: take it
 		default:
 			// c is the request's now: it is not reused.
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		}
 	}
-	v, err := c.v, c.err
+	v, val, err := c.v, c.val, c.err
 	*c = call{done: c.done}
 	calls.Put(c)
-	return v, err
+	return v, val, err
 }
 
 // submit runs c on an idle worker, or on a new one. Workers stay idle for
@@ -262,23 +281,40 @@ func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string,
 	return v, err
 }
 
+// runNowValue is runValue in the caller's goroutine.
+func (r *Resource) runNowValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
+	c := goredis.NewCmd(ctx, cmd...)
+	_ = r.c.Process(ctx, c)
+	val, err := c.Result()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Result()
+	}
+	return val, err
+}
+
 // call is one request of run, made on a worker. Calls are reused, except
 // one whose caller stopped waiting.
 type call struct {
-	r    *Resource
-	ctx  context.Context
-	s    *goredis.Script
-	keys []string
-	cmd  []any
-	v    int64
-	err  error
-	done chan struct{} // buffered 1: the request's goroutine never blocks
+	r     *Resource
+	ctx   context.Context
+	s     *goredis.Script
+	keys  []string
+	cmd   []any
+	value bool // the reply goes to val, not v
+	v     int64
+	val   any
+	err   error
+	done  chan struct{} // buffered 1: the request's goroutine never blocks
 }
 
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func (c *call) run() {
-	c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
+	if c.value {
+		c.val, c.err = c.r.runNowValue(c.ctx, c.s, c.keys, c.cmd)
+	} else {
+		c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
+	}
 	c.done <- struct{}{}
 }
 

@@ -36,6 +36,10 @@ var (
 	rwWithdrawSrc string
 	//go:embed inspect.lua
 	inspectSrc string
+	//go:embed multiacquire.lua
+	multiAcquireSrc string
+	//go:embed batchextend.lua
+	batchExtendSrc string
 )
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
@@ -114,6 +118,18 @@ var RWWithdraw = goredis.NewScript(groupSrc + rwWithdrawSrc)
 // lock, KEYS: the first three of [SemaphoreKeys] or [RWKeys]; ARGV: "g";
 // reply {limit or "", record, ms left, ...} (see [ParseRecord]).
 var Inspect = goredis.NewScript(groupSrc + inspectSrc)
+
+// MultiAcquire takes several mutexes at once, all or none: KEYS: lock 1,
+// fence 1, lock 2, fence 2, ... (one hash slot on Cluster). ARGV: value,
+// ttl ms [, label]. Reply: the tokens, one per lock, or minus the first
+// held lock's holder's remaining milliseconds (<= 0); a DEAD error as
+// [Acquire]'s, taking none.
+var MultiAcquire = goredis.NewScript(clockSrc + multiAcquireSrc)
+
+// BatchExtend extends many mutexes at once: KEYS: the locks (one hash
+// slot on Cluster). ARGV: value, ttl ms, "1" | "" (a label key) per lock.
+// Reply: 1 extended or 0 not held, per lock.
+var BatchExtend = goredis.NewScript(batchExtendSrc)
 
 // Suffixes of the keys of a semaphore and of a read/write lock, appended
 // to the lock key of [Layout].
@@ -327,6 +343,34 @@ func Millis(ttl time.Duration) int64 {
 		ms = 1
 	}
 	return ms
+}
+
+// Slot returns the Redis Cluster hash slot of key: CRC16 of its hash tag
+// (the bytes between the first '{' and the first '}' after it, when not
+// empty), else of the whole key, modulo 16384.
+func Slot(key string) uint16 {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	return crc16(key) % 16384
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
 }
 
 // DecodeAcquire reads [Acquire]'s reply: acquired with the token (> 0), or

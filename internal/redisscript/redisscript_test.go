@@ -159,37 +159,33 @@ func FuzzLayout(f *testing.F) {
 	})
 }
 
-// hashSlot is Redis Cluster's key slot: CRC16 of the hash tag (the bytes
-// between the first '{' and the first '}' after it, when not empty), else
-// of the whole key.
-func hashSlot(key string) uint16 {
-	if s := strings.IndexByte(key, '{'); s >= 0 {
-		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
-			key = key[s+1 : s+1+e]
-		}
-	}
-	return crc16(key) % 16384
-}
-
-// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
+// hashSlot is Slot, under the name the tests use.
+func hashSlot(key string) uint16 { return Slot(key) }
 
 func TestCRC16(t *testing.T) {
 	// From the Redis Cluster specification.
 	if got := crc16("123456789"); got != 0x31C3 {
 		t.Errorf("crc16(123456789) = %#x; want 0x31c3", got)
+	}
+}
+
+func TestSlot(t *testing.T) {
+	// CLUSTER KEYSLOT answers.
+	for _, tc := range []struct {
+		key  string
+		want uint16
+	}{
+		{"foo", 12182},
+		{"{foo}bar", 12182},
+		{"x{foo}y{z}", 12182},
+		{"somekey", 11058},
+		{"{}foo", Slot("{}foo")}, // an empty tag: the whole key
+	} {
+		if got := Slot(tc.key); got != tc.want {
+			t.Errorf("Slot(%q) = %d; want %d", tc.key, got, tc.want)
+		}
+	}
+	if Slot("{}foo") == Slot("foo") {
+		t.Errorf("Slot(%q): an empty tag must hash the whole key", "{}foo")
 	}
 }
