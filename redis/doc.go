@@ -26,7 +26,8 @@
 //     expiry;
 //   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
 //     release notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE.
+//   - refresh: compare-and-PEXPIRE; many locks at once in one script
+//     (see Many locks).
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -121,6 +122,21 @@
 // Under [WithWaitReplicas] it does the same, so that every key's grant is
 // acknowledged by the replicas (the facade's key-by-key acquire waits for
 // each).
+//
+// # Many locks
+//
+// [Resource.RefreshAll] (backend.BatchRefresher) extends the locks the
+// facade's renewal scheduler finds due together, up to
+// backend.MaxRefreshBatch at a time, in one pipeline: on a standalone
+// server or Sentinel master one script for all the mutexes
+// (compare-and-PEXPIRE each, one result per lock), on Cluster one such
+// script per hash slot, sent together (go-redis makes one round trip per
+// master); semaphores and read/write locks, and every lock over a
+// *goredis.Ring, take a script each in the same pipeline. A lock that is
+// no longer held fails alone (backend.ErrNotHeld), and the facade ends it
+// as it ends a lock whose own refresh failed. Holding 100,000 locks with
+// WithAutoRenew then costs about one request per 500 locks per renewal
+// interval (a third of the TTL) instead of one per lock.
 //
 // # Contexts
 //
