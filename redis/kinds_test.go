@@ -391,3 +391,25 @@ func TestKindsNotices(t *testing.T) {
 		heard("a reader's release")
 	})
 }
+
+// TestKindsWaitReplicas: under WithWaitReplicas, a semaphore's or
+// read/write lock's grant that no replica acknowledged is given up again
+// with ErrNotReplicated, leaving nothing.
+func TestKindsWaitReplicas(t *testing.T) {
+	c := standalone(t)
+	r := newResource(t, c, redis.WithWaitReplicas(1, 20*time.Millisecond))
+	for _, kind := range []backend.Kind{backend.KindSemaphore, backend.KindRead, backend.KindWrite} {
+		l := newLease(uniqueKey(t), time.Minute)
+		l.Kind = kind
+		if kind == backend.KindSemaphore {
+			l.Limit = 2
+		}
+		ok, _, err := r.TryAcquire(t.Context(), l)
+		if ok || !errors.Is(err, redis.ErrNotReplicated) {
+			t.Errorf("%v: TryAcquire = %v, %v; want ErrNotReplicated", kind, ok, err)
+		}
+		if left := stateKeys(t, c, l.Key); len(left) != 0 {
+			t.Errorf("%v: unreplicated grant left %q", kind, left)
+		}
+	}
+}
