@@ -74,7 +74,7 @@ func parseInspection(val any, kind backend.Kind) (backend.Inspection, error) {
 		if len(arr) == 0 {
 			return in, nil
 		}
-		if len(arr) != 3 {
+		if len(arr) != 4 {
 			return in, fmt.Errorf("%w: %d items", errBadReply, len(arr))
 		}
 		tok, _ := arr[0].(string)

@@ -172,6 +172,19 @@
 // nodes, holders on nodes {1,2}, {2,3} and {1,3} are three, while no node
 // counts more than two. Readers and writers have the same flaw.
 //
+// # Inspection
+//
+// [Resource.Inspect] (distlock's Inspect) reads the lock on every node at
+// once and reports as holder the value a majority of them hold: two
+// majorities share a node, so at most one value can be on a majority at
+// a time. Its time left is the time until fewer than a majority hold it
+// (the majority-th longest PTTL among them), its token 0, and its label
+// (distlock.WithLabel) the one the acquire script keeps beside the lock on
+// each node (the Redis backend's label key, released and extended with
+// the lock). The nodes are read one round trip apart, not at one instant:
+// the answer is a snapshot, as any inspection is. Fewer than a majority
+// answering is an error wrapping [ErrNoQuorum].
+//
 // # Errors
 //
 // Store errors are wrapped with the operation and key ("redlock: acquire

@@ -114,9 +114,10 @@ var GroupCleanup = goredis.NewScript(groupSrc + groupCleanupSrc)
 var RWWithdraw = goredis.NewScript(groupSrc + rwWithdrawSrc)
 
 // Inspect reads a lock's holders: for a mutex, KEYS: lock, fence; ARGV:
-// "m"; reply {} or {token, ms left, label}. For a semaphore or read/write
-// lock, KEYS: the first three of [SemaphoreKeys] or [RWKeys]; ARGV: "g";
-// reply {limit or "", record, ms left, ...} (see [ParseRecord]).
+// "m"; reply {} or {token, ms left, label, owner value}. For a semaphore
+// or read/write lock, KEYS: the first three of [SemaphoreKeys] or
+// [RWKeys]; ARGV: "g"; reply {limit or "", record, ms left, ...} (see
+// [ParseRecord]).
 var Inspect = goredis.NewScript(groupSrc + inspectSrc)
 
 // MultiAcquire takes several mutexes at once, all or none: KEYS: lock 1,
