@@ -28,28 +28,25 @@
 -- started this attempt, from which the holder counts the lock's validity,
 -- and the lock must not end sooner than that. The value check costs a
 -- contended attempt one GET.
-local function granted()
-  if ARGV[3] then
-    redis.call('SET', KEYS[1] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
-  end
-  if KEYS[2] then
-    return next_token(KEYS[2])
-  end
-  return 1
-end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('EXISTS', KEYS[1] .. ':dead:' .. ARGV[1]) == 1 then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
   end
-  return granted()
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+elseif redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return granted()
+else
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 then
+    return 0
+  end
+  return -ttl
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
-  return 0
+-- Acquired.
+if ARGV[3] then
+  redis.call('SET', KEYS[1] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
 end
-return -ttl
+if KEYS[2] then
+  return next_token(KEYS[2])
+end
+return 1
