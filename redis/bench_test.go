@@ -41,7 +41,7 @@ func BenchmarkCycle(b *testing.B) {
 	defer d.Close()
 	ctx := context.Background()
 	key := uniqueKey(b)
-	before := commandStats(b, c)
+	before, usec := commandStats(b, c), commandUsec(b, c)
 	b.ReportAllocs()
 	for b.Loop() {
 		lk, err := d.TryLock(ctx, key, 0)
@@ -53,6 +53,14 @@ func BenchmarkCycle(b *testing.B) {
 		}
 	}
 	reportCommands(b, c, before, "evalsha", "eval")
+	reportScriptTime(b, c, usec)
+}
+
+// reportScriptTime reports the server time the scripts took per op
+// (INFO commandstats: an EVALSHA's usec includes its commands').
+func reportScriptTime(b *testing.B, c *goredis.Client, before map[string]int64) {
+	d := statsDelta(before, commandUsec(b, c))
+	b.ReportMetric(float64(d["evalsha"]+d["eval"])/float64(b.N), "script-us/op")
 }
 
 // floorRelease is the usual compare-and-delete script, as redislock has it.

@@ -35,24 +35,33 @@ func TestConformance(t *testing.T) {
 // reaches, which Stall freezes (SIGSTOP) all at once.
 func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) testsuite.Harness {
 	return testsuite.Harness{
-		NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
-		Unsupported: testsuite.NotYet,        // issue 24: semaphores and read/write locks are being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},
-		// The fence counter stays on purpose (it keeps tokens increasing);
-		// the lock key must not.
+		// Every key of every kind of lock on key: the mutex and its label,
+		// the semaphore's and the read/write lock's sets and hashes. The
+		// fences stay on purpose (they keep tokens increasing), and a
+		// failed attempt's tombstone lives one TTL.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
-			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
-			n, err := c.Exists(ctx, lock).Result()
-			if err != nil || n == 0 {
-				return nil, err
+			var left []string
+			for _, k := range redisscript.StateKeys(redis.DefaultPrefix, key) {
+				n, err := c.Exists(ctx, k).Result()
+				if err != nil {
+					return nil, err
+				}
+				if n > 0 {
+					left = append(left, k)
+				}
 			}
-			return []string{lock}, nil
+			return left, nil
 		},
 		Evict: func(ctx context.Context, key string) error {
-			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
-			return c.Del(ctx, lock).Err()
+			for _, k := range redisscript.StateKeys(redis.DefaultPrefix, key) {
+				if err := c.Del(ctx, k).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 		MaxKeyLen: redis.MaxKeyLen,
 		NewClosedResource: func(t *testing.T) backend.RemoteResource {

@@ -11,7 +11,7 @@
 // is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
 // Redis 7.0 or later; on older servers locks work and wake-up falls back to
 // spinning). A *goredis.Ring works too (its shards follow the hash tag, so
-// a lock and its fence counter stay together) but without wake-up. The
+// a lock and its fence stay together) but without wake-up. The
 // caller owns the client;
 // [Resource.Close] closes only the subscription connections the Resource
 // opened itself.
@@ -20,12 +20,14 @@
 //
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
-//   - acquire: SET lock value NX PX ttl; on success INCR the fence counter
-//     and return it as the token; on failure return the holder's PTTL, so the
-//     spin loop never sleeps past the holder's expiry;
+//   - acquire: SET lock value NX PX ttl; on success take the next token
+//     from the fence (see Fencing tokens) and return it; on failure return
+//     the holder's PTTL, so the spin loop never sleeps past the holder's
+//     expiry;
 //   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
 //     release notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE.
+//   - refresh: compare-and-PEXPIRE; many locks at once in one script
+//     (see Many locks).
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -47,6 +49,95 @@
 // takes the lock its first run set, instead of finding it "held" and
 // leaving it to expire unowned.
 //
+// # Semaphores and read/write locks
+//
+// [Resource.CheckKind] accepts every kind of lock: distlock's Semaphore and
+// RWMutex work on Redis, each attempt and each release one script call, as
+// for a mutex. A key's mutex, semaphore and read/write lock are distinct
+// locks, in keys of their own (see Keys), all in the key's hash slot.
+//
+// A semaphore keeps its holders in a sorted set scored by their expiry on
+// the server's clock (TIME, in milliseconds), as Redisson's
+// RPermitExpirableSemaphore does, and their tokens and labels, with the
+// limit, in a hash. An attempt drops the holders whose expiry has passed,
+// then takes a permit when fewer than the limit remain; otherwise it
+// returns the time until the first of them expires, so the spin loop does
+// not sleep past it. Every permit is a lease: a holder that dies loses its
+// permit at its TTL, and renewal (distlock.WithAutoRenew) extends its own
+// entry only. The limit lives with the holders: an attempt with another
+// limit than the live holders' fails with backend.ErrLimitMismatch
+// (distlock.ErrLimitMismatch), writing nothing, and once no holder is left
+// the next attempt sets the limit anew.
+//
+// A read/write lock keeps its holders the same way, each marked reader or
+// writer, and serves requests in order of arrival, readers together, as
+// backend.KindChecker describes: an attempt that cannot hold records an
+// intent, numbered by arrival from the lock's fence, in a sorted set of
+// writers' or readers' intents, with an expiry of one TTL that each later
+// attempt renews. A writer holds when nobody holds and no intent precedes
+// its own; a reader when no writer holds and no writer's intent precedes
+// its own. New readers therefore queue behind a waiting writer (a stream
+// of readers cannot starve it), and readers that waited for a writer get
+// in before the writers that came after them. A request that gives up
+// withdraws its intent ([Resource.Withdraw], called by the facade), and
+// an intent whose owner stopped trying (its process died) expires with its
+// TTL. Tokens of a read/write lock come from one fence, so a write grant's
+// token is larger than every earlier grant's and a read grant's larger
+// than every earlier write grant's; a semaphore's increase across its
+// permits. Both are the hybrid clock of Fencing tokens.
+//
+// Every release, and every withdrawn intent, publishes a notice on the
+// key's channel, the one mutex waiters listen on: waiters of every kind on
+// the key retry at once. A failed or abandoned attempt is cleaned up as a
+// mutex's is, with a tombstone of its owner value (see Round trips): the
+// clean-up drops the value's grant and intent, and a late attempt that
+// finds the tombstone takes nothing and records no intent, so a cancelled
+// wait leaves nothing behind. Sets and hashes expire with their last
+// holder or intent: nothing outlives its TTLs.
+//
+// # Inspection, labels and several keys
+//
+// [Resource.Inspect] (backend.Inspector, distlock's Inspect) reads a
+// lock's holders with one read-only script: for each, its kind, token,
+// time left by the server's clock (PTTL, or its score in the holders' set
+// less the server's time) and label. A mutex holder's token is the fence's
+// value, since no grant can follow the live one. The label
+// (distlock.WithLabel) is never compared: a semaphore's or read/write
+// lock's is kept in the holder's record, a mutex holder's beside the lock
+// in prefix{k'}:label, written with the lock by the acquire script and
+// with the lock's expiry, as "<length of the owner value>:<owner
+// value><label>", and shown only when the owner value is the live
+// holder's. The key is written only for a lock that has a label: without
+// one (the default) no command touches it. A lock deleted from outside
+// leaves its label key until the lock's TTL would have ended.
+//
+// [Resource.TryAcquireAll] (backend.MultiSpinner, distlock's TryLockAll)
+// takes several mutexes, all or none, with one script call that sets
+// every lock and takes a token for each, once no key is held by another
+// owner and no key has the owner value's tombstone. On Cluster a script
+// reaches the keys of one hash slot only: for keys of several slots, and
+// for several keys over a *goredis.Ring (whose shards hash keys apart), it
+// returns errors.ErrUnsupported before any I/O and the facade takes the
+// keys one by one; a standalone server or a Sentinel master takes any set.
+// Under [WithWaitReplicas] it does the same, so that every key's grant is
+// acknowledged by the replicas (the facade's key-by-key acquire waits for
+// each).
+//
+// # Many locks
+//
+// [Resource.RefreshAll] (backend.BatchRefresher) extends the locks the
+// facade's renewal scheduler finds due together, up to
+// backend.MaxRefreshBatch at a time, in one pipeline: on a standalone
+// server or Sentinel master one script for all the mutexes
+// (compare-and-PEXPIRE each, one result per lock), on Cluster one such
+// script per hash slot, sent together (go-redis makes one round trip per
+// master); semaphores and read/write locks, and every lock over a
+// *goredis.Ring, take a script each in the same pipeline. A lock that is
+// no longer held fails alone (backend.ErrNotHeld), and the facade ends it
+// as it ends a lock whose own refresh failed. Holding 100,000 locks with
+// WithAutoRenew then costs about one request per 500 locks per renewal
+// interval (a third of the TTL) instead of one per lock.
+//
 // # Contexts
 //
 // Every call returns when its context ends, whatever the server does. A
@@ -62,16 +153,22 @@
 // # Keys
 //
 // A lock on key k uses prefix{k'} for the lock and prefix{k'}:fence for the
-// counter, where k' is k with '%', '{' and '}' percent-escaped. The braces
+// last token, where k' is k with '%', '{' and '}' percent-escaped. The braces
 // are the Cluster hash tag, so both keys live in one slot whatever k
 // contains, and distinct keys never share names. The release channel is
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
 // sets another; it is escaped the same way, so its braces never make the
-// tag. The fence counter never expires: it is what makes tokens
-// increase across holders, and it costs a few bytes per distinct lock name.
+// tag. The fence never expires: it is what makes tokens increase across
+// holders, and it costs a few bytes per distinct lock name.
 // A failed acquire's tombstone, prefix{k'}:dead:value, lives in the same
-// slot for one lease TTL. The layout and scripts live in
-// internal/redisscript, shared with the Redlock backend.
+// slot for one lease TTL. A mutex holder's label (distlock.WithLabel) is
+// kept beside the lock, in prefix{k'}:label, with the lock's expiry. The
+// semaphore of k uses prefix{k'}:sem (holders), prefix{k'}:sem:h (tokens,
+// labels, limit) and prefix{k'}:sem:fence; the read/write lock
+// prefix{k'}:rw, prefix{k'}:rw:h, prefix{k'}:rw:fence and, for intents,
+// prefix{k'}:rw:qw, :qr and :qx. Every one of them is in k's slot, so a
+// script can reach all of a lock's keys on Cluster. The layout and
+// scripts live in internal/redisscript, shared with the Redlock backend.
 //
 // # TTL
 //
@@ -81,39 +178,67 @@
 //
 // # Fencing tokens
 //
-// The token is the fence counter's value after the INCR that went with the
-// acquisition: it strictly increases across successive holders of a key on
-// one deployment. A lock with a TTL can expire while its holder is paused
-// (GC, swap, a slow network) and another process then acquires it; both
-// believe they hold it. The protected resource must therefore check the
-// token: remember the highest it has seen and refuse writes carrying a lower
-// one. Without that check the lock is an efficiency hint, not a guarantee.
+// The token is a hybrid clock: each grant takes max(last token + 1, the
+// server's time in microseconds, from TIME) inside the acquire script, and
+// stores it in the fence key as the new last token. Tokens strictly
+// increase across successive holders of a key on one deployment, and they
+// are Unix times in microseconds (below 2^53 until the year 2255: a JSON
+// number carries them exactly), or one more than the last token when the
+// clock lags it.
 //
-// The fence counter must survive a crash. A Redis server without
-// persistence (no AOF, as a cache node is often run) restarts empty: the
-// lock is gone and so is the counter, which starts again at 1, so tokens go
-// backwards. The fault suite (docs/SAFETY.md) showed it: after a SIGKILL and
-// restart a holder from before the crash overlapped the new holders, whose
-// lower tokens the fenced resource refused (30 writes), and the history was
-// not linearizable. Run Redis with appendonly yes and appendfsync always
-// where tokens matter (appendfsync everysec can lose the last second of
-// INCRs, and an RDB snapshot everything since it was taken).
+// A lock with a TTL can expire while its holder is paused (GC, swap, a
+// slow network) and another process then acquires it; both believe they
+// hold it. The protected resource must therefore check the token: remember
+// the highest it has seen and refuse writes carrying a lower one. Without
+// that check the lock is an efficiency hint, not a guarantee.
+//
+// The clock is what keeps tokens from going backwards when the fence key
+// is lost. A server without persistence (no AOF, as a cache node is often
+// run) restarts empty; a failover can promote a replica that missed the
+// last grants; an operator can restore an older snapshot. The next token
+// then comes from the server's clock, which has moved on since the lost
+// tokens were issued, so it is larger than every one of them. The fault
+// suite (docs/SAFETY.md) measures both: after a SIGKILL and restart
+// without persistence, and after a failover to a lagging replica, no token
+// went backwards and the histories are linearizable (before, tokens
+// started again at 1 after the restart, and the promoted replica handed
+// out the same token twice).
+//
+// The assumption, exactly: the token after a loss is larger than every
+// earlier one as long as the clock of the server that issues it (after a
+// failover: the new master's) reads later than the clock that issued the
+// largest lost token read when it issued it. A server clock stepped back
+// by d (by an operator, or NTP stepping rather than slewing it), or a new
+// master whose clock is d behind the old one's, breaks it for a loss that
+// comes within d of the last grant: the first grants after the loss may
+// then carry tokens at or below tokens already handed out, and the fenced
+// resource refuses the new holder's writes (and would accept a stale
+// holder's) until the clock passes them. Clocks kept by NTP agree within
+// milliseconds, and a failover takes seconds; run NTP so that it slews
+// (chrony without makestep after start-up, ntpd -x), keep masters and
+// replicas on the same time source, and alert on a step. A clock that went
+// back shows in the data: the fence key (prefix{k'}:fence) then holds a
+// token ahead of the server's TIME (tokens run on as a counter until the
+// clock catches up), and a token is never expected to lie ahead of the
+// time its server reported when it was issued. Without a loss the fence
+// key alone keeps tokens increasing, whatever the clock does.
 //
 // # Failover
 //
 // Redis replicates asynchronously. If a master fails after granting a lock
-// and before its replica received the SET and the INCR, Sentinel or Cluster
-// promotes a replica that never saw them: a second owner gets the same lock,
-// and may even get a token already handed out. [WithWaitReplicas] narrows
-// the window (WAIT after the acquire, an error when too few replicas
-// acknowledged) but does not close it: WAIT does not make Redis a consensus
-// system. In the fault suite a failover to a replica that lagged behind the
-// grant let a second owner take the lock with the same token in 3 of 3
-// trials (a resource checking only token >= last accepts both holders'
-// writes, so refuse an equal token from another owner too), while
+// and before its replica received the grant, Sentinel or Cluster promotes
+// a replica that never saw it: a second owner gets the same lock while the
+// first still holds it (a double grant). Its token is larger (the hybrid
+// clock), so a fenced resource refuses the first owner's writes from then
+// on; the overlap itself is not prevented. [WithWaitReplicas] narrows the
+// window (WAIT after the acquire, an error when too few replicas
+// acknowledged) but does not close it: WAIT does not make Redis a
+// consensus system. In the fault suite a failover to a replica that lagged
+// behind the grant let a second owner take the lock in 3 of 3 trials, each
+// with a larger token, so the first owner's next write was refused, while
 // WithWaitReplicas(1, 200ms) turned all 3 into ErrNotReplicated, with no
-// double grant. Where that matters, check tokens and prefer a store with
-// consensus (etcd, ZooKeeper).
+// double grant. Where an overlap matters even when it is fenced, prefer a
+// store with consensus (etcd, ZooKeeper).
 //
 // # Wake-up
 //

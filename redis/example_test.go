@@ -33,7 +33,7 @@ func ExampleNew() {
 	log.Printf("writing with fencing token %d", lk.Token())
 }
 
-// On Redis Cluster, a lock and its fence counter share a slot, and the
+// On Redis Cluster, a lock and its fence share a slot, and the
 // release notice uses sharded pub/sub.
 func ExampleNew_cluster() {
 	rdb := goredis.NewClusterClient(&goredis.ClusterOptions{

@@ -75,6 +75,31 @@ func commandStats(t testing.TB, c *goredis.Client) map[string]int64 {
 	return stats
 }
 
+// commandUsec returns the server time spent per command, in
+// microseconds, from INFO commandstats (usec=): a script's EVALSHA
+// counts the time of the commands it runs.
+func commandUsec(t testing.TB, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	m := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "usec="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				m[strings.TrimPrefix(name, "cmdstat_")] = n
+			}
+		}
+	}
+	return m
+}
+
 // statsDelta is after - before, without INFO itself and zero entries.
 func statsDelta(before, after map[string]int64) map[string]int64 {
 	d := make(map[string]int64)

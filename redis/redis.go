@@ -129,28 +129,56 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 // and the script commands, built and boxed once per acquisition and reused
 // by every attempt, refresh and release (go-redis only reads them).
 type handle struct {
-	key   string    // the user's key, to detect a foreign Handle
-	value string    // the owner value the commands were built from
-	ms    int64     // the TTL in acq
-	keys  [2]string // lock, fence
-	acq   [7]any    // EVALSHA acquire 2 lock fence value ms
-	rel   [6]any    // EVALSHA release 1 lock value publish
+	key     string    // the user's key, to detect a foreign Handle
+	value   string    // the owner value the commands were built from
+	ms      int64     // the TTL in acq
+	labeled bool      // acq carries a label, and the lock a label key
+	keys    [2]string // lock, fence
+	acq     [8]any    // EVALSHA acquire 2 lock fence value ms [label]
+	rel     [7]any    // EVALSHA release 1 lock value publish ["1"]
+}
+
+// acqCmd and relCmd return the acquire and release commands.
+func (h *handle) acqCmd() []any {
+	if h.labeled {
+		return h.acq[:]
+	}
+	return h.acq[:7]
+}
+
+func (h *handle) relCmd() []any {
+	if h.labeled {
+		return h.rel[:]
+	}
+	return h.rel[:6]
 }
 
 // Script digests, boxed once.
 var (
-	acquireSHA any = redisscript.Acquire.Hash()
-	cleanupSHA any = redisscript.Cleanup.Hash()
-	releaseSHA any = redisscript.Release.Hash()
-	extendSHA  any = redisscript.Extend.Hash()
+	acquireSHA      any = redisscript.Acquire.Hash()
+	cleanupSHA      any = redisscript.Cleanup.Hash()
+	releaseSHA      any = redisscript.Release.Hash()
+	extendSHA       any = redisscript.Extend.Hash()
+	semAcquireSHA   any = redisscript.SemAcquire.Hash()
+	rwAcquireSHA    any = redisscript.RWAcquire.Hash()
+	groupReleaseSHA any = redisscript.GroupRelease.Hash()
+	groupExtendSHA  any = redisscript.GroupExtend.Hash()
+	groupCleanupSHA any = redisscript.GroupCleanup.Hash()
+	rwWithdrawSHA   any = redisscript.RWWithdraw.Hash()
+	inspectSHA      any = redisscript.Inspect.Hash()
+	multiAcquireSHA any = redisscript.MultiAcquire.Hash()
+	batchExtendSHA  any = redisscript.BatchExtend.Hash()
 )
 
+// labelFlag is the scripts' argument that says a lock has a label key.
+var labelFlag any = "1"
+
 func (r *Resource) newHandle(l *backend.Lease) *handle {
-	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL)}
+	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL), labeled: l.Label != ""}
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
 	var lock, value, ms any = h.keys[0], l.Value, h.ms
-	h.acq = [7]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms}
-	h.rel = [6]any{"evalsha", releaseSHA, 1, lock, value, r.publish}
+	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, l.Label}
+	h.rel = [7]any{"evalsha", releaseSHA, 1, lock, value, r.publish, labelFlag}
 	return h
 }
 
@@ -173,12 +201,29 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 // deadline under ContextTimeoutEnabled), and may still reach the server:
 // the caller decides what that means (see TryAcquire).
 func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	v, _, err := r.runCall(ctx, s, keys, cmd, false)
+	return v, err
+}
+
+// runValue is run for a script whose reply is not an integer: it returns
+// the reply as go-redis reads it (an []any for an array).
+func (r *Resource) runValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
+	_, val, err := r.runCall(ctx, s, keys, cmd, true)
+	return val, err
+}
+
+func (r *Resource) runCall(ctx context.Context, s *goredis.Script, keys []string, cmd []any, value bool) (int64, any, error) {
 	done := ctx.Done()
 	if done == nil {
-		return r.runNow(ctx, s, keys, cmd)
+		if value {
+			val, err := r.runNowValue(ctx, s, keys, cmd)
+			return 0, val, err
+		}
+		v, err := r.runNow(ctx, s, keys, cmd)
+		return v, nil, err
 	}
 	c := calls.Get().(*call)
-	c.r, c.ctx, c.s, c.keys, c.cmd = r, ctx, s, keys, cmd
+	c.r, c.ctx, c.s, c.keys, c.cmd, c.value = r, ctx, s, keys, cmd, value
 	r.submit(c)
 	select {
 	case <-c.done:
@@ -187,13 +232,13 @@ func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cm
 		case <-c.done: // the reply came with the end: take it
 		default:
 			// c is the request's now: it is not reused.
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		}
 	}
-	v, err := c.v, c.err
+	v, val, err := c.v, c.val, c.err
 	*c = call{done: c.done}
 	calls.Put(c)
-	return v, err
+	return v, val, err
 }
 
 // submit runs c on an idle worker, or on a new one. Workers stay idle for
@@ -236,23 +281,40 @@ func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string,
 	return v, err
 }
 
+// runNowValue is runValue in the caller's goroutine.
+func (r *Resource) runNowValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
+	c := goredis.NewCmd(ctx, cmd...)
+	_ = r.c.Process(ctx, c)
+	val, err := c.Result()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Result()
+	}
+	return val, err
+}
+
 // call is one request of run, made on a worker. Calls are reused, except
 // one whose caller stopped waiting.
 type call struct {
-	r    *Resource
-	ctx  context.Context
-	s    *goredis.Script
-	keys []string
-	cmd  []any
-	v    int64
-	err  error
-	done chan struct{} // buffered 1: the request's goroutine never blocks
+	r     *Resource
+	ctx   context.Context
+	s     *goredis.Script
+	keys  []string
+	cmd   []any
+	value bool // the reply goes to val, not v
+	v     int64
+	val   any
+	err   error
+	done  chan struct{} // buffered 1: the request's goroutine never blocks
 }
 
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func (c *call) run() {
-	c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
+	if c.value {
+		c.val, c.err = c.r.runNowValue(c.ctx, c.s, c.keys, c.cmd)
+	} else {
+		c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
+	}
 	c.done <- struct{}{}
 }
 
@@ -299,8 +361,9 @@ func (r *Resource) ValidateKey(key string) error {
 }
 
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):
-// SET lock value NX PX ttl and, on success, INCR of the fence counter,
-// whose result becomes l.Token. When the key is held it returns false and
+// SET lock value NX PX ttl and, on success, the next token from the fence
+// (max(last token + 1, the server's time in microseconds): see the package
+// doc), which becomes l.Token. When the key is held it returns false and
 // the holder's remaining time. It returns when ctx ends, whatever the
 // server does.
 //
@@ -331,6 +394,9 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if ms <= math.MaxInt64/int64(time.Millisecond) {
 		l.TTL = time.Duration(ms) * time.Millisecond
 	}
+	if l.Kind != backend.KindMutex {
+		return r.tryAcquireKind(ctx, l, ms)
+	}
 	h, ok := l.Handle.(*handle)
 	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
 		h = r.newHandle(l)
@@ -341,16 +407,13 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		err error
 	)
 	if r.waitReplicas > 0 {
-		var acked int64
-		v, acked, err = r.acquireWait(ctx, h)
-		if err == nil && v > 0 && acked < int64(r.waitReplicas) {
-			err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
-		}
+		v, err = r.acquireWait(ctx, redisscript.Acquire, h.keys[:], h.acqCmd())
 	} else {
-		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acq[:])
+		v, err = r.run(ctx, redisscript.Acquire, h.keys[:], h.acqCmd())
 	}
 	if err != nil {
-		return false, 0, r.failed(ctx, h, fmt.Errorf("redis: acquire %q: %w", l.Key, err))
+		return false, 0, r.failed(ctx, fmt.Errorf("redis: acquire %q: %w", l.Key, err),
+			func(ctx context.Context) error { return r.cleanup(ctx, h) })
 	}
 	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
 	if acquired {
@@ -359,16 +422,16 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	return acquired, holderTTL, nil
 }
 
-// failed cleans up after an attempt that failed with err: at once while
-// ctx lives, else (or when that fails) by returning an AbandonedError
-// whose Cleanup does it.
-func (r *Resource) failed(ctx context.Context, h *handle, err error) error {
+// failed cleans up after an attempt that failed with err, with clean: at
+// once while ctx lives, else (or when that fails) by returning an
+// AbandonedError whose Cleanup does it.
+func (r *Resource) failed(ctx context.Context, err error, clean func(context.Context) error) error {
 	if errors.Is(err, goredis.ErrClosed) {
 		// The client was closed: nothing more can be sent.
 		return err
 	}
 	if ctx.Err() == nil {
-		cerr := r.cleanup(ctx, h)
+		cerr := clean(ctx)
 		if cerr == nil {
 			return err
 		}
@@ -382,44 +445,49 @@ func (r *Resource) failed(ctx context.Context, h *handle, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %w", err, cerr)
 	}
-	return &backend.AbandonedError{Err: err, Cleanup: func(ctx context.Context) error { return r.cleanup(ctx, h) }}
+	return &backend.AbandonedError{Err: err, Cleanup: clean}
 }
 
-// acquireWait runs the acquire script and WAIT in one pipeline, so both go
-// over one connection: WAIT counts acknowledgements of that connection's
-// writes. On Cluster the pipeline goes to the key's master. It returns
-// when ctx ends, as run does.
-func (r *Resource) acquireWait(ctx context.Context, h *handle) (v, acked int64, err error) {
-	var rv, racked int64
-	var rerr error
-	if !await(ctx, func() { rv, racked, rerr = r.acquireWaitNow(ctx, h) }) {
-		return 0, 0, ctx.Err()
+// acquireWait runs the acquire script s (cmd, a prebuilt EVALSHA with
+// keys) and WAIT in one pipeline, so both go over one connection: WAIT
+// counts acknowledgements of that connection's writes. On Cluster the
+// pipeline goes to the key's master. A grant that too few replicas
+// acknowledged is an error wrapping ErrNotReplicated. It returns when ctx
+// ends, as run does.
+func (r *Resource) acquireWait(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
+	var v, acked int64
+	var err error
+	if !await(ctx, func() { v, acked, err = r.acquireWaitNow(ctx, s, keys, cmd[3+len(keys):]) }) {
+		return 0, ctx.Err()
 	}
-	return rv, racked, rerr
+	if err == nil && v > 0 && acked < int64(r.waitReplicas) {
+		err = fmt.Errorf("%w: %d of %d replicas acknowledged", ErrNotReplicated, acked, r.waitReplicas)
+	}
+	return v, err
 }
 
-func (r *Resource) acquireWaitNow(ctx context.Context, h *handle) (v, acked int64, err error) {
+func (r *Resource) acquireWaitNow(ctx context.Context, s *goredis.Script, keys []string, args []any) (v, acked int64, err error) {
 	var c goredis.Cmdable = r.c
 	if r.cluster != nil {
-		m, err := r.cluster.MasterForKey(ctx, h.keys[0])
+		m, err := r.cluster.MasterForKey(ctx, keys[0])
 		if err != nil {
 			return 0, 0, err
 		}
 		c = m
 	}
-	v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.EvalSha)
+	v, acked, err = r.pipeWait(ctx, c, keys, args, s.EvalSha)
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, acked, err = r.pipeWait(ctx, c, h, redisscript.Acquire.Eval)
+		v, acked, err = r.pipeWait(ctx, c, keys, args, s.Eval)
 	}
 	return v, acked, err
 }
 
-// pipeWait sends the acquire script (by run: EvalSha or Eval) and WAIT in
+// pipeWait sends an acquire script (by run: EvalSha or Eval) and WAIT in
 // one pipeline on c.
-func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, h *handle,
+func (r *Resource) pipeWait(ctx context.Context, c goredis.Cmdable, keys []string, args []any,
 	run func(context.Context, goredis.Scripter, []string, ...any) *goredis.Cmd) (v, acked int64, err error) {
 	pipe := c.Pipeline()
-	acq := run(ctx, pipe, h.keys[:], h.acq[5:]...)
+	acq := run(ctx, pipe, keys, args...)
 	wait := pipe.Do(ctx, "wait", r.waitReplicas, r.waitTimeout.Milliseconds())
 	_, _ = pipe.Exec(ctx)
 	if v, err = acq.Int64(); err != nil || v <= 0 {
@@ -456,8 +524,11 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
 	}
+	if l.Kind != backend.KindMutex {
+		return r.releaseKind(ctx, l)
+	}
 	h := r.handleOf(l)
-	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.rel[:])
+	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.relCmd())
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
 	}
@@ -474,12 +545,19 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
 	}
+	if l.Kind != backend.KindMutex {
+		return r.refreshKind(ctx, l)
+	}
 	h := r.handleOf(l)
 	ms := h.acq[6]
 	if m := redisscript.Millis(l.TTL); m != h.ms {
 		ms = m
 	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms})
+	cmd := []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms, labelFlag}
+	if !h.labeled {
+		cmd = cmd[:6]
+	}
+	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], cmd)
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

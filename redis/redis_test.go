@@ -213,7 +213,7 @@ func TestResource(t *testing.T) {
 		})
 
 		t.Run("failed-acquire-cleans-up", func(t *testing.T) {
-			// A fence counter that is not an integer makes the script fail
+			// A fence that is not an integer makes the script fail
 			// after its SET: the lock must not stay behind.
 			key := uniqueKey(t)
 			lock, fence := redisscript.Layout(redis.DefaultPrefix, key)
@@ -320,7 +320,8 @@ func TestRoundTrips(t *testing.T) {
 		delta  map[string]int64
 		inside map[string]int64
 	}{
-		{"acquire", statsDelta(before, mid), map[string]int64{"set": 1, "exists": 1, "incr": 1}},
+		// The token: TIME, then INCR and INCRBY of the fence (the hybrid clock).
+		{"acquire", statsDelta(before, mid), map[string]int64{"set": 1, "exists": 1, "time": 1, "incr": 1, "incrby": 1}},
 		{"release", statsDelta(mid, after), map[string]int64{"get": 1, "del": 1, "publish": 1}},
 		{"contended attempt", statsDelta(s0, s1), map[string]int64{"set": 1, "get": 1, "pttl": 1}},
 	} {

@@ -171,7 +171,12 @@ func TestStalledServer(t *testing.T) {
 //     holds that attempt's value again (a sampler reads every key every
 //     few milliseconds, directly);
 //   - every clean-up succeeds once the server answers, and at the end no
-//     lock key is left.
+//     key of any lock is left.
+//
+// Attempts are of every kind (mutex, semaphore, read, write); a waiting
+// reader or writer withdraws its intent, as the facade does when its wait
+// ends; holders are refreshed through RefreshAll, in a batch with a lease
+// that is not held, and keys inspected, under the same random contexts.
 //
 // The client makes no retries of its own (MaxRetries -1): a resent
 // request's late first copy is a case of its own (TestLateCopyOfEarlierAttempt).
@@ -249,6 +254,20 @@ func TestRandomStallsAndCancels(t *testing.T) {
 					samples = append(samples, sample{k, v, at})
 					mu.Unlock()
 				}
+				// Permits, grants and intents of the semaphore and the
+				// read/write lock.
+				rw := redisscript.RWKeys(lock)
+				for _, set := range []string{redisscript.SemaphoreKeys(lock)[1], rw[1], rw[4], rw[5]} {
+					vs, err := direct.ZRange(context.Background(), set, 0, -1).Result()
+					if err != nil {
+						continue
+					}
+					mu.Lock()
+					for _, v := range vs {
+						samples = append(samples, sample{set, v, at})
+					}
+					mu.Unlock()
+				}
 			}
 		}
 	})
@@ -302,6 +321,20 @@ func TestRandomStallsAndCancels(t *testing.T) {
 		ws.Go(func() {
 			for i := 0; time.Now().Before(end); i++ {
 				l := newLease(keys[(w+i)%len(keys)], ttl)
+				switch randN(4) {
+				case 1:
+					l.Kind, l.Limit = backend.KindSemaphore, 2
+				case 2:
+					l.Kind = backend.KindRead
+				case 3:
+					l.Kind = backend.KindWrite
+				}
+				if randN(8) == 0 {
+					ctx, cancel, bound := callCtx()
+					_, _ = r.Inspect(ctx, l.Key, l.Kind)
+					late("Inspect", bound)
+					cancel()
+				}
 				ctx, cancel, bound := callCtx()
 				ok, _, err := r.TryAcquire(ctx, l)
 				late("TryAcquire", bound)
@@ -328,6 +361,20 @@ func TestRandomStallsAndCancels(t *testing.T) {
 					mu.Lock()
 					stats.contended++
 					mu.Unlock()
+					if l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
+						// The wait ends: withdraw the intent, as the facade
+						// does, until the server answers.
+						ctx, cancel, bound := callCtx()
+						err := r.Withdraw(ctx, l)
+						late("Withdraw", bound)
+						cancel()
+						for err != nil {
+							err = r.Withdraw(context.Background(), l)
+						}
+						mu.Lock()
+						cleaned[l.Value] = time.Now()
+						mu.Unlock()
+					}
 					time.Sleep(randN(5 * time.Millisecond))
 					continue
 				}
@@ -335,6 +382,16 @@ func TestRandomStallsAndCancels(t *testing.T) {
 				stats.acquired++
 				mu.Unlock()
 				time.Sleep(randN(3 * time.Millisecond))
+				ctx, cancel, bound = callCtx()
+				errs := r.RefreshAll(ctx, []*backend.Lease{l, newLease(l.Key, ttl)})
+				late("RefreshAll", bound)
+				cancel()
+				if errs[0] != nil && ctx.Err() == nil {
+					t.Errorf("RefreshAll of a held %v lock: %v", l.Kind, errs[0])
+				}
+				if !errors.Is(errs[1], backend.ErrNotHeld) && ctx.Err() == nil {
+					t.Errorf("RefreshAll of a lease never acquired: %v; want ErrNotHeld", errs[1])
+				}
 				ctx, cancel, bound = callCtx()
 				err = r.Release(ctx, l)
 				late("Release", bound)
@@ -376,9 +433,10 @@ func TestRandomStallsAndCancels(t *testing.T) {
 		}
 	}
 	for _, k := range keys {
-		lock, _ := redisscript.Layout(redis.DefaultPrefix, k)
-		if v, err := direct.Get(context.Background(), lock).Result(); err != goredis.Nil {
-			t.Errorf("%s left holding %q (%v)", k, v, err)
+		for _, sk := range redisscript.StateKeys(redis.DefaultPrefix, k) {
+			if n, err := direct.Exists(context.Background(), sk).Result(); err != nil || n != 0 {
+				t.Errorf("%s left (%v)", sk, err)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/redlock"
 	"github.com/distlock/distlock/testsuite"
 )
@@ -16,7 +17,6 @@ import (
 func TestConformance(t *testing.T) {
 	c := startNodes(t, 5, nil)
 	testsuite.Run(t, testsuite.Harness{
-		NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
 		Unsupported: map[backend.Kind]string{
 			backend.KindSemaphore: "majorities cannot bound a semaphore",
 			backend.KindRead:      "majorities cannot order readers and writers",
@@ -26,23 +26,25 @@ func TestConformance(t *testing.T) {
 			return c.newResource(t)
 		},
 		// Every node is checked: a failed or cancelled acquire must not
-		// leave our key on any of them.
+		// leave our key, nor a labeled lock its label key, on any of them.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
 			var left []string
 			for i, cl := range c.inspect {
-				n, err := cl.Exists(ctx, lockKey(key)).Result()
-				if err != nil {
-					return nil, fmt.Errorf("node %d: %w", i, err)
-				}
-				if n > 0 {
-					left = append(left, fmt.Sprintf("node %d: %s", i, lockKey(key)))
+				for _, k := range []string{lockKey(key), lockKey(key) + redisscript.LabelSuffix} {
+					n, err := cl.Exists(ctx, k).Result()
+					if err != nil {
+						return nil, fmt.Errorf("node %d: %w", i, err)
+					}
+					if n > 0 {
+						left = append(left, fmt.Sprintf("node %d: %s", i, k))
+					}
 				}
 			}
 			return left, nil
 		},
 		Evict: func(ctx context.Context, key string) error {
 			for i, cl := range c.inspect {
-				if err := cl.Del(ctx, lockKey(key)).Err(); err != nil {
+				if err := cl.Del(ctx, lockKey(key), lockKey(key)+redisscript.LabelSuffix).Err(); err != nil {
 					return fmt.Errorf("node %d: %w", i, err)
 				}
 			}

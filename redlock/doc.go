@@ -80,13 +80,37 @@
 // and points at the same fix: the protected resource must reject stale
 // holders.
 //
-// That fix is a fencing token, and Redlock cannot make one: N independent
-// counters do not give one strictly increasing sequence without consensus.
-// The lease's Token is always 0 (distlock's Lock.Token returns 0). Use
-// Redlock where an occasional overlap costs efficiency, not correctness
-// (work done twice, a cache filled twice). Where overlap would corrupt
-// data, use a store with consensus that makes tokens, the etcd or
-// ZooKeeper backend of this module, and have the resource check them.
+// That fix is a fencing token, and Redlock cannot make a sound one. The
+// lease's Token is always 0 (distlock's Lock.Token returns 0). A token
+// must be larger than the token of every earlier holder, and successive
+// holders are granted by different majorities, which share as little as
+// one node. The Redis backend's token, a hybrid clock per server
+// (max(last token + 1, the server's time in microseconds)), does not carry
+// over:
+//   - each node could hand out such a token with its yes, and the holder
+//     take the largest of its majority; the next holder's majority shares
+//     a node with it, whose token is larger than the one it gave the
+//     earlier holder, but the earlier holder's token may have come from
+//     another node, whose clock is ahead: the next token is then smaller.
+//     Strict increase would need every two nodes' clocks to agree within
+//     the time between two grants (down to the round trip of a release
+//     and the next acquire), an assumption on clock offsets that Redlock
+//     otherwise does not make (it allows for clocks running at different
+//     rates, not for clocks set apart);
+//   - writing the holder's token back to a majority before the acquire
+//     returns (a second round, as a replicated register does) makes every
+//     later majority see it, with no clock at all, but it doubles the cost
+//     of every acquisition, and a node restarted empty within that majority
+//     loses it again: the clock would be back as the only guard, with the
+//     same offset assumption, on exactly the failure the token is for.
+//
+// A token that can go backwards is worse than none: a resource that trusts
+// it refuses the current holder and accepts a stale one. So Redlock makes
+// none. Use Redlock where an occasional overlap costs efficiency, not
+// correctness (work done twice, a cache filled twice). Where overlap would
+// corrupt data, use a store with consensus that makes tokens, the etcd or
+// ZooKeeper backend of this module, or the Redis backend on one
+// deployment, and have the resource check them.
 //
 // # Restarts: stay out for one TTL
 //
@@ -147,6 +171,19 @@
 // permits it granted, and majorities overlap, so with a limit of 2 on three
 // nodes, holders on nodes {1,2}, {2,3} and {1,3} are three, while no node
 // counts more than two. Readers and writers have the same flaw.
+//
+// # Inspection
+//
+// [Resource.Inspect] (distlock's Inspect) reads the lock on every node at
+// once and reports as holder the value a majority of them hold: two
+// majorities share a node, so at most one value can be on a majority at
+// a time. Its time left is the time until fewer than a majority hold it
+// (the majority-th longest PTTL among them), its token 0, and its label
+// (distlock.WithLabel) the one the acquire script keeps beside the lock on
+// each node (the Redis backend's label key, released and extended with
+// the lock). The nodes are read one round trip apart, not at one instant:
+// the answer is a snapshot, as any inspection is. Fewer than a majority
+// answering is an error wrapping [ErrNoQuorum].
 //
 // # Errors
 //

@@ -211,10 +211,11 @@ type handle struct {
 	ms         int64
 	keys       [1]string // the lock key, for EVAL after NOSCRIPT
 	argv       [2]any    // the round's value, ttl ms: the scripts' ARGV
+	labeled    bool      // the nodes keep a label key beside the lock
 
-	acquire [6]any // EVALSHA acquire 1 lock stored ms
-	cleanup [6]any // EVALSHA cleanup 1 lock stored ms
-	release [5]any // EVALSHA release 1 lock stored
+	acquire []any // EVALSHA acquire 1 lock stored ms [label]
+	cleanup [6]any
+	release []any // EVALSHA release 1 lock stored ["" "1": and the label key]
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
 	// success and read by Release: the release round settles with it
@@ -247,7 +248,7 @@ var (
 // of ms. It takes the lock key and the boxed TTL from prev, the previous
 // round's handle, when it has them.
 func (r *Resource) newHandle(l *backend.Lease, ms int64, n uint64, prev *handle) *handle {
-	h := &handle{key: l.Key, value: l.Value, round: n, ms: ms}
+	h := &handle{key: l.Key, value: l.Value, round: n, ms: ms, labeled: l.Label != ""}
 	var px any
 	if prev != nil && prev.key == l.Key && prev.ms == ms {
 		h.keys[0], px = prev.keys[0], prev.argv[1]
@@ -257,9 +258,16 @@ func (r *Resource) newHandle(l *backend.Lease, ms int64, n uint64, prev *handle)
 	}
 	var lock, stored any = h.keys[0], roundValue(l.Value, n)
 	h.argv = [2]any{stored, px}
-	h.acquire = [6]any{"evalsha", acquireSHA, 1, lock, stored, px}
 	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, stored, px}
-	h.release = [5]any{"evalsha", releaseSHA, 1, lock, stored}
+	if h.labeled {
+		// The label key (redisscript.LabelSuffix) goes with the lock on
+		// each node, for Inspect.
+		h.acquire = []any{"evalsha", acquireSHA, 1, lock, stored, px, l.Label}
+		h.release = []any{"evalsha", releaseSHA, 1, lock, stored, "", "1"}
+	} else {
+		h.acquire = []any{"evalsha", acquireSHA, 1, lock, stored, px}
+		h.release = []any{"evalsha", releaseSHA, 1, lock, stored}
+	}
 	return h
 }
 
@@ -368,7 +376,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	l.Handle = h
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquire[:], timeout, r.quorum, nil, nil)
+	rd := r.start(ctx, opAcquire, h, h.acquire, timeout, r.quorum, nil, nil)
 	rd.wait()
 	if testHookAfterWait != nil {
 		testHookAfterWait()
@@ -476,7 +484,7 @@ type cleaner struct {
 // first round, with the round's per-node timeout. contended says only the
 // nodes that set the key must confirm.
 func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool) *cleaner {
-	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.release[:], timeout: timeout,
+	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.release, timeout: timeout,
 		need: make([]bool, len(acq.res))}
 	if bury {
 		c.o, c.args = opCleanup, acq.h.cleanup[:]
@@ -581,7 +589,7 @@ func holderTTL(res []reply, need int) time.Duration {
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.release[:], r.timeout(ttl, ttl), r.quorum, h.acq, nil)
+	rd := r.start(ctx, opRelease, h, h.release, r.timeout(ttl, ttl), r.quorum, h.acq, nil)
 	rd.wait()
 	deleted, failed := rd.decide()
 	switch {
@@ -614,7 +622,10 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	start := time.Now()
 	// Built per call, not kept in the handle: refreshes are rare (every
 	// TTL/3 at most), acquisitions are not.
-	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5]}
+	args := []any{"evalsha", extendSHA, 1, h.acquire[3], h.acquire[4], h.acquire[5], "1"}
+	if !h.labeled {
+		args = args[:6]
+	}
 	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil, nil)
 	rd.wait()
 	extended, failed := rd.decide()

@@ -262,7 +262,7 @@ func (rd *round) run(i int) {
 		// Our key was set on this node after a delete found nothing
 		// there: delete it rather than let it linger until its TTL.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), lateCleanupTimeout)
-		_, _ = nd.eval(ctx, opRelease, rd.h.release[:], rd.h)
+		_, _ = nd.eval(ctx, opRelease, rd.h.release, rd.h)
 		cancel()
 	}
 	if last {
@@ -328,8 +328,8 @@ func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, e
 	_ = nd.c.Process(ctx, cmd)
 	v, err := cmd.Int64()
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		s, nargv := o.script()
-		v, err = s.Eval(ctx, nd.c, h.keys[:], h.argv[:nargv]...).Int64()
+		s, _ := o.script()
+		v, err = s.Eval(ctx, nd.c, h.keys[:], args[3+len(h.keys):]...).Int64()
 	}
 	return v, err
 }

@@ -21,12 +21,6 @@ import (
 	"github.com/distlock/distlock/safety/harness"
 )
 
-// stallSlack is how far past its bound a call on a stalled store may
-// return before the stalled-store scenario fails: the promise is a few
-// milliseconds (the row reports the largest overshoot), the slack is for
-// a loaded 2-core machine under the race detector.
-const stallSlack = time.Second
-
 // stalledRedis is a Redis-family store for the stalled-store scenario.
 type stalledRedis struct {
 	name, fault string

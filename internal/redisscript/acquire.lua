@@ -2,8 +2,12 @@
 -- KEYS[1] lock key
 -- KEYS[2] fence counter (optional; same hash slot)
 -- ARGV[1] owner value, ARGV[2] TTL in milliseconds
--- Returns > 0 when acquired: the fencing token (INCR of KEYS[2]), or 1 when
--- no fence key was given. Returns <= 0 when another owner holds the lock:
+-- ARGV[3] optional: the holder's label, kept beside the lock in the key
+--         KEYS[1]..':label' as "<length of the value>:<value><label>"
+--         with the lock's expiry (inspect.lua shows it when the value is
+--         the holder's; no compare reads it); absent: no label key
+-- Returns > 0 when acquired: the fencing token (next_token of KEYS[2], the
+-- hybrid clock of clock.lua), or 1 when no fence key was given. Returns <= 0 when another owner holds the lock:
 -- minus the holder's remaining milliseconds (0 when unknown).
 -- Returns the error DEAD, and leaves the lock as it was, when the tombstone
 -- of ARGV[1], KEYS[1]..':dead:'..ARGV[1], exists (cleanup.lua): this request
@@ -29,20 +33,20 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
   end
-  if KEYS[2] then
-    return redis.call('INCR', KEYS[2])
-  end
-  return 1
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+elseif redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[2] then
-    return redis.call('INCR', KEYS[2])
+else
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 then
+    return 0
   end
-  return 1
+  return -ttl
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
-  return 0
+-- Acquired.
+if ARGV[3] then
+  redis.call('SET', KEYS[1] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
 end
-return -ttl
+if KEYS[2] then
+  return next_token(KEYS[2])
+end
+return 1

@@ -8,12 +8,32 @@
 // A lock on key k under prefix p uses, all in one Redis Cluster hash slot:
 //
 //	p{E(k)}        the lock: a string holding the owner value, with a PX expiry
-//	p{E(k)}:fence  the fence counter: INCR'd on every acquisition, never expires
+//	p{E(k)}:fence  the fence: the last token handed out, never expires
 //	p{E(k)}:dead:v the tombstone of owner value v, written by [Cleanup] and
 //	               living one lease TTL: [Acquire] of v does not take the lock
 //	               while it exists
+//	p{E(k)}:label  a mutex holder's label, "<len(v)>:<v><label>", with the
+//	               lock's expiry (only when the holder has a label)
 //	p{E(k)}        also the name of the release notice channel (channels and
-//	               keys are separate namespaces)
+//	               keys are separate namespaces), for locks of every kind
+//
+// k's semaphore and read/write lock are distinct locks, in keys of their
+// own, in the same slot:
+//
+//	p{E(k)}:sem        holders: sorted set, owner value by expiry (server ms)
+//	p{E(k)}:sem:h      hash: owner value -> "<token>:<label>"; '' -> limit
+//	p{E(k)}:sem:fence  the semaphore's last token
+//	p{E(k)}:rw         holders: sorted set, owner value by expiry
+//	p{E(k)}:rw:h       hash: owner value -> "r<token>:<label>" or
+//	                   "w<token>:<label>"; '' -> the writer's owner value
+//	p{E(k)}:rw:fence   the last token, which also numbers intents
+//	p{E(k)}:rw:qw      waiting writers' intents: owner value by arrival
+//	p{E(k)}:rw:qr      waiting readers' intents: owner value by arrival
+//	p{E(k)}:rw:qx      every intent, by expiry
+//
+// Sets and hashes live as long as their latest holder or intent, so none
+// outlives its TTLs; [StateKeys] lists them all (fences and tombstones
+// aside), for tests that look for leftovers.
 //
 // E is [EscapeTag]: it removes '{' and '}' from k injectively, so the braces
 // we add are the hash tag Redis Cluster sees, whatever k contains. [Layout]
@@ -35,9 +55,28 @@
 // leaves nothing behind, as long as it arrives within one lease TTL (the
 // tombstone's life) of its clean-up.
 //
+// # Fencing tokens
+//
+// Every script that grants a lock with a token starts with clock.lua, whose
+// next_token(fence) returns max(last token + 1, the server's time in
+// microseconds from TIME) and stores it in the fence key as the new last
+// token: a hybrid clock. Tokens increase strictly while the fence key
+// lives; when it is lost (a restart without persistence, a failover to a
+// replica that missed the last grants, a dataset rolled back to an
+// earlier snapshot) the next token is still larger than every earlier one,
+// which were issued at earlier server times, unless the server's clock is
+// behind the clock that issued them by more than the time that passed
+// since. A token is a count of microseconds since 1970 (or one more than
+// the last token, when grants come faster than the clock ticks or the
+// clock went back): below 2^53 until the year 2255, so it survives a trip
+// through a JSON number.
+//
 // # Scripts
 //
-// [Acquire], [Release], [Cleanup] and [Extend] are [goredis.Script] values;
+// [Acquire], [Release], [Cleanup] and [Extend] (mutexes), [SemAcquire],
+// [RWAcquire], [GroupRelease], [GroupExtend], [GroupCleanup] and
+// [RWWithdraw] (semaphores and read/write locks) and [Inspect] are
+// [goredis.Script] values;
 // run them with Script.Run, which tries EVALSHA and falls back to EVAL once
 // per server that lacks the script. Each script's file documents its KEYS,
 // ARGV and reply; [DecodeAcquire] reads Acquire's reply.

@@ -2,6 +2,7 @@ package redisscript
 
 import (
 	_ "embed"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,10 +18,32 @@ var (
 	extendSrc string
 	//go:embed cleanup.lua
 	cleanupSrc string
+	//go:embed clock.lua
+	clockSrc string
+	//go:embed group.lua
+	groupSrc string
+	//go:embed semacquire.lua
+	semAcquireSrc string
+	//go:embed rwacquire.lua
+	rwAcquireSrc string
+	//go:embed grouprelease.lua
+	groupReleaseSrc string
+	//go:embed groupextend.lua
+	groupExtendSrc string
+	//go:embed groupcleanup.lua
+	groupCleanupSrc string
+	//go:embed rwwithdraw.lua
+	rwWithdrawSrc string
+	//go:embed inspect.lua
+	inspectSrc string
+	//go:embed multiacquire.lua
+	multiAcquireSrc string
+	//go:embed batchextend.lua
+	batchExtendSrc string
 )
 
 // Acquire sets the lock if absent and, when a fence key is given, returns
-// the next fencing token; when the lock is held it returns minus the
+// the next fencing token (see [Clock]); when the lock is held it returns minus the
 // holder's remaining milliseconds. A lock that already holds the value
 // counts as acquired (a fresh token), with its expiry set again to ttl
 // from now: the request was resent after its first run took the lock and
@@ -29,8 +52,10 @@ var (
 // end the lock before the validity its holder counts from this attempt's
 // start. It fails with a DEAD error (see
 // [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
-// KEYS: lock [, fence]. ARGV: value, ttl ms.
-var Acquire = goredis.NewScript(acquireSrc)
+// With a label, it keeps the label beside the lock (the key lock +
+// [LabelSuffix], with the lock's expiry), for [Inspect].
+// KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
+var Acquire = goredis.NewScript(clockSrc + acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
@@ -45,12 +70,135 @@ var Cleanup = goredis.NewScript(cleanupSrc)
 
 // Release deletes the lock if it holds the value and optionally publishes a
 // release notice on the channel named like the lock key. KEYS: lock. ARGV:
-// value [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// value [, "PUBLISH" | "SPUBLISH" | "" [, "1": delete the label key too]].
+// Reply: 1 deleted, 0 not held.
 var Release = goredis.NewScript(releaseSrc)
 
 // Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
-// value, ttl ms. Reply: 1 extended, 0 not held.
+// value, ttl ms [, "1": the label key's too]. Reply: 1 extended, 0 not
+// held.
 var Extend = goredis.NewScript(extendSrc)
+
+// SemAcquire takes a permit of a semaphore: KEYS: [SemaphoreKeys].
+// ARGV: value, ttl ms, limit [, label]. Reply: the token (> 0), or minus
+// the milliseconds until the first holder expires (<= 0); a LIMIT error
+// ([IsLimit]) when the live holders took it with another limit, a DEAD
+// error as [Acquire]'s.
+var SemAcquire = goredis.NewScript(clockSrc + groupSrc + semAcquireSrc)
+
+// RWAcquire takes the read ("r") or write ("w") side of a read/write lock,
+// or records (renews) the request's intent: KEYS: [RWKeys]. ARGV: value,
+// ttl ms, "r" | "w" [, label]. Reply as [SemAcquire]'s, without LIMIT.
+var RWAcquire = goredis.NewScript(clockSrc + groupSrc + rwAcquireSrc)
+
+// GroupRelease gives back a semaphore's permit or a read/write lock's
+// grant: KEYS: the first three of [SemaphoreKeys] or [RWKeys]. ARGV:
+// value, publish command or "", "rw" for a read/write lock or "". Reply:
+// 1 given back, 0 not held.
+var GroupRelease = goredis.NewScript(groupSrc + groupReleaseSrc)
+
+// GroupExtend extends a semaphore's permit or a read/write lock's grant:
+// KEYS as [GroupRelease]'s. ARGV: value, ttl ms. Reply: 1 extended, 0 not
+// held.
+var GroupExtend = goredis.NewScript(groupSrc + groupExtendSrc)
+
+// GroupCleanup undoes a failed acquire of a semaphore or read/write lock,
+// as [Cleanup] does for a mutex: KEYS: the first three of
+// [SemaphoreKeys], or the lock, holders and records then the three intent
+// sets of [RWKeys]. ARGV: value, ttl ms, publish command or "".
+var GroupCleanup = goredis.NewScript(groupSrc + groupCleanupSrc)
+
+// RWWithdraw withdraws a waiting request's intent: KEYS: the lock key
+// then the three intent sets of [RWKeys]. ARGV: value, publish command or
+// "". Reply: 1 withdrawn, 0 none.
+var RWWithdraw = goredis.NewScript(groupSrc + rwWithdrawSrc)
+
+// Inspect reads a lock's holders: for a mutex, KEYS: lock, fence; ARGV:
+// "m"; reply {} or {token, ms left, label, owner value}. For a semaphore
+// or read/write lock, KEYS: the first three of [SemaphoreKeys] or
+// [RWKeys]; ARGV: "g"; reply {limit or "", record, ms left, ...} (see
+// [ParseRecord]).
+var Inspect = goredis.NewScript(groupSrc + inspectSrc)
+
+// MultiAcquire takes several mutexes at once, all or none: KEYS: lock 1,
+// fence 1, lock 2, fence 2, ... (one hash slot on Cluster). ARGV: value,
+// ttl ms [, label]. Reply: the tokens, one per lock, or minus the first
+// held lock's holder's remaining milliseconds (<= 0); a DEAD error as
+// [Acquire]'s, taking none.
+var MultiAcquire = goredis.NewScript(clockSrc + multiAcquireSrc)
+
+// BatchExtend extends many mutexes at once: KEYS: the locks (one hash
+// slot on Cluster). ARGV: value, ttl ms, "1" | "" (a label key) per lock.
+// Reply: 1 extended or 0 not held, per lock.
+var BatchExtend = goredis.NewScript(batchExtendSrc)
+
+// Suffixes of the keys of a semaphore and of a read/write lock, appended
+// to the lock key of [Layout].
+const (
+	SemSuffix        = ":sem"       // holders, by expiry
+	SemRecordsSuffix = ":sem:h"     // tokens and labels, and the limit
+	SemFenceSuffix   = ":sem:fence" // the last token
+	RWSuffix         = ":rw"        // holders, by expiry
+	RWRecordsSuffix  = ":rw:h"      // kinds, tokens and labels, and the writer
+	RWFenceSuffix    = ":rw:fence"  // the last token (and intent number)
+	RWWritersSuffix  = ":rw:qw"     // writers' intents, by arrival
+	RWReadersSuffix  = ":rw:qr"     // readers' intents, by arrival
+	RWIntentsSuffix  = ":rw:qx"     // every intent, by expiry
+	LabelSuffix      = ":label"     // a mutex holder's label
+)
+
+// SemaphoreKeys returns the keys of the semaphore whose lock key (from
+// [Layout]) is lock: lock itself (the channel and the tombstones' stem),
+// the holders, the records and the fence.
+func SemaphoreKeys(lock string) []string {
+	return []string{lock, lock + SemSuffix, lock + SemRecordsSuffix, lock + SemFenceSuffix}
+}
+
+// RWKeys returns the keys of the read/write lock whose lock key is lock:
+// lock itself, the holders, the records, the fence, the writers' and the
+// readers' intents and the intents' expiries.
+func RWKeys(lock string) []string {
+	return []string{lock, lock + RWSuffix, lock + RWRecordsSuffix, lock + RWFenceSuffix,
+		lock + RWWritersSuffix, lock + RWReadersSuffix, lock + RWIntentsSuffix}
+}
+
+// StateKeys returns every key that holds state of key's locks, of every
+// kind, under prefix: the lock, its label, the semaphore's and the
+// read/write lock's sets and hashes. Fences (which stay, to keep tokens
+// increasing) and tombstones (which expire after one lease TTL) are not
+// among them.
+func StateKeys(prefix, key string) []string {
+	lock, _ := Layout(prefix, key)
+	return []string{lock, lock + LabelSuffix, lock + SemSuffix, lock + SemRecordsSuffix,
+		lock + RWSuffix, lock + RWRecordsSuffix, lock + RWWritersSuffix, lock + RWReadersSuffix, lock + RWIntentsSuffix}
+}
+
+// IsLimit reports whether err is [SemAcquire]'s LIMIT error: the live
+// holders took the semaphore with another limit.
+func IsLimit(err error) bool {
+	return err != nil && goredis.HasErrorPrefix(err, "LIMIT")
+}
+
+// ParseRecord reads a holder's record from [Inspect]: "<token>:<label>",
+// after a kind byte 'r' or 'w' for a read/write lock (rw). ok is false for
+// a record it cannot read.
+func ParseRecord(rec string, rw bool) (kind byte, token uint64, label string, ok bool) {
+	if rw {
+		if rec == "" || (rec[0] != 'r' && rec[0] != 'w') {
+			return 0, 0, "", false
+		}
+		kind, rec = rec[0], rec[1:]
+	}
+	num, label, found := strings.Cut(rec, ":")
+	if !found {
+		return 0, 0, "", false
+	}
+	token, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return 0, 0, "", false
+	}
+	return kind, token, label, true
+}
 
 // Publish commands for [Release]'s second argument.
 const (
@@ -59,7 +207,8 @@ const (
 	ShardedPublish = "SPUBLISH" // Redis Cluster (Redis 7.0+)
 )
 
-// FenceSuffix is appended to the lock key to name the fence counter.
+// FenceSuffix is appended to the lock key to name the fence, which holds
+// the last token.
 const FenceSuffix = ":fence"
 
 // DeadInfix comes between the lock key and an owner value in the name of
@@ -195,6 +344,34 @@ func Millis(ttl time.Duration) int64 {
 		ms = 1
 	}
 	return ms
+}
+
+// Slot returns the Redis Cluster hash slot of key: CRC16 of its hash tag
+// (the bytes between the first '{' and the first '}' after it, when not
+// empty), else of the whole key, modulo 16384.
+func Slot(key string) uint16 {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	return crc16(key) % 16384
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
 }
 
 // DecodeAcquire reads [Acquire]'s reply: acquired with the token (> 0), or

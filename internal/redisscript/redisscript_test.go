@@ -103,7 +103,7 @@ func TestDecodeAcquire(t *testing.T) {
 }
 
 // FuzzLayout checks that the escaping is injective and brace-free and that
-// a lock and its fence counter always share a Cluster hash slot.
+// a lock and its fence always share a Cluster hash slot.
 func FuzzLayout(f *testing.F) {
 	for _, s := range []string{"k", "{", "}", "%", "a{b}c", "%7B", "{}", "x:fence"} {
 		f.Add("distlock:", s)
@@ -129,6 +129,20 @@ func FuzzLayout(f *testing.F) {
 			t.Fatalf("Layout(%q, %q): slots %d, %d; want both %d (tag %q)",
 				prefix, key, hashSlot(lock), hashSlot(fence), crc16(e)%16384, e)
 		}
+		// Every key of every kind of lock on key, fences included, shares
+		// the slot; none is a tombstone's name (those alone have
+		// DeadInfix right after the tag).
+		names := append(StateKeys(prefix, key), fence, lock+SemFenceSuffix, lock+RWFenceSuffix)
+		names = append(names, SemaphoreKeys(lock)...)
+		names = append(names, RWKeys(lock)...)
+		for _, n := range names {
+			if hashSlot(n) != hashSlot(lock) {
+				t.Fatalf("key %q of lock %q: slot %d; want %d", n, lock, hashSlot(n), hashSlot(lock))
+			}
+			if strings.HasPrefix(n[strings.IndexByte(n, '}')+1:], DeadInfix) {
+				t.Fatalf("key %q of lock %q looks like a tombstone", n, lock)
+			}
+		}
 		// A tombstone (any value: try the key and the prefix) shares the
 		// slot and is no lock or fence name: those end with the tag's '}'
 		// or with FenceSuffix right after it.
@@ -145,37 +159,33 @@ func FuzzLayout(f *testing.F) {
 	})
 }
 
-// hashSlot is Redis Cluster's key slot: CRC16 of the hash tag (the bytes
-// between the first '{' and the first '}' after it, when not empty), else
-// of the whole key.
-func hashSlot(key string) uint16 {
-	if s := strings.IndexByte(key, '{'); s >= 0 {
-		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
-			key = key[s+1 : s+1+e]
-		}
-	}
-	return crc16(key) % 16384
-}
-
-// crc16 is CRC-16/XMODEM, the checksum Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
+// hashSlot is Slot, under the name the tests use.
+func hashSlot(key string) uint16 { return Slot(key) }
 
 func TestCRC16(t *testing.T) {
 	// From the Redis Cluster specification.
 	if got := crc16("123456789"); got != 0x31C3 {
 		t.Errorf("crc16(123456789) = %#x; want 0x31c3", got)
+	}
+}
+
+func TestSlot(t *testing.T) {
+	// CLUSTER KEYSLOT answers.
+	for _, tc := range []struct {
+		key  string
+		want uint16
+	}{
+		{"foo", 12182},
+		{"{foo}bar", 12182},
+		{"x{foo}y{z}", 12182},
+		{"somekey", 11058},
+		{"{}foo", Slot("{}foo")}, // an empty tag: the whole key
+	} {
+		if got := Slot(tc.key); got != tc.want {
+			t.Errorf("Slot(%q) = %d; want %d", tc.key, got, tc.want)
+		}
+	}
+	if Slot("{}foo") == Slot("foo") {
+		t.Errorf("Slot(%q): an empty tag must hash the whole key", "{}foo")
 	}
 }

@@ -1,0 +1,20 @@
+-- batchextend: extend many mutexes in one round trip (distlock's renewal
+-- scheduler), each as extend.lua does. On Cluster every key must be in
+-- one hash slot.
+-- KEYS[i] lock key i, for i = 1..n
+-- ARGV[3i-2] owner value i, ARGV[3i-1] its new TTL in ms, ARGV[3i] '1'
+-- when it has a label key (acquire.lua), else ''
+-- Returns one result per lock, in order: 1 extended, 0 not held.
+local out = {}
+for i = 1, #KEYS do
+  local j = 3 * i - 2
+  if redis.call('GET', KEYS[i]) == ARGV[j] then
+    if ARGV[j + 2] == '1' then
+      redis.call('PEXPIRE', KEYS[i] .. ':label', ARGV[j + 1])
+    end
+    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[j + 1])
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,36 @@
+-- semacquire: take a permit of a semaphore if one is free, in one round trip.
+-- KEYS[1] lock key: names the release channel and the tombstones; not read
+-- KEYS[2] holders: sorted set, owner value scored by expiry (server ms)
+-- KEYS[3] records: hash, owner value -> "<token>:<label>", '' -> the limit
+-- KEYS[4] fence (clock.lua)
+-- ARGV[1] owner value, ARGV[2] TTL in ms, ARGV[3] limit, ARGV[4] label
+-- Returns > 0 when acquired: the token. Returns <= 0 when limit holders
+-- hold it: minus the time until the first of them expires, in ms. Fails
+-- with LIMIT <their limit> when the live holders took it with another
+-- limit, and with DEAD when the value's tombstone exists (as acquire.lua).
+-- A value that already holds a permit (a resent request) gets it again,
+-- with a fresh token and expiry, as acquire.lua does for a mutex.
+local now = now_ms()
+prune(KEYS[2], KEYS[3], now, false)
+local n = redis.call('ZCARD', KEYS[2])
+local limit = tonumber(ARGV[3])
+if n > 0 then
+  local lim = tonumber(redis.call('HGET', KEYS[3], ''))
+  if lim and lim ~= limit then
+    return redis.error_reply('LIMIT ' .. string.format('%d', lim))
+  end
+end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  if n >= limit then
+    return -(first_score(KEYS[2]) - now)
+  end
+  if dead(KEYS[1], ARGV[1]) then
+    return redis.error_reply(DEAD)
+  end
+end
+local tok = next_token(KEYS[4])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[3], '', ARGV[3], ARGV[1], string.format('%d:', tok) .. (ARGV[4] or ''))
+lengthen(KEYS[2], ARGV[2])
+lengthen(KEYS[3], ARGV[2])
+return tok

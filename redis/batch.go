@@ -1,0 +1,165 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
+)
+
+var _ backend.BatchRefresher = (*Resource)(nil)
+
+// RefreshAll implements [backend.BatchRefresher]: it extends every lease of
+// ls as Refresh does, in one pipeline, one round trip per server. The
+// mutexes go in one script (redisscript.BatchExtend) per hash slot on
+// Cluster and in one script for all on a standalone server or Sentinel
+// master; semaphores and read/write locks, and every lease over a
+// *goredis.Ring, take a script each in the same pipeline. It returns one
+// error per lease, in order: nil, backend.ErrNotHeld, or the store's
+// error (a script that failed fails only its own leases). It returns when
+// ctx ends, every lease's error then wrapping ctx's.
+func (r *Resource) RefreshAll(ctx context.Context, ls []*backend.Lease) []error {
+	errs := make([]error, len(ls))
+	if r.c == nil {
+		for i := range errs {
+			errs[i] = errNilClient
+		}
+		return errs
+	}
+	if len(ls) == 1 {
+		errs[0] = r.Refresh(ctx, ls[0])
+		return errs
+	}
+	b := r.batch(ls)
+	if !await(ctx, func() { b.exec(ctx, r.c) }) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("redis: refresh %q: %w", ls[i].Key, ctx.Err())
+		}
+		return errs
+	}
+	for _, rq := range b.reqs {
+		rq.results(ls, errs)
+	}
+	return errs
+}
+
+// refreshBatch is the requests of one RefreshAll.
+type refreshBatch struct {
+	reqs []*refreshReq
+}
+
+// refreshReq is one script of a batch: a BatchExtend over the mutexes
+// idx of one slot, or the refresh of one lease.
+type refreshReq struct {
+	s    *goredis.Script
+	keys []string
+	args []any // ARGV
+	idx  []int // the leases it extends, in the reply's order
+	many bool  // the reply is an array, one result per lease
+	cmd  *goredis.Cmd
+}
+
+// batch groups ls into the scripts of a batch.
+func (r *Resource) batch(ls []*backend.Lease) *refreshBatch {
+	b := &refreshBatch{}
+	_, ring := r.c.(*goredis.Ring)
+	bySlot := map[uint16]*refreshReq{}
+	for i, l := range ls {
+		ms := redisscript.Millis(l.TTL)
+		if l.Kind != backend.KindMutex {
+			h := r.khandleOf(l)
+			b.reqs = append(b.reqs, &refreshReq{s: redisscript.GroupExtend, keys: h.keys[:3],
+				args: []any{h.value, ms}, idx: []int{i}})
+			continue
+		}
+		h := r.handleOf(l)
+		var flag any = ""
+		if h.labeled {
+			flag = labelFlag
+		}
+		if ring {
+			args := []any{h.value, ms}
+			if h.labeled {
+				args = append(args, labelFlag)
+			}
+			b.reqs = append(b.reqs, &refreshReq{s: redisscript.Extend, keys: h.keys[:1], args: args, idx: []int{i}})
+			continue
+		}
+		var slot uint16
+		if r.cluster != nil {
+			slot = redisscript.Slot(h.keys[0])
+		}
+		rq := bySlot[slot]
+		if rq == nil {
+			rq = &refreshReq{s: redisscript.BatchExtend, many: true}
+			bySlot[slot] = rq
+			b.reqs = append(b.reqs, rq)
+		}
+		rq.keys = append(rq.keys, h.keys[0])
+		rq.args = append(rq.args, h.value, ms, flag)
+		rq.idx = append(rq.idx, i)
+	}
+	return b
+}
+
+// exec sends every script of b in one pipeline (EVALSHA), and those a
+// server did not have cached in a second one, with EVAL (which caches
+// them: the next batch needs one round trip again).
+func (b *refreshBatch) exec(ctx context.Context, c goredis.UniversalClient) {
+	pipe := c.Pipeline()
+	for _, rq := range b.reqs {
+		rq.cmd = rq.s.EvalSha(ctx, pipe, rq.keys, rq.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var again goredis.Pipeliner
+	for _, rq := range b.reqs {
+		if err := rq.cmd.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			if again == nil {
+				again = c.Pipeline()
+			}
+			rq.cmd = rq.s.Eval(ctx, again, rq.keys, rq.args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+}
+
+// results writes rq's result for each of its leases into errs.
+func (rq *refreshReq) results(ls []*backend.Lease, errs []error) {
+	fail := func(err error) {
+		for _, i := range rq.idx {
+			errs[i] = fmt.Errorf("redis: refresh %q: %w", ls[i].Key, err)
+		}
+	}
+	if err := rq.cmd.Err(); err != nil {
+		fail(err)
+		return
+	}
+	if !rq.many {
+		n, err := rq.cmd.Int64()
+		switch {
+		case err != nil:
+			fail(err)
+		case n == 0:
+			errs[rq.idx[0]] = backend.ErrNotHeld
+		}
+		return
+	}
+	ns, err := rq.cmd.Int64Slice()
+	if err == nil && len(ns) != len(rq.idx) {
+		err = fmt.Errorf("%w: %d results for %d locks", errBadReply, len(ns), len(rq.idx))
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	for j, i := range rq.idx {
+		if ns[j] == 0 {
+			errs[i] = backend.ErrNotHeld
+		}
+	}
+}
