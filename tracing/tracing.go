@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 var (
@@ -383,7 +384,8 @@ var fmtWrapType = reflect.TypeOf(fmt.Errorf("%w", errors.New("e")))
 
 // primary returns the error that classifies err: err itself if it has an
 // ErrorType method, else the first of the errors it joins or wraps with
-// fmt.Errorf, recursively.
+// fmt.Errorf or backend.AbandonedError (an attempt given up while its
+// request was in flight says nothing by its own type), recursively.
 func primary(err error) error {
 	for {
 		switch u := err.(type) {
@@ -395,6 +397,10 @@ func primary(err error) error {
 				continue
 			}
 			return err
+		}
+		if a, ok := err.(*backend.AbandonedError); ok && a.Err != nil {
+			err = a.Err
+			continue
 		}
 		if reflect.TypeOf(err) == fmtWrapType {
 			if u := errors.Unwrap(err); u != nil {
