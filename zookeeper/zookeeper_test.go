@@ -53,7 +53,7 @@ func testAcquireRelease(t *testing.T, addrs []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Alone under the parent, the token is its pzxid: our create, here.
+	// The token is the znode's czxid, read from the create's reply.
 	if l.Token == 0 || l.Token != uint64(stat.Czxid) {
 		t.Errorf("Token = %d; want the czxid %d", l.Token, stat.Czxid)
 	}
@@ -61,8 +61,8 @@ func testAcquireRelease(t *testing.T, addrs []string) {
 		t.Errorf("znode owner = %x; want our session %x", stat.EphemeralOwner, conn.SessionID())
 	}
 	data, _, err := conn.Get(path)
-	if err != nil || string(data) != l.Value {
-		t.Errorf("znode data = %q, %v; want the owner value %q", data, err, l.Value)
+	if rec := decodeRecord(data); err != nil || rec.value != l.Value || rec.ttl != ttl || rec.kept {
+		t.Errorf("znode data = %q (%+v), %v; want a record of the owner value %q and the TTL %v", data, rec, err, l.Value, ttl)
 	}
 	if l.Lost == nil || closed(l.Lost) {
 		t.Errorf("Lost = %v; want an open channel", l.Lost)
