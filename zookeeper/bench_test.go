@@ -1,11 +1,15 @@
 package zookeeper
 
 import (
+	"context"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,4 +267,71 @@ func watching(b *testing.B, addr string) bool {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(total))
 	return err != nil || n > 0
+}
+
+// BenchmarkHeld acquires b.N locks on distinct keys, all held at once by
+// one resource (through the store alone, not the facade), 32 at a time,
+// then releases them: what the store costs per held lock, in heap
+// (heap-B/lock: live heap after GC, less the heap before) and in time,
+// next to go-zookeeper's recipe (zk.NewLock) doing the same. The locks are
+// kept alive by the session (AutoRenew), as the facade's WithAutoRenew
+// has them.
+//
+//	go test -run '^$' -bench Held -benchtime 10000x ./zookeeper
+func BenchmarkHeld(b *testing.B) {
+	addrs := []string{testserver.ZooKeeper(b).Addr}
+	warmUp(b, addrs)
+	const workers = 32
+	held := func(b *testing.B, acquire func(i int) (release func() error, err error)) {
+		releases := make([]func() error, b.N)
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		b.ResetTimer()
+		parallel(b, b.N, workers, func(i int) error {
+			var err error
+			releases[i], err = acquire(i)
+			return err
+		})
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		b.ReportMetric((float64(m1.HeapAlloc)-float64(m0.HeapAlloc))/float64(b.N), "heap-B/lock")
+		parallel(b, b.N, workers, func(i int) error { return releases[i]() })
+	}
+	b.Run("distlock", func(b *testing.B) {
+		r, _ := newResource(b, addrs, WithSessionTimeout(sessionTimeout))
+		base := uniqueKey(b)
+		held(b, func(i int) (func() error, error) {
+			l := lease(base+"/"+strconv.Itoa(i), time.Minute)
+			l.AutoRenew = true
+			err := r.Acquire(b.Context(), l, time.Now().Add(time.Minute))
+			return func() error { return r.Release(context.Background(), l) }, err
+		})
+	})
+	b.Run("zk.NewLock", func(b *testing.B) {
+		conn := connect(b, addrs)
+		base := "/bench-zklock/" + uniqueName(b) + "-"
+		held(b, func(i int) (func() error, error) {
+			l := zk.NewLock(conn, base+strconv.Itoa(i), zk.WorldACL(zk.PermAll))
+			return l.Unlock, l.Lock()
+		})
+	})
+}
+
+// parallel runs f(0..n-1) on workers goroutines, failing b on an error.
+func parallel(b *testing.B, n, workers int, f func(i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := f(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -417,6 +417,24 @@ func clientWatchers(t testing.TB, conn *zk.Conn) int {
 	return n
 }
 
+// pathWatchers returns how many watches the client conn holds on path, of
+// any type.
+func pathWatchers(t testing.TB, conn *zk.Conn, path string) int {
+	t.Helper()
+	v := reflect.ValueOf(conn).Elem()
+	lock, watchers := v.FieldByName("watchersLock"), v.FieldByName("watchers")
+	mu := (*sync.Mutex)(unsafe.Pointer(lock.UnsafeAddr()))
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for it := watchers.MapRange(); it.Next(); {
+		if p := it.Key().FieldByName("path"); p.IsValid() && p.String() == path {
+			n += it.Value().Len()
+		}
+	}
+	return n
+}
+
 // acquireAsync runs Acquire in a goroutine and reports its result.
 func acquireAsync(ctx context.Context, r *Resource, l *backend.Lease, deadline time.Time) <-chan error {
 	ch := make(chan error, 1)
