@@ -52,6 +52,14 @@ type Config struct {
 	// Zombie makes the worker write once more with its old token after it
 	// saw the lock lost, as a client that did not look at Done would.
 	Zombie bool
+	// Lock is the kind of lock the worker takes: "" (the mutex),
+	// "semaphore" (of Limit holders), "read" or "write" (the two sides of
+	// the read/write lock). A reader neither writes to the fenced
+	// register nor increments the counter (it reads); a semaphore's
+	// holder writes to the register, and does not increment the counter,
+	// which its fellow holders would race.
+	Lock  string
+	Limit int
 }
 
 // MaybeRunWorker runs the worker and exits when this process is a worker
@@ -161,9 +169,9 @@ func errString(err error) string {
 // cfg.Ops writes and increments, and releases it.
 func (w *worker) cycle(ctx context.Context, owner string) error {
 	call := history.Now()
-	lk, err := w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
+	lk, err := w.acquire(ctx)
 	ret := history.Now()
-	ev := history.Event{Kind: history.Acquire, Owner: owner, Call: call, Return: ret, Err: errString(err)}
+	ev := history.Event{Kind: history.Acquire, Owner: owner, Call: call, Return: ret, Err: errString(err), Lock: w.cfg.Lock}
 	if err == nil {
 		ev.Token = lk.Token()
 	}
@@ -195,10 +203,16 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 			continue
 		default:
 		}
-		if err := w.write(ctx, owner, lk.Token()); err != nil {
-			return err
+		if w.cfg.Lock != "read" {
+			if err := w.write(ctx, owner, lk.Token()); err != nil {
+				return err
+			}
 		}
-		if err := w.increment(ctx, owner, step/2); err != nil {
+		if w.cfg.Lock == "" || w.cfg.Lock == "write" {
+			if err := w.increment(ctx, owner, step/2); err != nil {
+				return err
+			}
+		} else if _, err := w.store.Get(ctx); err != nil { // the read
 			return err
 		}
 		select {
@@ -215,7 +229,7 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 			return err
 		}
 		say("lost %s", owner)
-		if w.cfg.Zombie {
+		if w.cfg.Zombie && w.cfg.Lock != "read" {
 			if err := w.write(ctx, owner, lk.Token()); err != nil {
 				return err
 			}
@@ -239,6 +253,19 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 	say("released %s %s", owner, errString(err))
 	w.think()
 	return nil
+}
+
+// acquire takes the worker's kind of lock.
+func (w *worker) acquire(ctx context.Context) (*distlock.Lock, error) {
+	switch w.cfg.Lock {
+	case "semaphore":
+		return w.d.Semaphore(w.cfg.Key, w.cfg.Limit).TryAcquire(ctx, w.cfg.Wait)
+	case "read":
+		return w.d.RWMutex(w.cfg.Key).TryRLock(ctx, w.cfg.Wait)
+	case "write":
+		return w.d.RWMutex(w.cfg.Key).TryLock(ctx, w.cfg.Wait)
+	}
+	return w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
 }
 
 // write makes one fenced write and records it. A lock without a token
