@@ -147,6 +147,10 @@ type verdict struct {
 	// signal: the watched child marks its grant (a data change, see
 	// grantSignal), after which the waiter lists again.
 	signal bool
+	// alone: the watched child is the only one between the waiter and
+	// the lock, so that its deletion grants the lock with no listing
+	// (nothing queues before a child once it is made).
+	alone bool
 }
 
 // judge tells the contender at index i of q, asking for kind (and limit,
@@ -171,7 +175,11 @@ func judge(q []entry, i int, kind backend.Kind, limit int) verdict {
 	case backend.KindRead:
 		for j := i - 1; j >= 0; j-- {
 			if q[j].kind != backend.KindRead {
-				return verdict{watch: q[j].name}
+				alone := true
+				for _, e := range q[:j] {
+					alone = alone && e.kind == backend.KindRead
+				}
+				return verdict{watch: q[j].name, alone: alone}
 			}
 		}
 		return verdict{hold: true}
@@ -185,7 +193,7 @@ func judge(q []entry, i int, kind backend.Kind, limit int) verdict {
 		case i < limit:
 			return verdict{hold: true}
 		case limit == 1:
-			return verdict{watch: q[i-1].name}
+			return verdict{watch: q[i-1].name, alone: i == 1}
 		case i == limit:
 			return verdict{children: true}
 		}
@@ -194,7 +202,7 @@ func judge(q []entry, i int, kind backend.Kind, limit int) verdict {
 	if i == 0 {
 		return verdict{hold: true}
 	}
-	return verdict{watch: q[i-1].name}
+	return verdict{watch: q[i-1].name, alone: i == 1}
 }
 
 // grantSignal reports whether the holder at index i of q, granted a

@@ -78,15 +78,17 @@ func TestJudge(t *testing.T) {
 	}{
 		{q("m"), 0, backend.KindMutex, 0, verdict{hold: true}},
 		{q("m", "m", "m"), 2, backend.KindMutex, 0, verdict{watch: "c1"}},
+		{q("m", "m"), 1, backend.KindMutex, 0, verdict{watch: "c0", alone: true}},
 		{q("r", "r", "r"), 2, backend.KindRead, 0, verdict{hold: true}},
-		{q("w", "r", "r"), 2, backend.KindRead, 0, verdict{watch: "c0"}},
+		{q("w", "r", "r"), 2, backend.KindRead, 0, verdict{watch: "c0", alone: true}},
 		{q("r", "w", "r", "w", "r", "r"), 5, backend.KindRead, 0, verdict{watch: "c3"}}, // the last writer before it
+		{q("r", "r", "w", "r"), 3, backend.KindRead, 0, verdict{watch: "c2", alone: true}},
 		{q("r", "r", "w"), 2, backend.KindWrite, 0, verdict{watch: "c1"}},
 		{q("w"), 0, backend.KindWrite, 0, verdict{hold: true}},
 		{q(3, 3, 3), 2, backend.KindSemaphore, 3, verdict{hold: true}},
 		{q(3, 3, 3, 3), 3, backend.KindSemaphore, 3, verdict{children: true}},               // the first waiter: any change
 		{q(3, 3, 3, 3, 3), 4, backend.KindSemaphore, 3, verdict{watch: "c3", signal: true}}, // behind it: its grant
-		{q(1, 1), 1, backend.KindSemaphore, 1, verdict{watch: "c0"}},                        // limit 1: a mutex
+		{q(1, 1), 1, backend.KindSemaphore, 1, verdict{watch: "c0", alone: true}},           // limit 1: a mutex
 		{q(1, 1, 1), 2, backend.KindSemaphore, 1, verdict{watch: "c1"}},
 		{q(2, 3), 1, backend.KindSemaphore, 3, verdict{mismatch: true}},
 		{q(3, 2, 3), 2, backend.KindSemaphore, 3, verdict{mismatch: true}}, // any child before it
@@ -135,7 +137,8 @@ func TestHolders(t *testing.T) {
 // reactions (a listing after a watch fired) delayed and interleaved at
 // random, as the network does. A listing sees the queue as it is then;
 // a watch fires on the change it watches (a deletion, a grant's mark,
-// any change of the queue for a child watch). Invariants:
+// any change of the queue for a child watch); the deletion of the only
+// child a waiter waited for grants it with no listing. Invariants:
 //
 //   - safety: the clients that believe they hold never exceed what the
 //     kind allows (one writer or mutex holder, or readers only; at most
@@ -182,6 +185,7 @@ type modelClient struct {
 	watch    string
 	children bool
 	signal   bool
+	alone    bool // its watched child's deletion grants it
 	marked   bool // its grant's mark (a data change) is written
 }
 
@@ -227,7 +231,7 @@ func (m *queueModel) list(c *modelClient) {
 			m.pending = append(m.pending, func() { m.mark(c) })
 		}
 	default:
-		c.watch, c.children, c.signal = v.watch, v.children, v.signal
+		c.watch, c.children, c.signal, c.alone = v.watch, v.children, v.signal, v.alone
 		if v.signal {
 			if p := m.byName(v.watch); p != nil && p.marked {
 				m.pending = append(m.pending, func() { m.list(c) })
@@ -266,7 +270,17 @@ func (m *queueModel) changed(removed string) {
 		if w.state != waiting {
 			continue
 		}
-		if w.children || (removed != "" && w.watch == removed) {
+		switch {
+		case removed != "" && w.watch == removed && w.alone:
+			// The deletion of the only child before it: held, with no
+			// listing.
+			w.watch = ""
+			m.pending = append(m.pending, func() {
+				if m.index(w) >= 0 {
+					w.state = holding
+				}
+			})
+		case w.children || (removed != "" && w.watch == removed):
 			w.children, w.watch = false, ""
 			m.pending = append(m.pending, func() { m.list(w) })
 		}

@@ -49,7 +49,7 @@ const (
 
 // scanEvery is how many poll intervals pass between two looks at the
 // watches of the locks the session keeps alive.
-const scanEvery = 2
+const scanEvery = 4
 
 // Option configures a [Resource].
 type Option func(*config)
@@ -323,16 +323,18 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	}
 	parent := r.kindParent(l.Key, l.Kind)
 	guid := newGUID()
-	path, czxid, err := r.create(ctx, parent, guid, tagOf(l), recordOf(l).encode())
+	c, err := r.create(ctx, parent, guid, tagOf(l), recordOf(l).encode())
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
+	path := c.path
 	// Read after the create returned: the session the znode was created
 	// in, or a later one if that one expired meanwhile (then the znode
-	// went with it and the listing finds it gone). Before the create it
-	// can be 0, on a connection that has no session yet.
+	// went with it and the listing finds it gone, or track sees the
+	// session changed). Before the create it can be 0, on a connection
+	// that has no session yet.
 	sid := r.conn.SessionID()
-	g, err := r.wait(ctx, l, parent, path, guid, czxid, sid, deadline)
+	g, err := r.wait(ctx, l, parent, guid, c, sid, deadline)
 	if err == nil {
 		err = r.track(l, path, g)
 	}
@@ -389,10 +391,13 @@ func (r *Resource) wrap(op, key string, err error) error {
 
 // created is what a create returned: the znode's path and its czxid, the
 // zxid of the transaction that made it (0 when unknown: a create found
-// again by its guid after its reply was lost).
+// again by its guid after its reply was lost), whether it was then the
+// only child of its parent, and when the request that made it was sent.
 type created struct {
 	path  string
 	czxid int64
+	alone bool
+	sent  time.Time
 }
 
 // create makes our ephemeral sequential child of parent, named with guid
@@ -400,13 +405,15 @@ type created struct {
 // again when the reply was lost.
 //
 // The create is a multi-op with a write of the parent's (empty) data: the
-// parent's new mzxid, in the reply, is the zxid of the transaction, our
-// czxid, which the fencing token is, with no request to read it.
+// parent's new stat, in the reply, has the zxid of the transaction as
+// mzxid, which is our czxid, the fencing token, and the number of its
+// children, which tells whether ours is the only one: then it holds the
+// lock, with no listing.
 //
 // When ctx ends with a create in flight, or after a create whose reply
 // was lost, the error is an AbandonedError: its job waits for the
 // create's reply and deletes what it made, or whatever carries the guid.
-func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []byte) (path string, czxid int64, err error) {
+func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []byte) (c created, err error) {
 	prefix := parent + "/" + guidPrefix + guid + "-" + tag + "-"
 	byGUID := cleanup{parent: parent, guid: guid}
 	lostReply := false
@@ -425,8 +432,9 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 	}()
 	for range 5 {
 		if err = ctx.Err(); err != nil {
-			return "", 0, err
+			return created{}, err
 		}
+		sent := time.Now()
 		pending := send(func() (created, error) {
 			res, err := r.conn.Multi(
 				&zk.CreateRequest{Path: prefix, Data: data, Acl: r.cfg.acl, Flags: zk.FlagEphemeralSequential},
@@ -439,7 +447,7 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 				// ambiguous outcome, which the guid settles.
 				return created{}, fmt.Errorf("zookeeper: create in %s: unexpected reply %+v", parent, res)
 			}
-			return created{res[0].String, res[1].Stat.Mzxid}, nil
+			return created{res[0].String, res[1].Stat.Mzxid, res[1].Stat.NumChildren == 1, sent}, nil
 		})
 		var res result[created]
 		select {
@@ -449,7 +457,7 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 			// server answers. Delete what it made then.
 			lost := lostReply
 			lostReply = false // the job below covers the guid too
-			return "", 0, r.abandoned(ctx.Err(), ctx, r.later(cleanup{after: func() (cleanup, bool) {
+			return created{}, r.abandoned(ctx.Err(), ctx, r.later(cleanup{after: func() (cleanup, bool) {
 				res := <-pending
 				switch {
 				case res.err == nil && !lost:
@@ -463,33 +471,33 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 		err = res.err
 		switch {
 		case err == nil:
-			return res.v.path, res.v.czxid, nil
+			return res.v, nil
 		case errors.Is(err, zk.ErrNoNode):
 			// The parent is missing, or the server removed the empty
 			// container between our calls: make it and retry.
 			if err = r.ensureParents(ctx, parent); err != nil {
-				return "", 0, err
+				return created{}, err
 			}
 		case ambiguous(err):
 			// The request may have been applied: look for our guid.
 			lostReply = true
 			found, ferr := r.find(ctx, parent, guid)
 			if ferr != nil {
-				return "", 0, errors.Join(err, ferr)
+				return created{}, errors.Join(err, ferr)
 			}
 			if found != "" {
 				// Ours, from a create whose reply was lost; any other
 				// with the guid goes when wait lists the parent. Its
 				// czxid is read when it is granted.
 				lostReply = false
-				return found, 0, nil
+				return created{path: found}, nil
 			}
 			// Not applied: create again under the same guid.
 		default:
-			return "", 0, err
+			return created{}, err
 		}
 	}
-	return "", 0, err
+	return created{}, err
 }
 
 // ambiguous reports whether a failed write may still have been applied.
@@ -582,44 +590,104 @@ func (r *Resource) createParent(ctx context.Context, path string, container bool
 	return err
 }
 
-// grant is what the listing that granted a lock tells.
+// grant is what the request that granted a lock tells.
 type grant struct {
 	token int64     // the fencing token: our znode's czxid
 	owner int64     // the session owning our znode
-	heard time.Time // when that listing was sent: the server had heard from the session by then
-	// watch is the child watch that listing set on the parent (nil when
-	// it set none): for a lock the session keeps alive, the first sign
-	// that its znode may have gone.
+	heard time.Time // when a request answered by then was sent: the server had heard from the session
+	// watch, for a lock the session keeps alive, fires when its znode
+	// may have gone: a data watch on the znode, or the child watch of
+	// the listing that granted a semaphore's permit.
 	watch  <-chan zk.Event
 	signal bool // mark the grant for the waiter behind (see grantSignal)
 }
 
-// wait lists parent until the queue grants our node (see judge), watching
-// only what it waits for in between. czxid is our node's (0 if unknown),
-// sid the session read after the create. It returns ctx's error as soon as
-// ctx ends, leaving a request then in flight to complete on its own.
-func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, path, guid string, czxid, sid int64, deadline time.Time) (g grant, err error) {
+// wait waits until the queue grants our node (see judge), watching only
+// what it waits for. c is our create's result, sid the session read after
+// it. It returns ctx's error as soon as ctx ends, leaving a request then
+// in flight to complete on its own.
+//
+// A node created alone under its parent holds the lock at once, with no
+// listing. Otherwise wait lists the parent and watches what judge says.
+// When one child only is between it and the lock (verdict.alone), it also
+// watches its own node (a data watch, sent together with the other), so
+// that when that child goes it holds the lock with no listing: no child
+// can queue before it, and its own node is still there, or its watch
+// would have fired first (a session receives its events in zxid order).
+//
+// A lock the session keeps alive needs a loss watch once held: the watch
+// on its node when it has one, else the child watch of the listing that
+// granted it (free: a listing after a wake-up, or one that may grant,
+// sets one), which the session watcher replaces with a watch on the node
+// at the first change of the queue (see onWatch). A semaphore's waiters
+// (limit above 1) wait through the child watch of their listings and
+// their predecessors' grant marks (see judge).
+func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grant, err error) {
+	path := c.path
 	name := path[len(parent)+1:]
 	if _, ok := sequence(name); !ok {
 		return g, fmt.Errorf("server gave %q no sequence number", path)
 	}
-	// A lock the session keeps alive lists with a child watch, so that
-	// the listing that grants it watches it at no cost; so does a
-	// semaphore's, whose first waiter waits for any change of the queue.
-	withWatch := l.AutoRenew || (l.Kind == backend.KindSemaphore && l.Limit > 1)
+	kept := l.AutoRenew
+	chain := l.Kind == backend.KindSemaphore && l.Limit > 1
+	g.owner, g.token, g.heard = sid, c.czxid, c.sent
+
+	// own is the data watch on our node, armed by a GetW in flight
+	// (ownSent) or armed already.
+	var own <-chan zk.Event
+	var ownSent <-chan result[<-chan zk.Event]
+	armOwn := func() {
+		ownSent = send(func() (<-chan zk.Event, error) {
+			_, _, ch, err := r.conn.GetW(path)
+			return ch, err
+		})
+	}
+	takeOwn := func() error {
+		if ownSent == nil {
+			return nil
+		}
+		select {
+		case res := <-ownSent:
+			ownSent = nil
+			switch {
+			case errors.Is(res.err, zk.ErrNoNode):
+				return errVanished
+			case res.err != nil:
+				return res.err
+			}
+			own = res.v
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+
+	if c.alone {
+		// The only child: held.
+		if kept {
+			armOwn()
+			if err := takeOwn(); err != nil {
+				return g, err
+			}
+			g.watch = own
+		}
+		return g, nil
+	}
 	type listing struct {
 		children []string
 		watch    <-chan zk.Event
 	}
+	// The first listing of a mutex or a writer cannot grant: every child
+	// there was before ours was made before it. The others may.
+	mayGrant := l.Kind != backend.KindMutex && l.Kind != backend.KindWrite
 	list := func() (listing, error) {
-		if withWatch {
+		if chain || (kept && mayGrant) {
 			cs, _, ch, err := r.conn.ChildrenW(parent)
 			return listing{cs, ch}, err
 		}
 		cs, _, err := r.conn.Children(parent)
 		return listing{children: cs}, err
 	}
-	g.owner = sid
 
 	var timer *time.Timer
 	defer func() {
@@ -628,11 +696,12 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, path, gui
 		}
 	}()
 	for {
-		g.heard = time.Now()
+		sent := time.Now()
 		ls, err := call(ctx, list)
 		if err != nil {
 			return g, err
 		}
+		g.heard = sent
 		children := ls.children[:0:0]
 		for _, c := range ls.children {
 			if c != name && strings.Contains(c, guid) {
@@ -652,7 +721,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, path, gui
 		case v.mismatch:
 			return g, backend.ErrLimitMismatch
 		case v.hold:
-			if czxid == 0 {
+			if g.token == 0 {
 				// Found by its guid after a lost reply: read it.
 				st, err := call(ctx, func() (*zk.Stat, error) {
 					exists, st, err := r.conn.Exists(path)
@@ -664,21 +733,40 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, path, gui
 				if err != nil {
 					return g, err
 				}
-				czxid, g.owner = st.Czxid, st.EphemeralOwner
+				g.token, g.owner = st.Czxid, st.EphemeralOwner
 			}
-			g.token, g.watch = czxid, ls.watch
+			if kept {
+				if err := takeOwn(); err != nil {
+					return g, err
+				}
+				switch {
+				case own != nil:
+					g.watch = own
+				case ls.watch != nil:
+					g.watch = ls.watch
+				default:
+					g.watch = rearmNow // the session watcher arms one
+				}
+			}
 			g.signal = grantSignal(q, i, l.Kind, l.Limit)
 			return g, nil
 		}
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return g, backend.ErrNotAcquired
 		}
+		mayGrant = true // the next listing comes after a change
 		var ch <-chan zk.Event
 		if v.children {
 			ch = ls.watch // any change of the queue
 		} else {
+			if v.alone && own == nil && ownSent == nil {
+				armOwn() // sent together with the watch on the predecessor
+			}
 			var version int32
 			ch, version, err = r.watch(ctx, parent+"/"+v.watch)
+			if err == nil {
+				err = takeOwn()
+			}
 			switch {
 			case errors.Is(err, zk.ErrNoNode):
 				continue // gone already: list again
@@ -694,10 +782,34 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, path, gui
 		select {
 		case ev := <-ch:
 			// The event, or a zero one when another wait on the same
-			// watch took it: list again either way.
+			// watch took it: list again, unless it says that the only
+			// child before ours went.
 			if ev.Err != nil {
 				return g, ev.Err
 			}
+			if v.alone && ev.Type == zk.EventNodeDeleted && ev.Path == parent+"/"+v.watch && own != nil && g.token != 0 {
+				select {
+				case ev := <-own:
+					// Our node changed first: list again to see.
+					if ev.Err != nil {
+						return g, ev.Err
+					}
+					own = nil
+				default:
+					if kept {
+						g.watch = own
+					}
+					return g, nil
+				}
+			}
+		case ev := <-own:
+			if ev.Err != nil {
+				return g, ev.Err
+			}
+			if ev.Type == zk.EventNodeDeleted {
+				return g, errVanished
+			}
+			own = nil // changed: armed again before the next wait
 		case <-timer.C:
 			return g, backend.ErrNotAcquired
 		case <-ctx.Done():

@@ -195,11 +195,18 @@ func testCancelledWaitsLeaveNoChildren(t *testing.T, addrs []string) {
 func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 	const n = 5
 	key := uniqueKey(t)
-	var wakeups atomic.Int32
-	countDeletes := func(ev zk.Event) {
-		if ev.Type == zk.EventNodeDeleted {
-			wakeups.Add(1)
+	// Deletions notified to each waiter's connection. A holder that
+	// waited watches its own node too (see wait): its release notifies
+	// its own connection, which is not a wake-up.
+	var deletes [n]atomic.Int32
+	wakeups := func(releaser int) int32 {
+		var sum int32
+		for i := range deletes {
+			if i != releaser {
+				sum += deletes[i].Load()
+			}
 		}
+		return sum
 	}
 
 	r0, conn := newResource(t, addrs)
@@ -211,7 +218,11 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 	res := make([]*Resource, n)
 	results := make([]<-chan error, n)
 	for i := range n {
-		res[i] = New(connectWith(t, addrs, connOpts{events: countDeletes}))
+		res[i] = New(connectWith(t, addrs, connOpts{events: func(ev zk.Event) {
+			if ev.Type == zk.EventNodeDeleted {
+				deletes[i].Add(1)
+			}
+		}}))
 		t.Cleanup(func() { _ = res[i].Close() })
 		leases[i] = lease(key, ttl)
 		results[i] = acquireAsync(t.Context(), res[i], leases[i], time.Now().Add(time.Minute))
@@ -220,7 +231,7 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 
 	prev, prevRes := holder, r0
 	for i := range n {
-		before := wakeups.Load()
+		before := wakeups(i - 1)
 		if err := prevRes.Release(t.Context(), prev); err != nil {
 			t.Fatalf("release before grant %d: %v", i, err)
 		}
@@ -235,7 +246,7 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 		if leases[i].Token <= prev.Token {
 			t.Errorf("grant %d: token %d <= the previous holder's %d", i, leases[i].Token, prev.Token)
 		}
-		if got := wakeups.Load() - before; got != 1 {
+		if got := wakeups(i-1) - before; got != 1 {
 			t.Errorf("release %d woke %d waiters; want 1", i, got)
 		}
 		for j := i + 1; j < n; j++ {
@@ -534,10 +545,15 @@ func testTimedOutWaitsLeaveOneWatch(t *testing.T, addrs []string) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("waiter not granted after the release")
 	}
-	if n := clientWatchers(t, conn); n != 0 {
-		t.Errorf("%d watches left in the client once the predecessor went; want 0", n)
+	// The holder's own watch stays until its release: it waited, and
+	// watched its own node meanwhile (see wait).
+	if n := clientWatchers(t, conn); n != 1 {
+		t.Errorf("%d watches left in the client once the predecessor went; want 1, on the new holder's node", n)
 	}
 	if err := r2.Release(t.Context(), next); err != nil {
 		t.Fatal(err)
+	}
+	if n := clientWatchers(t, conn); n != 0 {
+		t.Errorf("%d watches left in the client after the release; want 0", n)
 	}
 }
