@@ -31,14 +31,22 @@ func recordOf(l *backend.Lease) record {
 	return record{value: l.Value, label: l.Label, ttl: l.TTL, kept: l.AutoRenew}
 }
 
+// encode writes r as url.Values.Encode would (keys sorted), in one
+// allocation.
 func (r record) encode() []byte {
-	v := url.Values{"v": {recordVersion}, "value": {r.value}, "label": {r.label}}
+	value, label := url.QueryEscape(r.value), url.QueryEscape(r.label)
+	b := make([]byte, 0, len(value)+len(label)+48)
 	if r.kept {
-		v.Set("keep", "session")
-	} else {
-		v.Set("ttl", strconv.FormatInt(r.ttl.Milliseconds(), 10))
+		b = append(b, "keep=session&"...)
 	}
-	return []byte(v.Encode())
+	b = append(b, "label="...)
+	b = append(b, label...)
+	if !r.kept {
+		b = append(b, "&ttl="...)
+		b = strconv.AppendInt(b, r.ttl.Milliseconds(), 10)
+	}
+	b = append(b, "&v="+recordVersion+"&value="...)
+	return append(b, value...)
 }
 
 // decodeRecord reads a child's data. Data that is not a record (a child

@@ -167,6 +167,8 @@ type armed struct {
 // held is one granted lock.
 type held struct {
 	path string
+	key  string
+	kind backend.Kind
 	sid  int64 // session that owns the znode
 	kept bool  // kept alive by the session (Lease.KeptAlive): no TTL timer
 	lost chan struct{}
@@ -609,11 +611,15 @@ type grant struct {
 //
 // A node created alone under its parent holds the lock at once, with no
 // listing. Otherwise wait lists the parent and watches what judge says.
-// When one child only is between it and the lock (verdict.alone), it also
-// watches its own node (a data watch, sent together with the other), so
-// that when that child goes it holds the lock with no listing: no child
-// can queue before it, and its own node is still there, or its watch
-// would have fired first (a session receives its events in zxid order).
+// When one child only is between it and the lock (verdict.alone), the
+// deletion of that child grants it the lock with no listing: no child
+// can queue before a child once it is made. Its own node is there: its
+// session is (it got the event), and nothing else deletes it but another
+// client. A lock the session keeps alive, which must notice that too,
+// watches its own node then (a data watch, sent together with the
+// other): its watch would fire first (a session receives its events in
+// zxid order), and it lists again. A lock with a TTL notices a deletion
+// by another client at its next Refresh or Release, waiting or held.
 //
 // A lock the session keeps alive needs a loss watch once held: the watch
 // on its node when it has one, else the child watch of the listing that
@@ -759,7 +765,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 		if v.children {
 			ch = ls.watch // any change of the queue
 		} else {
-			if v.alone && own == nil && ownSent == nil {
+			if kept && v.alone && own == nil && ownSent == nil {
 				armOwn() // sent together with the watch on the predecessor
 			}
 			var version int32
@@ -787,18 +793,16 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 			if ev.Err != nil {
 				return g, ev.Err
 			}
-			if v.alone && ev.Type == zk.EventNodeDeleted && ev.Path == parent+"/"+v.watch && own != nil && g.token != 0 {
+			if v.alone && ev.Type == zk.EventNodeDeleted && ev.Path == parent+"/"+v.watch && g.token != 0 && (own != nil || !kept) {
 				select {
-				case ev := <-own:
+				case ev := <-own: // never when own is nil
 					// Our node changed first: list again to see.
 					if ev.Err != nil {
 						return g, ev.Err
 					}
 					own = nil
 				default:
-					if kept {
-						g.watch = own
-					}
+					g.watch = own
 					return g, nil
 				}
 			}
@@ -900,7 +904,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 	}
 	// Before the lock is in r.held, where poll reads heard.
 	r.hear(g.heard)
-	h := &held{path: path, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
+	h := &held{path: path, key: l.Key, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.mu.Lock()
@@ -1124,16 +1128,25 @@ func (r *Resource) probe(done chan struct{}) {
 	}
 }
 
-// handle returns the znode path in l.Handle, checked to be one of ours.
-func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
+// handle returns the znode path in l.Handle, checked to be one of ours,
+// and the lock held through r at that path (nil if none).
+func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
 	if r.cfg.err != nil {
-		return "", r.cfg.err
+		return "", nil, r.cfg.err
 	}
 	path, ok := l.Handle.(string)
-	if !ok || !strings.HasPrefix(path, r.kindParent(l.Key, l.Kind)+"/") {
-		return "", fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	if ok {
+		r.mu.Lock()
+		h := r.held[path]
+		r.mu.Unlock()
+		if h != nil && h.key == l.Key && h.kind == l.Kind {
+			return path, h, nil
+		}
 	}
-	return path, nil
+	if !ok || !strings.HasPrefix(path, r.kindParent(l.Key, l.Kind)+"/") {
+		return "", nil, fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	}
+	return path, nil, nil
 }
 
 // Release deletes the lock's znode. It returns [backend.ErrNotHeld], with
@@ -1146,19 +1159,18 @@ func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
 // it sent goes on, and is retried in the background if it fails; calling
 // Release again sends another (ErrNotHeld once the first landed).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
-	path, err := r.handle("release", l)
+	path, h, err := r.handle("release", l)
 	if err != nil {
 		return err
 	}
 	if isClosedChan(l.Lost) {
 		return backend.ErrNotHeld
 	}
-	r.mu.Lock()
-	h := r.held[path]
-	delete(r.held, path)
-	r.mu.Unlock()
-	if h != nil && !h.finish() {
-		return backend.ErrNotHeld
+	if h != nil {
+		r.forget(h)
+		if !h.finish() {
+			return backend.ErrNotHeld
+		}
 	}
 	// The delete is sent even when ctx has ended, because a release left
 	// undone would hold the lock for others.
@@ -1194,13 +1206,10 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 // (the TTL timer runs on then), and ctx's error as soon as ctx ends (the
 // request goes on unwatched).
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
-	path, err := r.handle("refresh", l)
+	path, h, err := r.handle("refresh", l)
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	h := r.held[path]
-	r.mu.Unlock()
 	if h == nil {
 		return backend.ErrNotHeld
 	}
