@@ -167,17 +167,18 @@ type armed struct {
 // held is one granted lock.
 type held struct {
 	path string
-	key  string
-	kind backend.Kind
-	sid  int64 // session that owns the znode
-	kept bool  // kept alive by the session (Lease.KeptAlive): no TTL timer
+	key  string       // the lease's, checked by Release and Refresh
+	kind backend.Kind // the lease's
+	sid  int64        // session that owns the znode
+	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 	lost chan struct{}
 
 	// watch, for a lock the session keeps alive, fires when its znode
-	// may have gone: a child watch on its parent (set by the listing
-	// that granted it, at no cost) until the first change of the queue,
-	// then a data watch on the znode itself. nil while a request arms
-	// it. Guarded by the resource's mu: the session watcher looks at it.
+	// may have gone: a data watch on the znode (set while it waited, or
+	// when it was granted), or the child watch of the listing that
+	// granted it (at no cost), which rearm replaces with a data watch at
+	// the first change of the queue. nil while a request arms it.
+	// Guarded by the resource's mu: the session watcher looks at it.
 	watch <-chan zk.Event
 
 	mu    sync.Mutex
