@@ -26,8 +26,8 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock", store: "zookeeper",
-		note:    "zookeeper.New, WithAutoRenew: ephemeral sequential znode, watch on the predecessor, TTL kept by the client",
-		renewal: "WithAutoRenew: a refresh per lock every TTL/3, plus session pings",
+		note:    "zookeeper.New, WithAutoRenew: ephemeral sequential znode (a multi-op create that tells its czxid and whether it is alone), watch on the predecessor; the session keeps the lock",
+		renewal: "WithAutoRenew: the session keeps the locks (pings), plus a read per third of the session timeout for the loss deadline",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openZKDistlock(s, o)
 		},

@@ -717,7 +717,7 @@ func testServerPause(t *testing.T, tg target, srv interface {
 	if lost.At > resumeAt {
 		t.Errorf("the holder learnt of the loss %v after the server woke", time.Duration(lost.At-resumeAt))
 	}
-	res.Notes = "loss latency from SIGSTOP (at most the TTL); recovery from SIGCONT"
+	res.Notes = "loss latency from SIGSTOP (at most the expiry); recovery from SIGCONT"
 	res.Log(t)
 	assertSafe(t, res)
 	assertNoOverlap(t, res)

@@ -51,12 +51,19 @@ func zkTarget(t testing.TB, addrs []string) target {
 		},
 		leftovers: func(ctx context.Context, key string) ([]string, error) {
 			// Our keys are letters, digits and '-': they stand for
-			// themselves in the znode name.
-			children, _, err := conn.Children(zookeeper.DefaultRoot + "/" + key)
-			if errors.Is(err, zk.ErrNoNode) {
-				return nil, nil
+			// themselves in the znode name. The key's mutex, semaphore
+			// and read/write lock queue under parents of their own.
+			var left []string
+			for _, parent := range []string{key, key + "%sem", key + "%rw"} {
+				children, _, err := conn.Children(zookeeper.DefaultRoot + "/" + parent)
+				if errors.Is(err, zk.ErrNoNode) {
+					continue
+				} else if err != nil {
+					return nil, err
+				}
+				left = append(left, children...)
 			}
-			return children, err
+			return left, nil
 		},
 	}
 }
@@ -76,6 +83,8 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 	t.Run("StoreStalled", func(t *testing.T) { testZKStalled(t, tg, srv) })
+	t.Run("SemaphoreSilentPartition", func(t *testing.T) { testZKKindSilentPartition(t, tg, "semaphore") })
+	t.Run("RWMutexSilentPartition", func(t *testing.T) { testZKKindSilentPartition(t, tg, "write") })
 }
 
 func TestZooKeeperEnsemble(t *testing.T) {
@@ -161,6 +170,107 @@ func testZKSilentPartition(t *testing.T, tg target) {
 	}
 	if lost.At > grant.Return {
 		t.Errorf("the waiter was granted the lock %v before the holder's Done closed", time.Duration(lost.At-grant.Return))
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testZKKindSilentPartition is testZKSilentPartition for a semaphore of 2
+// (lock "semaphore") or a read/write lock (lock "write": the holder is a
+// writer): the holder, reaching the server through a proxy, is silenced
+// (both ways, connections open) for 3x the session timeout while three
+// workers (semaphore: permits of the same semaphore; read/write lock: two
+// readers and a writer) take the lock again and again. The server
+// expires the holder's session and lets the others in: the holder's Done
+// must close first, so that never more than 2 permits are held at once,
+// and never a writer with another holder; its write once lost (with its
+// old token) must not be accepted after a newer holder's; nothing is left
+// behind.
+func testZKKindSilentPartition(t *testing.T, tg target, lock string) {
+	const limit = 2
+	p, err := proxy.Start(tg.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	hcfg := mixConfig(tg, key, 0)
+	hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold, hcfg.Zombie = "holder", 1, 10000, 100*tg.expiry, true
+	hcfg.TTL = 10 * tg.expiry
+	hcfg.Backend = tg.via(p.Addr)
+	hcfg.Lock, hcfg.Limit = lock, limit
+	holder := r.Worker(hcfg)
+	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the holder's first write", func() bool { return accepted(r, "holder-", 0) })
+	var ws []*harness.Worker
+	for i := range 3 {
+		c := mixConfig(tg, key, i+1)
+		c.Lock, c.Limit = lock, limit
+		if lock == "write" && i < 2 {
+			c.Lock = "read"
+		}
+		ws = append(ws, r.Worker(c))
+	}
+	if lock == "semaphore" {
+		waitAcquisitions(t, tg, 3, ws...) // the other permit goes round
+	} else {
+		waitUntil(t, 60*time.Second, "the others to queue behind the writer", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			left, err := tg.leftovers(ctx, key)
+			return err == nil && len(left) == 4
+		})
+	}
+	cutAt := r.Note("stall the holder's path both ways")
+	p.Stall(proxy.Up)
+	p.Stall(proxy.Down)
+	if _, err := holder.WaitLine("lost", 0, 30*tg.expiry+30*time.Second); err != nil {
+		t.Fatalf("the silenced holder's Done did not close: %v", err)
+	}
+	if d := time.Duration(cutAt+int64(3*tg.expiry)-history.Now()) * time.Nanosecond; d > 0 {
+		time.Sleep(d) // the fault's length
+	}
+	r.Note("unstall")
+	p.Unstall(proxy.Up)
+	p.Unstall(proxy.Down)
+	waitAcquisitions(t, tg, 6, ws...)
+	stopAll(t, tg, append(ws, holder)...)
+
+	evs := r.History()
+	what := map[string]string{"semaphore": "semaphore of 2", "write": "read/write lock, a writer"}[lock]
+	res := harness.Check(t, tg.name, what+": holder's path silent (proxy stalls both ways) 3x expiry, TTL 10x expiry", evs)
+	res.Orphans = orphans(t, tg, key)
+	lost, _ := lostOf(evs, "holder-0")
+	res.LossLatency = time.Duration(lost.At - cutAt)
+	if first, ok := firstAcquisitionAfter(evs, lost.At); ok {
+		res.Recovery = time.Duration(first.Return - cutAt)
+	}
+	res.Notes = fmt.Sprintf("at most %d holders at once; loss latency and recovery from the stall", res.MostHolders)
+	res.Log(t)
+	if len(res.Stale) != 0 {
+		t.Errorf("%d stale writes accepted; want 0", len(res.Stale))
+	}
+	if len(res.Overlaps) != 0 {
+		t.Errorf("%d overlaps of a writer with another holder; want 0: %v", len(res.Overlaps), res.Overlaps[0])
+	}
+	if lock == "semaphore" && res.MostHolders > limit {
+		t.Errorf("%d holders of a semaphore of %d at once", res.MostHolders, limit)
+	}
+	if lock == "semaphore" && res.MostHolders < 2 {
+		t.Errorf("never more than %d holder at once: the semaphore admitted one at a time", res.MostHolders)
+	}
+	if len(res.TokenIssues) != 0 {
+		t.Errorf("%d token issues; want 0: %v", len(res.TokenIssues), res.TokenIssues[0])
+	}
+	if res.Counter.Lost != 0 {
+		t.Errorf("%d increments lost; want 0", res.Counter.Lost)
+	}
+	if res.Acquisitions == 0 {
+		t.Error("no acquisitions: the run measured nothing")
 	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)

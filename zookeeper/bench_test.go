@@ -1,17 +1,22 @@
 package zookeeper
 
 import (
+	"context"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
 )
 
@@ -263,4 +268,81 @@ func watching(b *testing.B, addr string) bool {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(total))
 	return err != nil || n > 0
+}
+
+// BenchmarkHeld acquires b.N locks on distinct keys, all held at once by
+// one resource (through the store alone, not the facade), 32 at a time,
+// then releases them: what the store costs per held lock, in heap
+// (heap-B/lock: live heap after GC, less the heap before; the leases, and
+// zk.NewLock's paths, are made before) and in time, next to
+// go-zookeeper's recipe (zk.NewLock) doing the same. The locks are kept
+// alive by the session (AutoRenew), as the facade's WithAutoRenew has
+// them.
+//
+//	go test -run '^$' -bench Held -benchtime 10000x ./zookeeper
+func BenchmarkHeld(b *testing.B) {
+	addrs := []string{testserver.ZooKeeper(b).Addr}
+	warmUp(b, addrs)
+	const workers = 32
+	// held makes what lock i needs (outside the measure), then takes the
+	// locks and measures.
+	held := func(b *testing.B, prepare func(i int), acquire func(i int) error, release func(i int) error) {
+		for i := range b.N {
+			prepare(i)
+		}
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		b.ResetTimer()
+		parallel(b, b.N, workers, acquire)
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		b.ReportMetric((float64(m1.HeapAlloc)-float64(m0.HeapAlloc))/float64(b.N), "heap-B/lock")
+		parallel(b, b.N, workers, release)
+	}
+	b.Run("distlock", func(b *testing.B) {
+		r, _ := newResource(b, addrs, WithSessionTimeout(sessionTimeout))
+		base := uniqueKey(b)
+		ls := make([]*backend.Lease, b.N)
+		held(b, func(i int) {
+			ls[i] = lease(base+"/"+strconv.Itoa(i), time.Minute)
+			ls[i].AutoRenew = true
+		}, func(i int) error {
+			return r.Acquire(b.Context(), ls[i], time.Now().Add(time.Minute))
+		}, func(i int) error {
+			return r.Release(context.Background(), ls[i])
+		})
+	})
+	b.Run("zk.NewLock", func(b *testing.B) {
+		conn := connect(b, addrs)
+		base := "/bench-zklock/" + uniqueName(b) + "-"
+		paths := make([]string, b.N)
+		ls := make([]*zk.Lock, b.N)
+		held(b, func(i int) {
+			paths[i] = base + strconv.Itoa(i)
+		}, func(i int) error {
+			ls[i] = zk.NewLock(conn, paths[i], zk.WorldACL(zk.PermAll))
+			return ls[i].Lock()
+		}, func(i int) error {
+			return ls[i].Unlock()
+		})
+	})
+}
+
+// parallel runs f(0..n-1) on workers goroutines, failing b on an error.
+func parallel(b *testing.B, n, workers int, f func(i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := f(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -19,24 +19,23 @@ func TestConformance(t *testing.T) {
 	admin := connect(t, addrs) // the operator's view
 	probe := New(admin)
 	testsuite.Run(t, testsuite.Harness{
-		NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
-		Unsupported: testsuite.NotYet,        // issue 24: semaphores and read/write locks are being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			r, _ := newResource(t, addrs)
 			return r
 		},
-		// What is left is a lock child; the empty parent is a container
-		// the server removes by itself.
+		// What is left is a child of one of the key's parents (mutex,
+		// semaphore, read/write lock); an empty parent is a container the
+		// server removes by itself.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
-			return children(admin, probe, key)
+			return allChildren(admin, probe, key)
 		},
 		Evict: func(ctx context.Context, key string) error {
-			cs, err := children(admin, probe, key)
+			cs, err := allChildren(admin, probe, key)
 			if err != nil {
 				return err
 			}
 			for _, c := range cs {
-				if err := admin.Delete(probe.parentPath(key)+"/"+c, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				if err := admin.Delete(c, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 					return err
 				}
 			}

@@ -15,7 +15,7 @@ import (
 
 // packets returns the requests the server at addr has received (mntr
 // zk_packets_received: every request, session pings included).
-func packets(b *testing.B, addr string) int64 {
+func packets(b testing.TB, addr string) int64 {
 	b.Helper()
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {

@@ -21,18 +21,70 @@
 // the server deletes once they are empty again.
 //
 // To acquire, a client creates an EPHEMERAL_SEQUENTIAL child named
-// "_c_<guid>-lock-<sequence>" and lists the children. The lowest sequence
-// holds the lock. Any other client sets a watch on its immediate
-// predecessor only and waits for its deletion, the deadline or the
-// context, then lists again. Because each waiter watches a different
-// znode, one release wakes exactly one waiter: no thundering herd, and
-// the queue is FIFO. A waiter that gives up (deadline, context, error)
-// deletes its own child, so nothing is left behind in the store (in the
-// background when its context has ended: see below). Its
-// watch stays armed until the predecessor changes (the protocol
-// go-zookeeper speaks cannot remove a watch); the next wait on the same
-// predecessor through the resource uses it instead of setting another,
-// so repeated waits on a long-held lock keep one watch, not one each.
+// "_c_<guid>-lock-<sequence>", holding a small record of its holder (see
+// "Inspection"). The create is a multi-op with a write of the parent's
+// (empty) data, whose reply is the parent's new stat: its mzxid is the
+// child's czxid, the fencing token, and its number of children says
+// whether the child is alone. A child created alone holds the lock at
+// once: one request. Otherwise the client lists the children: the lowest
+// sequence holds the lock, and any other client sets a watch on its
+// immediate predecessor only and waits for its deletion, the deadline or
+// the context, then lists again; but when its predecessor was the only
+// child before it, the deletion alone grants it the lock, with no
+// listing, since no child queues before a child once it is made. Because
+// each waiter watches a different znode, one release wakes exactly one
+// waiter: no thundering herd, and the queue is FIFO. A grant after a
+// wait costs four or five requests: the create, a listing, the watch, a
+// second listing unless the predecessor was the only child before it
+// (for a lock the session keeps alive, a watch on its own node instead,
+// sent with the other watch), and the release. A waiter that gives up (deadline, context, error) deletes its own child,
+// so nothing is left behind in the store (in the background when its
+// context has ended: see below). Its watch stays armed until the
+// predecessor changes (the protocol go-zookeeper speaks cannot remove a
+// watch); the next wait on the same predecessor through the resource
+// uses it instead of setting another, so repeated waits on a long-held
+// lock keep one watch, not one each.
+//
+// # Semaphores and read/write locks
+//
+// [Resource.CheckKind] accepts every kind: a key's semaphore and
+// read/write lock queue on the same recipe, under parents of their own,
+// "<key>%sem" and "<key>%rw" (an escaped key never holds '%' followed by
+// a lowercase letter), so that the mutex, the semaphore and the
+// read/write lock of a key are distinct locks. The child's name says
+// what it asks for: "_c_<guid>-read-<sequence>", "-write-", or
+// "-sem<limit>-" with the semaphore's limit, so that one listing tells a
+// waiter all it needs, with no read of another child's data.
+//
+//   - A reader holds when no writer is queued before it, and watches the
+//     last writer before it (etcd's recipe RWMutex); a writer holds when
+//     it is first, and watches its immediate predecessor, as a mutex
+//     does. Readers that arrive after a waiting writer queue behind it:
+//     a stream of readers cannot starve it, as with sync.RWMutex.
+//   - A permit of a semaphore of limit L holds when fewer than L children
+//     precede it. No single child's deletion is needed for that (any of
+//     the L holders' lets the next in), so a waiter cannot watch one
+//     child only, as the L-th child before it: when another holder goes,
+//     a permit would stay idle while the waiter waits for that one. The
+//     first waiter (L children before it, all holders) waits for any
+//     change of the queue, through the child watch of its listing, as the
+//     lease holder of Curator's InterProcessSemaphoreV2 waits for a change
+//     of the leases; the waiters behind it wait for their immediate
+//     predecessor, which marks its grant, when it gets the permit, by a
+//     write of its own data, or goes. A permit with a waiter behind it
+//     costs that one write; a semaphore of limit 1 is a mutex.
+//   - A permit whose limit differs from that of a child queued before it
+//     fails with backend.ErrLimitMismatch (its child deleted at once):
+//     the holders agree on one limit at any moment, and after the last
+//     holder has gone the next acquire sets the limit anew. So an acquire
+//     may also fail while an acquire of another limit, queued before it,
+//     has not yet withdrawn after failing so.
+//
+// Each rule grants a prefix of the queue: the store grants in queue
+// order (see "Fencing token"). A model of the rules with arrivals,
+// releases and give-ups in random order and the reactions of the waiters
+// delayed at random (TestQueueModel) checks that the holders never
+// exceed what the kind allows and that no child the queue grants waits.
 //
 // The guid in the name makes creation safe when the connection drops
 // after the request was sent: the client lists the parent and finds its
@@ -73,37 +125,56 @@
 //
 // # Session and TTL
 //
-// An ephemeral znode lives as long as the client's session. The TTL of an
-// acquisition (distlock.ContextWithTTL, distlock.WithDefaultTTL) is
+// An ephemeral znode lives as long as the client's session. With
+// distlock.WithAutoRenew the session keeps the lock (the resource sets
+// backend.Lease.KeptAlive): no TTL runs, and the facade makes no renewal,
+// so a held lock costs no request; after a crash of the client process,
+// the server frees it when it expires the session. Without it, the TTL
+// of an acquisition (distlock.ContextWithTTL, distlock.WithDefaultTTL) is
 // enforced by the client: when it runs out, the resource deletes its
-// znode, unless distlock.WithAutoRenew is on, in which case the facade's
-// renewals ([Resource.Refresh]) push the deletion back. After a crash of
-// the client process nobody deletes the znode: then the session timeout,
-// not the TTL, frees the lock, when the server expires the session.
+// znode, unless Lock.Extend ([Resource.Refresh], which writes the new
+// TTL into the znode) pushed it back; after a crash, the session timeout,
+// not the TTL, frees the lock.
 //
 // The resource reports a lock lost (closes backend.Lease.Lost, and so the
 // lock's Done channel) when its TTL deleted it, when the session changed
-// (the old one expired, with its ephemeral nodes), and when the server
-// may be about to expire the session:
+// (the old one expired, with its ephemeral nodes), when the server may be
+// about to expire the session, and, for a lock the session keeps, when
+// another client deleted its znode:
 //
 //   - With [WithSessionTimeout](d), where d is the negotiated session
 //     timeout: the server expires a session no sooner than d after it
-//     last heard from the client, so the resource asks the server for a
-//     small read every d/10 while locks are held, and closes Lost when
-//     0.9 x d have passed since it sent the last request the server
-//     answered (it looks every 25ms from 0.9 x d - 25ms on). Lost closes
-//     d/10 before the earliest moment the server can expire the session
-//     and another client can be granted the lock, however the connection
-//     failed: refused, reset, or silent with the connection left open
-//     (which go-zookeeper notices only after its receive timeout, 2/3 of
-//     d). That tenth absorbs the lateness of the resource's timers and
+//     last heard from the client, so the resource, while locks are held,
+//     asks the server for a small read when none of its requests sent in
+//     the last d/3 was answered (go-zookeeper's own pings, as frequent,
+//     are answered out of its sight), and closes Lost when 0.9 x d have
+//     passed since it sent the last request the server answered (it
+//     looks every 25ms from 0.9 x d - 25ms on). Lost closes d/10 before
+//     the earliest moment the server can expire the session and another
+//     client can be granted the lock, however the connection failed:
+//     refused, reset, or silent with the connection left open (which
+//     go-zookeeper notices only after its receive timeout, 2/3 of d).
+//     That tenth absorbs the lateness of the resource's timers and
 //     scheduling. A lock survives a disconnection if the client is back
-//     in its session before that deadline.
+//     in its session before that deadline. Holding locks thus costs a
+//     read per d/3 for all of them, as many as the session's pings.
 //   - Without it, go-zookeeper does not expose the negotiated timeout and
 //     any disconnection is loss. A silent connection is noticed after
 //     go-zookeeper's receive timeout, 2/3 of the session timeout after the
 //     last reply; its pings, every third of the timeout, keep that about a
 //     third of the timeout ahead of the session's expiry.
+//   - A lock the session keeps has a watch, which fires when its znode is
+//     deleted: a data watch on the znode, set while it waited or when it
+//     was granted, or else the child watch that the listing granting it
+//     set on its parent at no cost (which fires at the first change of
+//     the queue, after which the resource sets a data watch on the znode:
+//     one request, only for a lock held while its queue changed). The
+//     session watcher looks at these watches every 100ms: Lost closes
+//     within that, and a round trip, of the deletion. The resource keeps,
+//     per such lock, about 660 bytes of heap (BenchmarkHeld; its record
+//     and the Lost channel, the znode's path, and go-zookeeper's watch,
+//     270 bytes of it), and no goroutine or timer. A lock with a TTL notices a deletion by another
+//     client at its next Refresh or Release, as ErrNotHeld.
 //
 // The connection is sampled every 25 ms while locks are held; the
 // resource does not need the event channel of zk.Connect, which stays the
@@ -112,29 +183,69 @@
 //
 // # Fencing token
 //
-// The token is a zxid, the id ZooKeeper gives every transaction: global to
-// the ensemble and strictly increasing, across leader changes and when the
-// parent znode was deleted and recreated in between. It is the czxid of
-// the holder's znode (the zxid of its create) except when the listing that
-// granted the lock held that znode alone: then it is the parent's pzxid
-// in that listing (the zxid of its last child change, at least our czxid),
-// which saves the round trip that reading our czxid costs on the
-// uncontended path. Either way successive holders get increasing tokens:
-// a later holder's create was not in that listing, so its czxid is higher
-// than any zxid the listing shows, and a later holder's own listing comes
-// after the deletion of our znode, so its pzxid is higher than our czxid.
+// The token is the czxid of the holder's znode: the zxid of its create,
+// the id ZooKeeper gives every transaction, global to the ensemble and
+// strictly increasing, across leader changes. The multi-op that creates
+// the znode tells it (see "The recipe"); a create found again by its guid
+// after its reply was lost reads it.
+//
+// Tokens increase with the grants of a lock, of every kind, in the order
+// in which the store grants them: each rule grants a prefix of the queue
+// (for a mutex or a writer, the first child; for readers, the children
+// before the first writer; for a semaphore, the first L), and a prefix
+// can only grow at its end as children are deleted, so children are
+// granted in the order of their sequence numbers, which is the order of
+// their creates, and so of their czxids. That holds across the parent's
+// lives too: the server deletes an empty container parent only, and a
+// new parent's children are created after the old one's were all
+// deleted. A grant here is the transaction after which the queue grants
+// the child (the deletion that made it a holder, or its own create): the
+// client learns of it a little later, so that two readers or two permits
+// granted by one deletion may return to their callers in either order.
+// So: a holder's token is larger than that of every lock granted before
+// it; a writer's (or a mutex holder's) larger than that of every grant
+// before it, in real time too, since nothing behind it in the queue can
+// be granted while it waits; a reader's larger than that of every writer
+// granted before it; and a lock acquired after another returned has the
+// larger token.
 //
 // A holder that is frozen (a long GC pause, a stopped process) past the
 // session timeout, or a WithSessionTimeout larger than the negotiated
 // timeout, lets another client hold the lock while the first still
 // believes it does: protect the resource with the token.
 //
+// # Inspection
+//
+// [Resource.Inspect] lists a key's queue of one kind and reads the data
+// of the children that hold it by the rules above: one listing and one
+// read per holder, the reads sent together; it takes and changes
+// nothing. Each holder's token is its czxid, its label the one its
+// acquire wrote (distlock.WithLabel), its kind read or write for a
+// read/write lock, and a semaphore's limit is its holders'. A child's
+// data is a small record (a URL query, readable in zkCli:
+// "label=host-a%3A123&ttl=600&v=1&value=..."); no compare reads it.
+//
+// The time left is the TTL from the record, counted from the znode's
+// mtime (the server's clock at its create, its grant mark, or the last
+// Refresh, which writes the TTL), against the clock of the inspecting
+// process. The holder's client counts the TTL from its grant, after the
+// create, so the time shown is at most the time left, short by about a
+// round trip for a lock taken at once and by the wait for one that
+// queued; and the two clocks' difference adds to it. It is 0 when the
+// holder's session keeps the lock (no TTL runs: the lock lives as long
+// as the session) and when that time has passed while the znode is
+// still there (a lock that queued long, or a holder that died, which the
+// server frees at the session's expiry): a znode in the queue's granted
+// prefix is always listed, since it keeps others out.
+//
 // # Errors
 //
-// Acquire returns backend.ErrNotAcquired at its deadline, ctx.Err() when
-// the context ends (in a backend.AbandonedError when a znode may be left
-// to delete), [ErrClosed] after Close, and go-zookeeper's errors wrapped
-// with the operation and key. Release and Refresh return
+// Acquire returns backend.ErrNotAcquired at its deadline,
+// backend.ErrLimitMismatch for a semaphore's permit whose limit differs
+// from a child's queued before it, ctx.Err() when the context ends (in a
+// backend.AbandonedError when a znode may be left to delete), [ErrClosed]
+// after Close, and go-zookeeper's errors wrapped with the operation and
+// key. Release and Refresh return
 // backend.ErrNotHeld when the znode is gone or the lock was reported
 // lost. Keys longer than [MaxKeyLen] bytes are rejected before any I/O
 // ([Resource.ValidateKey]).

@@ -125,6 +125,27 @@ func children(conn *zk.Conn, r *Resource, key string) ([]string, error) {
 	return cs, err
 }
 
+// allChildren lists the paths of what the store holds for key, of every
+// kind of lock.
+func allChildren(conn *zk.Conn, r *Resource, key string) ([]string, error) {
+	var all []string
+	for _, kind := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+		parent := r.kindParent(key, kind)
+		cs, _, err := conn.Children(parent)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		for _, c := range cs {
+			all = append(all, parent+"/"+c)
+		}
+	}
+	sort.Strings(all)
+	return all, nil
+}
+
 func mustChildren(t testing.TB, conn *zk.Conn, r *Resource, key string) []string {
 	t.Helper()
 	cs, err := children(conn, r, key)
@@ -254,7 +275,22 @@ func (c *faultConn) flush() error {
 	return err
 }
 
-const opCreate = 1 // ZooKeeper's create opcode
+// ZooKeeper's opcodes of the requests that create a lock's znode: the
+// resource sends a multi (the create and a write of the parent's data).
+const (
+	opCreate = 1
+	opMulti  = 14
+)
+
+// isCreate reports whether the frame p (length, xid, opcode, ...) may
+// create a lock's znode.
+func isCreate(p []byte) bool {
+	if len(p) < 12 {
+		return false
+	}
+	op := binary.BigEndian.Uint32(p[8:12])
+	return op == opCreate || op == opMulti
+}
 
 var errDetached = errors.New("faultConn: connection given up (its server side stays open)")
 
@@ -272,7 +308,7 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	// go-zookeeper writes one whole frame per call: length, xid, opcode.
-	if len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate {
+	if isCreate(p) {
 		if c.d.holdCreate.CompareAndSwap(true, false) {
 			c.detach(p)
 			return len(p), nil
@@ -377,6 +413,24 @@ func clientWatchers(t testing.TB, conn *zk.Conn) int {
 	n := 0
 	for it := watchers.MapRange(); it.Next(); {
 		n += it.Value().Len()
+	}
+	return n
+}
+
+// pathWatchers returns how many watches the client conn holds on path, of
+// any type.
+func pathWatchers(t testing.TB, conn *zk.Conn, path string) int {
+	t.Helper()
+	v := reflect.ValueOf(conn).Elem()
+	lock, watchers := v.FieldByName("watchersLock"), v.FieldByName("watchers")
+	mu := (*sync.Mutex)(unsafe.Pointer(lock.UnsafeAddr()))
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for it := watchers.MapRange(); it.Next(); {
+		if p := it.Key().FieldByName("path"); p.IsValid() && p.String() == path {
+			n += it.Value().Len()
+		}
 	}
 	return n
 }

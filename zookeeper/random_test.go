@@ -36,7 +36,8 @@ func randomSeed(t *testing.T) uint64 {
 // random: refused and reset connections, silences shorter than the
 // session, and silences long enough for the server to expire it. Some
 // resources know the session timeout (WithSessionTimeout), one does not.
-// Invariants: no grant while another holder of the key has neither
+// Half the locks are kept alive by the session (AutoRenew), half by their
+// TTL. Invariants: no grant while another holder of the key has neither
 // released nor seen its Lost closed; tokens rise per key; once everyone
 // stopped and the network healed, no znode and no watch is left.
 func TestRandomized(t *testing.T) {
@@ -92,6 +93,7 @@ func TestRandomized(t *testing.T) {
 				for ctx.Err() == nil {
 					key := keys[intn(len(keys))]
 					l := lease(key, time.Minute)
+					l.AutoRenew = intn(2) == 0 // kept alive by the session, or by its TTL
 					actx, cancel := context.WithCancel(ctx)
 					if intn(4) == 0 {
 						time.AfterFunc(between(0, 200*time.Millisecond), cancel)

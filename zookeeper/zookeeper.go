@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +21,8 @@ var (
 	_ backend.Waiter       = (*Resource)(nil)
 	_ backend.Refresher    = (*Resource)(nil)
 	_ backend.KeyValidator = (*Resource)(nil)
+	_ backend.KindChecker  = (*Resource)(nil)
+	_ backend.Inspector    = (*Resource)(nil)
 )
 
 // ErrClosed is returned by [Resource.Acquire] after [Resource.Close], and
@@ -36,13 +38,18 @@ const DefaultRoot = "/distlock"
 const pollInterval = 25 * time.Millisecond
 
 // With [WithSessionTimeout](d), the session watcher asks the server for
-// something every d/probeDivisor while locks are held, and reports them
-// lost once no request sent in the last d - d/marginDivisor - pollInterval
-// was answered (see lossDeadline).
+// something while locks are held once no request sent in the last
+// d/probeDivisor was answered (go-zookeeper pings as often), and reports
+// them lost once no request sent in the last d - d/marginDivisor -
+// pollInterval was answered (see lossDeadline).
 const (
-	probeDivisor  = 10
+	probeDivisor  = 3
 	marginDivisor = 10
 )
+
+// scanEvery is how many poll intervals pass between two looks at the
+// watches of the locks the session keeps alive.
+const scanEvery = 4
 
 // Option configures a [Resource].
 type Option func(*config)
@@ -84,7 +91,8 @@ func WithACL(acl ...zk.ACL) Option {
 // WithSessionTimeout tells the resource the session timeout the connection
 // negotiated (the one given to zk.Connect, unless the server clamped it to
 // its [2, 20] tickTime bounds). While locks are held, the resource then
-// sends the server a small read every d/10 and reports the locks lost
+// sends the server a small read when it has answered none for d/3 (as
+// often as go-zookeeper pings it), and reports the locks lost
 // (Lease.Lost closed) when nine tenths of d have passed since it sent the
 // last request the server answered: the server cannot expire the session
 // before d has passed since it last heard from the client, so Lost closes
@@ -136,22 +144,46 @@ type Resource struct {
 	// answer; they end when the client gives their request up.
 	wg sync.WaitGroup
 
+	// sidSeen is the session the watcher last checked the held locks
+	// against; recheck asks it to check them again (a lock was added
+	// under another session). Guarded by mu.
+	sidSeen int64
+	recheck bool
+
 	// Watches set on predecessors and not fired yet, shared by the waits
 	// on the same predecessor: see watch.
 	wmu     sync.Mutex
-	watches map[string]<-chan zk.Event
+	watches map[string]armed
 	pruneAt int
+}
+
+// armed is a watch set on a znode and not fired yet, with the data
+// version the znode had when it was set (it has not changed since).
+type armed struct {
+	ch      <-chan zk.Event
+	version int32
 }
 
 // held is one granted lock.
 type held struct {
 	path string
-	sid  int64 // session that owns the znode
+	key  string       // the lease's, checked by Release and Refresh
+	kind backend.Kind // the lease's
+	sid  int64        // session that owns the znode
+	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 	lost chan struct{}
+
+	// watch, for a lock the session keeps alive, fires when its znode
+	// may have gone: a data watch on the znode (set while it waited, or
+	// when it was granted), or the child watch of the listing that
+	// granted it (at no cost), which rearm replaces with a data watch at
+	// the first change of the queue. nil while a request arms it.
+	// Guarded by the resource's mu: the session watcher looks at it.
+	watch <-chan zk.Event
 
 	mu    sync.Mutex
 	done  bool        // released, expired or lost: nothing more to do
-	timer *time.Timer // TTL: deletes the znode when it fires
+	timer *time.Timer // TTL: deletes the znode when it fires; nil when kept
 }
 
 // New returns a Resource that keeps its locks on conn. The caller owns conn
@@ -175,7 +207,7 @@ func New(conn *zk.Conn, opts ...Option) *Resource {
 		epoch:   time.Now(),
 		held:    make(map[string]*held),
 		stop:    make(chan struct{}),
-		watches: make(map[string]<-chan zk.Event),
+		watches: make(map[string]armed),
 	}
 }
 
@@ -219,18 +251,33 @@ func (r *Resource) ValidateKey(key string) error {
 	return nil
 }
 
-// parentPath is the znode whose children queue for key.
+// parentPath is the znode whose children queue for key's mutex.
 func (r *Resource) parentPath(key string) string {
 	return r.cfg.root + "/" + encodeKey(key)
 }
 
-// Children are named like Curator's protected lock nodes:
-// "_c_" + guid + "-lock-" + the server's ten-digit sequence number.
-const (
-	guidPrefix = "_c_"
-	lockInfix  = "-lock-"
-	seqDigits  = 10
-)
+// kindParent is the znode whose children queue for key's lock of kind:
+// each kind has its own (see semSuffix).
+func (r *Resource) kindParent(key string, kind backend.Kind) string {
+	switch kind {
+	case backend.KindSemaphore:
+		return r.parentPath(key) + semSuffix
+	case backend.KindRead, backend.KindWrite:
+		return r.parentPath(key) + rwSuffix
+	}
+	return r.parentPath(key)
+}
+
+// CheckKind implements [backend.KindChecker]: the resource holds every
+// kind of lock, each on the queue of a parent znode of its own (see
+// "Semaphores and read/write locks" in the package doc).
+func (r *Resource) CheckKind(k backend.Kind) error {
+	switch k {
+	case backend.KindMutex, backend.KindSemaphore, backend.KindRead, backend.KindWrite:
+		return nil
+	}
+	return fmt.Errorf("zookeeper: unknown kind of lock %v", k)
+}
 
 func newGUID() string {
 	var b [16]byte
@@ -238,29 +285,21 @@ func newGUID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// sequence returns the sequence number of a lock child, false for a name
-// that does not end in one (not a contender).
-func sequence(name string) (int64, bool) {
-	if len(name) < seqDigits {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(name[len(name)-seqDigits:], 10, 64)
-	if err != nil || n < 0 {
-		return 0, false
-	}
-	return n, true
-}
-
-// Acquire queues for l.Key with an ephemeral sequential znode and waits
-// until it is the lowest, watching only its immediate predecessor. On
-// success l.Token is a zxid (see "Fencing token" in the package doc),
-// l.Handle the znode's path and l.Lost a channel closed when the session
-// is lost or the TTL deletes the znode.
+// Acquire queues for l's lock with an ephemeral sequential znode and waits
+// until the queue grants it (see judge for each kind's rule), watching
+// only what it waits for. On success l.Token is the znode's czxid (see
+// "Fencing token" in the package doc), l.Handle the znode's path and
+// l.Lost a channel closed when the lock is lost: its session lost, its
+// TTL run out (deleted), or, for a lock the session keeps alive (l.AutoRenew:
+// then l.KeptAlive is set and no TTL runs), its znode deleted by another
+// client.
 //
 // A zero deadline makes one attempt. It returns [backend.ErrNotAcquired] at
-// the deadline, ctx.Err() when ctx ends, [ErrClosed] after Close, and the
-// store's error wrapped with the key otherwise; in every failure its znode
-// is deleted (retried in the background while the connection is down).
+// the deadline, [backend.ErrLimitMismatch] when a semaphore's permit
+// queued before it asked for another limit, ctx.Err() when ctx ends,
+// [ErrClosed] after Close, and the store's error wrapped with the key
+// otherwise; in every failure its znode is deleted (retried in the
+// background while the connection is down).
 //
 // Acquire returns when ctx ends, whatever the server does: a request then
 // in flight is left to complete on its own. When its znode may exist (a
@@ -273,29 +312,44 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	if err := r.ValidateKey(l.Key); err != nil {
 		return err
 	}
+	if err := r.CheckKind(l.Kind); err != nil {
+		return err
+	}
+	if l.Kind == backend.KindSemaphore && l.Limit < 1 {
+		return fmt.Errorf("zookeeper: semaphore %q: limit %d below 1", l.Key, l.Limit)
+	}
 	if r.isClosed() {
 		return ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	parent := r.parentPath(l.Key)
+	parent := r.kindParent(l.Key, l.Kind)
 	guid := newGUID()
-	path, err := r.create(ctx, parent, guid, []byte(l.Value))
+	c, err := r.create(ctx, parent, guid, tagOf(l), recordOf(l).encode())
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
+	path := c.path
 	// Read after the create returned: the session the znode was created
 	// in, or a later one if that one expired meanwhile (then the znode
-	// went with it and the listing finds it gone). Before the create it
-	// can be 0, on a connection that has no session yet.
+	// went with it and the listing finds it gone, or track sees the
+	// session changed). Before the create it can be 0, on a connection
+	// that has no session yet.
 	sid := r.conn.SessionID()
-	token, sid, heard, err := r.wait(ctx, parent, path, guid, sid, deadline)
+	g, err := r.wait(ctx, l, parent, guid, c, sid, deadline)
 	if err == nil {
-		err = r.track(l, path, token, sid, heard)
+		err = r.track(l, path, g)
 	}
 	if err != nil {
 		return r.wrap("acquire", l.Key, r.discard(ctx, cleanup{path: path}, err))
+	}
+	if g.signal {
+		// Tell the waiter behind us that we hold (see judge): a data
+		// change of our znode, which it watches. Not waited for: if it
+		// fails, that waiter waits for our release instead.
+		data := recordOf(l).encode()
+		send(func() (*zk.Stat, error) { return r.conn.Set(path, data, -1) })
 	}
 	return nil
 }
@@ -331,20 +385,39 @@ func (r *Resource) abandoned(err error, ctx context.Context, j *job) error {
 // as they are.
 func (r *Resource) wrap(op, key string, err error) error {
 	if errors.Is(err, backend.ErrNotAcquired) || errors.Is(err, backend.ErrNotHeld) ||
-		errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		errors.Is(err, backend.ErrLimitMismatch) || errors.Is(err, ErrClosed) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return fmt.Errorf("zookeeper: %s %q: %w", op, key, err)
 }
 
-// create makes our ephemeral sequential child of parent and returns its
-// path. The guid in its name finds it again when the reply was lost.
+// created is what a create returned: the znode's path and its czxid, the
+// zxid of the transaction that made it (0 when unknown: a create found
+// again by its guid after its reply was lost), whether it was then the
+// only child of its parent, and when the request that made it was sent.
+type created struct {
+	path  string
+	czxid int64
+	alone bool
+	sent  time.Time
+}
+
+// create makes our ephemeral sequential child of parent, named with guid
+// and tag, and returns its path and czxid. The guid in its name finds it
+// again when the reply was lost.
+//
+// The create is a multi-op with a write of the parent's (empty) data: the
+// parent's new stat, in the reply, has the zxid of the transaction as
+// mzxid, which is our czxid, the fencing token, and the number of its
+// children, which tells whether ours is the only one: then it holds the
+// lock, with no listing.
 //
 // When ctx ends with a create in flight, or after a create whose reply
 // was lost, the error is an AbandonedError: its job waits for the
 // create's reply and deletes what it made, or whatever carries the guid.
-func (r *Resource) create(ctx context.Context, parent, guid string, data []byte) (path string, err error) {
-	prefix := parent + "/" + guidPrefix + guid + lockInfix
+func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []byte) (c created, err error) {
+	prefix := parent + "/" + guidPrefix + guid + "-" + tag + "-"
 	byGUID := cleanup{parent: parent, guid: guid}
 	lostReply := false
 	defer func() {
@@ -362,12 +435,24 @@ func (r *Resource) create(ctx context.Context, parent, guid string, data []byte)
 	}()
 	for range 5 {
 		if err = ctx.Err(); err != nil {
-			return "", err
+			return created{}, err
 		}
-		pending := send(func() (string, error) {
-			return r.conn.Create(prefix, data, zk.FlagEphemeralSequential, r.cfg.acl)
+		sent := time.Now()
+		pending := send(func() (created, error) {
+			res, err := r.conn.Multi(
+				&zk.CreateRequest{Path: prefix, Data: data, Acl: r.cfg.acl, Flags: zk.FlagEphemeralSequential},
+				&zk.SetDataRequest{Path: parent, Version: -1})
+			switch {
+			case err != nil:
+				return created{}, err
+			case len(res) != 2 || res[0].String == "" || res[1].Stat == nil:
+				// Applied (no error), but the reply says not what: an
+				// ambiguous outcome, which the guid settles.
+				return created{}, fmt.Errorf("zookeeper: create in %s: unexpected reply %+v", parent, res)
+			}
+			return created{res[0].String, res[1].Stat.Mzxid, res[1].Stat.NumChildren == 1, sent}, nil
 		})
-		var res result[string]
+		var res result[created]
 		select {
 		case res = <-pending:
 		case <-ctx.Done():
@@ -375,46 +460,47 @@ func (r *Resource) create(ctx context.Context, parent, guid string, data []byte)
 			// server answers. Delete what it made then.
 			lost := lostReply
 			lostReply = false // the job below covers the guid too
-			return "", r.abandoned(ctx.Err(), ctx, r.later(cleanup{after: func() (cleanup, bool) {
+			return created{}, r.abandoned(ctx.Err(), ctx, r.later(cleanup{after: func() (cleanup, bool) {
 				res := <-pending
 				switch {
 				case res.err == nil && !lost:
-					return cleanup{path: res.v}, true
+					return cleanup{path: res.v.path}, true
 				case res.err == nil, lost, ambiguous(res.err):
 					return byGUID, true
 				}
 				return cleanup{}, false
 			}}))
 		}
-		path, err = res.v, res.err
+		err = res.err
 		switch {
 		case err == nil:
-			return path, nil
+			return res.v, nil
 		case errors.Is(err, zk.ErrNoNode):
 			// The parent is missing, or the server removed the empty
 			// container between our calls: make it and retry.
 			if err = r.ensureParents(ctx, parent); err != nil {
-				return "", err
+				return created{}, err
 			}
 		case ambiguous(err):
 			// The request may have been applied: look for our guid.
 			lostReply = true
 			found, ferr := r.find(ctx, parent, guid)
 			if ferr != nil {
-				return "", errors.Join(err, ferr)
+				return created{}, errors.Join(err, ferr)
 			}
 			if found != "" {
 				// Ours, from a create whose reply was lost; any other
-				// with the guid goes when wait lists the parent.
+				// with the guid goes when wait lists the parent. Its
+				// czxid is read when it is granted.
 				lostReply = false
-				return found, nil
+				return created{path: found}, nil
 			}
 			// Not applied: create again under the same guid.
 		default:
-			return "", err
+			return created{}, err
 		}
 	}
-	return "", err
+	return created{}, err
 }
 
 // ambiguous reports whether a failed write may still have been applied.
@@ -507,39 +593,108 @@ func (r *Resource) createParent(ctx context.Context, path string, container bool
 	return err
 }
 
-// wait lists parent until our node is the lowest, watching only its
-// immediate predecessor in between. sid is the session read after the
-// create. It returns the fencing token, the session owning our node, and
-// when the listing that granted the lock was sent (the server had heard
-// from the session by then). It returns ctx's error as soon as ctx ends,
-// leaving a request then in flight to complete on its own.
-func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int64, deadline time.Time) (token, owner int64, heard time.Time, err error) {
+// grant is what the request that granted a lock tells.
+type grant struct {
+	token int64     // the fencing token: our znode's czxid
+	owner int64     // the session owning our znode
+	heard time.Time // when a request answered by then was sent: the server had heard from the session
+	// watch, for a lock the session keeps alive, fires when its znode
+	// may have gone: a data watch on the znode, or the child watch of
+	// the listing that granted a semaphore's permit.
+	watch  <-chan zk.Event
+	signal bool // mark the grant for the waiter behind (see grantSignal)
+}
+
+// wait waits until the queue grants our node (see judge), watching only
+// what it waits for. c is our create's result, sid the session read after
+// it. It returns ctx's error as soon as ctx ends, leaving a request then
+// in flight to complete on its own.
+//
+// A node created alone under its parent holds the lock at once, with no
+// listing. Otherwise wait lists the parent and watches what judge says.
+// When one child only is between it and the lock (verdict.alone), the
+// deletion of that child grants it the lock with no listing: no child
+// can queue before a child once it is made. Its own node is there: its
+// session is (it got the event), and nothing else deletes it but another
+// client. A lock the session keeps alive, which must notice that too,
+// watches its own node then (a data watch, sent together with the
+// other): its watch would fire first (a session receives its events in
+// zxid order), and it lists again. A lock with a TTL notices a deletion
+// by another client at its next Refresh or Release, waiting or held.
+//
+// A lock the session keeps alive needs a loss watch once held: the watch
+// on its node when it has one, else the child watch of the listing that
+// granted it (free: a listing after a wake-up, or one that may grant,
+// sets one), which the session watcher replaces with a watch on the node
+// at the first change of the queue (see onWatch). A semaphore's waiters
+// (limit above 1) wait through the child watch of their listings and
+// their predecessors' grant marks (see judge).
+func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grant, err error) {
+	path := c.path
 	name := path[len(parent)+1:]
-	mySeq, ok := sequence(name)
-	if !ok {
-		return 0, 0, heard, fmt.Errorf("server gave %q no sequence number", path)
+	if _, ok := sequence(name); !ok {
+		return g, fmt.Errorf("server gave %q no sequence number", path)
+	}
+	kept := l.AutoRenew
+	chain := l.Kind == backend.KindSemaphore && l.Limit > 1
+	g.owner, g.token, g.heard = sid, c.czxid, c.sent
+
+	// own is the data watch on our node, armed by a GetW in flight
+	// (ownSent) or armed already.
+	var own <-chan zk.Event
+	var ownSent <-chan result[<-chan zk.Event]
+	armOwn := func() {
+		ownSent = send(func() (<-chan zk.Event, error) {
+			_, _, ch, err := r.conn.GetW(path)
+			return ch, err
+		})
+	}
+	takeOwn := func() error {
+		if ownSent == nil {
+			return nil
+		}
+		select {
+		case res := <-ownSent:
+			ownSent = nil
+			switch {
+			case errors.Is(res.err, zk.ErrNoNode):
+				return errVanished
+			case res.err != nil:
+				return res.err
+			}
+			own = res.v
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+
+	if c.alone {
+		// The only child: held.
+		if kept {
+			armOwn()
+			if err := takeOwn(); err != nil {
+				return g, err
+			}
+			g.watch = own
+		}
+		return g, nil
 	}
 	type listing struct {
 		children []string
-		stat     *zk.Stat
+		watch    <-chan zk.Event
 	}
+	// The first listing of a mutex or a writer cannot grant: every child
+	// there was before ours was made before it. The others may.
+	mayGrant := l.Kind != backend.KindMutex && l.Kind != backend.KindWrite
 	list := func() (listing, error) {
-		cs, st, err := r.conn.Children(parent)
-		return listing{cs, st}, err
-	}
-	// stat reads our node's czxid and owner session.
-	stat := func() (*zk.Stat, error) {
-		exists, st, err := r.conn.Exists(path)
-		switch {
-		case err != nil:
-			return nil, err
-		case !exists:
-			return nil, errVanished
+		if chain || (kept && mayGrant) {
+			cs, _, ch, err := r.conn.ChildrenW(parent)
+			return listing{cs, ch}, err
 		}
-		return st, nil
+		cs, _, err := r.conn.Children(parent)
+		return listing{children: cs}, err
 	}
-	owner = sid
-	var czxid int64
 
 	var timer *time.Timer
 	defer func() {
@@ -548,92 +703,124 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 		}
 	}()
 	for {
-		heard = time.Now()
+		sent := time.Now()
 		ls, err := call(ctx, list)
 		if err != nil {
-			return 0, 0, heard, err
+			return g, err
 		}
-		pred, found := "", false
-		var predSeq int64 = -1
+		g.heard = sent
+		children := ls.children[:0:0]
 		for _, c := range ls.children {
-			if c == name {
-				found = true
-				continue
-			}
-			if strings.Contains(c, guid) {
+			if c != name && strings.Contains(c, guid) {
 				// A create we retried after a lost reply landed twice.
 				r.later(cleanup{path: parent + "/" + c})
 				continue
 			}
-			if s, ok := sequence(c); ok && s < mySeq && s > predSeq {
-				pred, predSeq = c, s
-			}
+			children = append(children, c)
 		}
-		if !found {
-			return 0, 0, heard, errVanished
+		q := queueOf(children, l.Kind)
+		i := slices.IndexFunc(q, func(e entry) bool { return e.name == name })
+		if i < 0 {
+			return g, errVanished
 		}
-		if pred == "" {
-			if czxid == 0 && len(ls.children) == 1 {
-				// We are alone: the parent's pzxid, the zxid of its last
-				// child change, is our token, with no round trip for our
-				// czxid. No later holder's token can be lower (see
-				// "Fencing token" in the package doc).
-				return ls.stat.Pzxid, owner, heard, nil
-			}
-			if czxid == 0 {
-				st, err := call(ctx, stat)
+		v := judge(q, i, l.Kind, l.Limit)
+		switch {
+		case v.mismatch:
+			return g, backend.ErrLimitMismatch
+		case v.hold:
+			if g.token == 0 {
+				// Found by its guid after a lost reply: read it.
+				st, err := call(ctx, func() (*zk.Stat, error) {
+					exists, st, err := r.conn.Exists(path)
+					if err == nil && !exists {
+						err = errVanished
+					}
+					return st, err
+				})
 				if err != nil {
-					return 0, 0, heard, err
+					return g, err
 				}
-				czxid, owner = st.Czxid, st.EphemeralOwner
+				g.token, g.owner = st.Czxid, st.EphemeralOwner
 			}
-			return czxid, owner, heard, nil
+			if kept {
+				if err := takeOwn(); err != nil {
+					return g, err
+				}
+				switch {
+				case own != nil:
+					g.watch = own
+				case ls.watch != nil:
+					g.watch = ls.watch
+				default:
+					g.watch = rearmNow // the session watcher arms one
+				}
+			}
+			g.signal = grantSignal(q, i, l.Kind, l.Limit)
+			return g, nil
 		}
 		if deadline.IsZero() || !time.Now().Before(deadline) {
-			return 0, 0, heard, backend.ErrNotAcquired
+			return g, backend.ErrNotAcquired
 		}
-		// Read our czxid now, so that the handoff does not wait for it,
-		// pipelined with setting the watch.
-		var statDone <-chan result[*zk.Stat]
-		if czxid == 0 {
-			statDone = send(stat)
+		mayGrant = true // the next listing comes after a change
+		var ch <-chan zk.Event
+		if v.children {
+			ch = ls.watch // any change of the queue
+		} else {
+			if kept && v.alone && own == nil && ownSent == nil {
+				armOwn() // sent together with the watch on the predecessor
+			}
+			var version int32
+			ch, version, err = r.watch(ctx, parent+"/"+v.watch)
+			if err == nil {
+				err = takeOwn()
+			}
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				continue // gone already: list again
+			case err != nil:
+				return g, err
+			case v.signal && version > 0:
+				continue // it holds already: list again
+			}
 		}
-		// Watch the predecessor only: one release wakes one waiter.
-		ch, werr := r.watch(ctx, parent+"/"+pred)
-		if statDone != nil {
-			select {
-			case res := <-statDone:
-				if res.err != nil {
-					return 0, 0, heard, res.err
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+		}
+		select {
+		case ev := <-ch:
+			// The event, or a zero one when another wait on the same
+			// watch took it: list again, unless it says that the only
+			// child before ours went.
+			if ev.Err != nil {
+				return g, ev.Err
+			}
+			if v.alone && ev.Type == zk.EventNodeDeleted && ev.Path == parent+"/"+v.watch && g.token != 0 && (own != nil || !kept) {
+				select {
+				case ev := <-own: // never when own is nil
+					// Our node changed first: list again to see.
+					if ev.Err != nil {
+						return g, ev.Err
+					}
+					own = nil
+				default:
+					g.watch = own
+					return g, nil
 				}
-				czxid, owner = res.v.Czxid, res.v.EphemeralOwner
-			case <-ctx.Done():
-				return 0, 0, heard, ctx.Err()
 			}
-		}
-		switch {
-		case errors.Is(werr, zk.ErrNoNode):
-			// Gone already: list again.
-		case werr != nil:
-			return 0, 0, heard, werr
-		default:
-			if timer == nil {
-				timer = time.NewTimer(time.Until(deadline))
+		case ev := <-own:
+			if ev.Err != nil {
+				return g, ev.Err
 			}
-			select {
-			case ev := <-ch:
-				// The event, or a zero one when another wait on the same
-				// watch took it: list again either way.
-				if ev.Err != nil {
-					return 0, 0, heard, ev.Err
-				}
-			case <-timer.C:
-				return 0, 0, heard, backend.ErrNotAcquired
-			case <-ctx.Done():
-				return 0, 0, heard, ctx.Err()
-			case <-r.stop:
-				return 0, 0, heard, ErrClosed
+			if ev.Type == zk.EventNodeDeleted {
+				return g, errVanished
 			}
+			own = nil // changed: armed again before the next wait
+		case <-timer.C:
+			return g, backend.ErrNotAcquired
+		case <-ctx.Done():
+			return g, ctx.Err()
+		case <-r.stop:
+			return g, ErrClosed
 		}
 	}
 }
@@ -641,7 +828,8 @@ func (r *Resource) wait(ctx context.Context, parent, path, guid string, sid int6
 var errVanished = errors.New("our znode vanished while queued (session expired?)")
 
 // watch returns a channel that receives (or is closed) when the znode at
-// path changes or goes, or zk.ErrNoNode when it is gone already.
+// path changes or goes, with the data version the znode had when the
+// watch was set, or zk.ErrNoNode when it is gone already.
 //
 // The protocol go-zookeeper speaks cannot remove a watch: a wait that
 // gives up leaves its watch armed until the znode changes, on the server
@@ -657,43 +845,45 @@ var errVanished = errors.New("our znode vanished while queued (session expired?)
 //
 // The request that sets a watch is abandoned when ctx ends; when it
 // returns, its watch is kept for the next wait all the same.
-func (r *Resource) watch(ctx context.Context, path string) (<-chan zk.Event, error) {
+func (r *Resource) watch(ctx context.Context, path string) (<-chan zk.Event, int32, error) {
 	r.wmu.Lock()
-	ch, ok := r.watches[path]
-	if ok && fired(ch) {
+	w, ok := r.watches[path]
+	if ok && fired(w.ch) {
 		delete(r.watches, path)
 		ok = false
 	}
 	r.wmu.Unlock()
 	if ok {
-		return ch, nil
+		return w.ch, w.version, nil
 	}
-	return call(ctx, func() (<-chan zk.Event, error) {
-		_, _, ch, err := r.conn.GetW(path)
+	w, err := call(ctx, func() (armed, error) {
+		_, st, ch, err := r.conn.GetW(path)
 		if err != nil {
-			return nil, err
+			return armed{}, err
 		}
-		r.keepWatch(path, ch)
-		return ch, nil
+		w := armed{ch, st.Version}
+		r.keepWatch(path, w)
+		return w, nil
 	})
+	return w.ch, w.version, err
 }
 
-// keepWatch records the armed watch ch on path for the next waits.
-func (r *Resource) keepWatch(path string, ch <-chan zk.Event) {
+// keepWatch records the armed watch w on path for the next waits.
+func (r *Resource) keepWatch(path string, w armed) {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if r.watches == nil { // closed
 		return
 	}
 	if len(r.watches) >= r.pruneAt {
-		for p, c := range r.watches {
-			if fired(c) {
+		for p, w := range r.watches {
+			if fired(w.ch) {
 				delete(r.watches, p)
 			}
 		}
 		r.pruneAt = max(64, 2*len(r.watches))
 	}
-	r.watches[path] = ch
+	r.watches[path] = w
 }
 
 // fired reports whether a watch channel has delivered its event (it may
@@ -707,15 +897,15 @@ func fired(ch <-chan zk.Event) bool {
 	}
 }
 
-// track records a granted lock: TTL timer, loss watch, lease fields.
-// heard is when the request that granted it was sent.
-func (r *Resource) track(l *backend.Lease, path string, token, sid int64, heard time.Time) error {
-	if r.conn.SessionID() != sid {
+// track records a granted lock: its loss watch (a lock the session keeps
+// alive) or TTL timer (any other), and the lease's fields.
+func (r *Resource) track(l *backend.Lease, path string, g grant) error {
+	if r.conn.SessionID() != g.owner {
 		return errVanished
 	}
 	// Before the lock is in r.held, where poll reads heard.
-	r.hear(heard)
-	h := &held{path: path, sid: sid, lost: make(chan struct{})}
+	r.hear(g.heard)
+	h := &held{path: path, key: l.Key, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.mu.Lock()
@@ -723,19 +913,39 @@ func (r *Resource) track(l *backend.Lease, path string, token, sid int64, heard 
 		r.mu.Unlock()
 		return ErrClosed
 	}
+	if h.kept {
+		h.watch = g.watch
+		if h.watch == nil { // no child watch: arm one on the znode at once
+			h.watch = rearmNow
+		}
+	}
 	r.held[path] = h
+	if h.sid != r.sidSeen {
+		r.recheck = true
+	}
 	if !r.polling {
 		r.polling = true
 		r.wg.Add(1)
 		go r.poll()
 	}
 	r.mu.Unlock()
-	h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
-	l.Token = uint64(token)
+	if !h.kept {
+		h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
+	}
+	l.Token = uint64(g.token)
 	l.Handle = path
 	l.Lost = h.lost
+	l.KeptAlive = h.kept
 	return nil
 }
+
+// rearmNow is a watch that has fired with no event: the session watcher
+// arms the lock's watch again (see rearm).
+var rearmNow = func() <-chan zk.Event {
+	ch := make(chan zk.Event)
+	close(ch)
+	return ch
+}()
 
 // forget drops h from the held locks.
 func (r *Resource) forget(h *held) {
@@ -771,20 +981,34 @@ func (r *Resource) expire(h *held) {
 	r.later(cleanup{path: h.path})
 }
 
+// lose reports the loss of h, whose znode is gone already (deleted by
+// another client, or with its session).
+func (r *Resource) lose(h *held) {
+	if h.finish() {
+		r.forget(h)
+		close(h.lost)
+	}
+}
+
 // poll watches the connection while locks are held: a changed session id
 // means the old session expired with our znodes. Without
 // [WithSessionTimeout] any disconnection may have lost them; with it, it
 // probes the server (see probe) and reports the locks lost at
 // lossDeadline, when the server has not answered for most of the session
-// timeout, whether the connection looks up or not.
+// timeout, whether the connection looks up or not. It also looks at the
+// watches of the locks the session keeps alive (see onWatch).
 func (r *Resource) poll() {
 	defer r.wg.Done()
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	d := r.cfg.tolerance
 	var probing chan struct{} // closed when the probe in flight returns
-	var lastProbe time.Time
-	for {
+	type event struct {
+		h  *held
+		ev zk.Event
+	}
+	var events []event
+	for tick := 1; ; tick++ {
 		select {
 		case <-t.C:
 		case <-r.stop:
@@ -792,23 +1016,40 @@ func (r *Resource) poll() {
 		}
 		sid, state, now := r.conn.SessionID(), r.conn.State(), time.Now()
 		if d > 0 && state == zk.StateHasSession && (probing == nil || isClosedChan(probing)) &&
-			now.Sub(lastProbe) >= d/probeDivisor {
-			probing, lastProbe = make(chan struct{}), now
+			now.Sub(r.epoch.Add(time.Duration(r.heard.Load()))) >= d/probeDivisor {
+			probing = make(chan struct{})
 			// Not counted in r.wg: Close does not wait for a server
 			// that does not answer. It ends when the client gives up.
 			go r.probe(probing)
 		}
 		var lost []*held
+		events = events[:0]
 		r.mu.Lock()
 		// Read under r.mu: track records heard before it adds a lock.
 		down := state != zk.StateHasSession
 		if d > 0 {
 			down = !now.Before(r.lossDeadline())
 		}
-		for p, h := range r.held {
-			if down || h.sid != sid {
-				lost = append(lost, h)
-				delete(r.held, p)
+		if down || sid != r.sidSeen || r.recheck {
+			for p, h := range r.held {
+				if down || h.sid != sid {
+					lost = append(lost, h)
+					delete(r.held, p)
+				}
+			}
+			r.sidSeen, r.recheck = sid, false
+		}
+		if tick%scanEvery == 0 {
+			for _, h := range r.held {
+				if h.watch == nil {
+					continue
+				}
+				select {
+				case ev := <-h.watch:
+					h.watch = nil
+					events = append(events, event{h, ev})
+				default:
+				}
 			}
 		}
 		last := len(r.held) == 0
@@ -825,11 +1066,57 @@ func (r *Resource) poll() {
 				}
 			}
 		}
+		for _, e := range events {
+			r.onWatch(e.h, e.ev)
+		}
 		if last {
 			return
 		}
 	}
 }
+
+// onWatch handles the event ev of the watch of h, a lock its session
+// keeps alive. Its znode is gone when the event says so, or when the
+// watch ended with the session (or the connection's Close); any other
+// event (a change in the queue, a change of the znode's data) may not be
+// about the znode's existence, and rearm looks. The child watch of the
+// listing that granted the lock fires at the first change of the queue:
+// rearm replaces it with a watch on the znode itself, so that a lock
+// costs no request when the queue changes again.
+func (r *Resource) onWatch(h *held, ev zk.Event) {
+	switch {
+	case ev.Err != nil, ev.Type == zk.EventNodeDeleted && ev.Path == h.path:
+		r.lose(h)
+	default:
+		go r.rearm(h)
+	}
+}
+
+// rearm sets a data watch on h's znode, which tells whether it still
+// exists (under h's session). A connection in trouble is the session
+// watcher's business (loss deadline): rearm tries again later.
+func (r *Resource) rearm(h *held) {
+	_, st, ch, err := r.conn.GetW(h.path)
+	switch {
+	case err == nil && st.EphemeralOwner != h.sid, errors.Is(err, zk.ErrNoNode):
+		r.lose(h)
+		return
+	case err != nil:
+		ch = rearmNow
+		if sleep(context.Background(), r.stop, rearmBackoff) != nil {
+			return // closed
+		}
+	}
+	r.mu.Lock()
+	if r.held[h.path] == h {
+		h.watch = ch
+	} // else released or lost: a data watch fires with the deletion
+	r.mu.Unlock()
+}
+
+// rearmBackoff is how long rearm waits before it tries again after a
+// failed request.
+const rearmBackoff = 100 * time.Millisecond
 
 // probe sends the server a small read and records when it was sent if
 // the server answers: any answer counts, the server heard from the
@@ -842,16 +1129,25 @@ func (r *Resource) probe(done chan struct{}) {
 	}
 }
 
-// handle returns the znode path in l.Handle, checked to be one of ours.
-func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
+// handle returns the znode path in l.Handle, checked to be one of ours,
+// and the lock held through r at that path (nil if none).
+func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
 	if r.cfg.err != nil {
-		return "", r.cfg.err
+		return "", nil, r.cfg.err
 	}
 	path, ok := l.Handle.(string)
-	if !ok || !strings.HasPrefix(path, r.parentPath(l.Key)+"/") {
-		return "", fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	if ok {
+		r.mu.Lock()
+		h := r.held[path]
+		r.mu.Unlock()
+		if h != nil && h.key == l.Key && h.kind == l.Kind {
+			return path, h, nil
+		}
 	}
-	return path, nil
+	if !ok || !strings.HasPrefix(path, r.kindParent(l.Key, l.Kind)+"/") {
+		return "", nil, fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	}
+	return path, nil, nil
 }
 
 // Release deletes the lock's znode. It returns [backend.ErrNotHeld], with
@@ -864,19 +1160,18 @@ func (r *Resource) handle(op string, l *backend.Lease) (string, error) {
 // it sent goes on, and is retried in the background if it fails; calling
 // Release again sends another (ErrNotHeld once the first landed).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
-	path, err := r.handle("release", l)
+	path, h, err := r.handle("release", l)
 	if err != nil {
 		return err
 	}
 	if isClosedChan(l.Lost) {
 		return backend.ErrNotHeld
 	}
-	r.mu.Lock()
-	h := r.held[path]
-	delete(r.held, path)
-	r.mu.Unlock()
-	if h != nil && !h.finish() {
-		return backend.ErrNotHeld
+	if h != nil {
+		r.forget(h)
+		if !h.finish() {
+			return backend.ErrNotHeld
+		}
 	}
 	// The delete is sent even when ctx has ended, because a release left
 	// undone would hold the lock for others.
@@ -901,43 +1196,56 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	return r.wrap("release", l.Key, err)
 }
 
-// Refresh checks that the lock's znode still exists under its session and
-// pushes its TTL deletion back by l.TTL. It returns [backend.ErrNotHeld]
-// when the znode is gone, the lock was reported lost or its TTL already
-// ran out; another store error wrapped (the TTL timer runs on then), and
-// ctx's error as soon as ctx ends (the read goes on unwatched).
+// Refresh checks that the lock's znode still exists under its session.
+// For a lock with a TTL it also pushes the TTL deletion back by l.TTL (which
+// may differ from the TTL it had: Lock.Extend), and writes the new TTL in
+// the znode's data, for inspection: one write. A lock the session keeps
+// alive has no TTL: Refresh only reads that its znode is there.
+//
+// It returns [backend.ErrNotHeld] when the znode is gone, the lock was
+// reported lost or its TTL already ran out; another store error wrapped
+// (the TTL timer runs on then), and ctx's error as soon as ctx ends (the
+// request goes on unwatched).
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
-	path, err := r.handle("refresh", l)
+	path, h, err := r.handle("refresh", l)
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	h := r.held[path]
-	r.mu.Unlock()
 	if h == nil {
 		return backend.ErrNotHeld
 	}
 	sent := time.Now()
+	data := recordOf(l).encode()
 	stat, err := call(ctx, func() (*zk.Stat, error) {
-		exists, stat, err := r.conn.Exists(path)
-		if err == nil && !exists {
-			stat = nil
+		if h.kept {
+			exists, stat, err := r.conn.Exists(path)
+			if err == nil && !exists {
+				err = zk.ErrNoNode
+			}
+			return stat, err
 		}
-		return stat, err
+		return r.conn.Set(path, data, -1)
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		r.lose(h)
+		return backend.ErrNotHeld
+	case err != nil:
 		return r.wrap("refresh", l.Key, err)
 	}
 	r.hear(sent)
-	if stat == nil || stat.EphemeralOwner != h.sid {
-		if h.finish() {
-			r.forget(h)
-			close(h.lost)
-		}
+	if stat.EphemeralOwner != h.sid {
+		r.lose(h)
 		return backend.ErrNotHeld
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.kept {
+		if h.done {
+			return backend.ErrNotHeld
+		}
+		return nil
+	}
 	if h.done || !h.timer.Stop() {
 		return backend.ErrNotHeld // the TTL ran out meanwhile
 	}

@@ -52,11 +52,12 @@ type Config struct {
 	// Zombie makes the worker write once more with its old token after it
 	// saw the lock lost, as a client that did not look at Done would.
 	Zombie bool
-	// Lock is the kind of lock the worker takes: "" (a mutex),
-	// "semaphore" (a permit of Limit), "read" or "write" (a side of a
-	// read/write lock). Mutex, write and semaphore holders make fenced
-	// writes; only mutex and write holders increment the unfenced
-	// counter (a semaphore's or readers' holders may overlap by design).
+	// Lock is the kind of lock the worker takes: "" (the mutex),
+	// "semaphore" (of Limit holders), "read" or "write" (the two sides of
+	// the read/write lock). A reader neither writes to the fenced
+	// register nor increments the counter (it reads); a semaphore's
+	// holder writes to the register, and does not increment the counter,
+	// which its fellow holders would race.
 	Lock  string
 	Limit int
 }
@@ -168,9 +169,9 @@ func errString(err error) string {
 // cfg.Ops writes and increments, and releases it.
 func (w *worker) cycle(ctx context.Context, owner string) error {
 	call := history.Now()
-	lk, err := w.take(ctx)
+	lk, err := w.acquire(ctx)
 	ret := history.Now()
-	ev := history.Event{Kind: history.Acquire, Owner: owner, Call: call, Return: ret, Err: errString(err)}
+	ev := history.Event{Kind: history.Acquire, Owner: owner, Call: call, Return: ret, Err: errString(err), Lock: w.cfg.Lock}
 	if err == nil {
 		ev.Token = lk.Token()
 	}
@@ -211,8 +212,8 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 			if err := w.increment(ctx, owner, step/2); err != nil {
 				return err
 			}
-		} else {
-			time.Sleep(step / 2)
+		} else if _, err := w.store.Get(ctx); err != nil { // the read
+			return err
 		}
 		select {
 		case <-lk.Done():
@@ -228,7 +229,7 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 			return err
 		}
 		say("lost %s", owner)
-		if w.cfg.Zombie {
+		if w.cfg.Zombie && w.cfg.Lock != "read" {
 			if err := w.write(ctx, owner, lk.Token()); err != nil {
 				return err
 			}
@@ -254,8 +255,8 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 	return nil
 }
 
-// take acquires the worker's lock.
-func (w *worker) take(ctx context.Context) (*distlock.Lock, error) {
+// acquire takes the worker's kind of lock.
+func (w *worker) acquire(ctx context.Context) (*distlock.Lock, error) {
 	switch w.cfg.Lock {
 	case "semaphore":
 		return w.d.Semaphore(w.cfg.Key, w.cfg.Limit).TryAcquire(ctx, w.cfg.Wait)

@@ -10,6 +10,7 @@ type Interval struct {
 	Owner string
 	Proc  string
 	Token uint64
+	Lock  string // the Acquire's Lock: "" (mutex), "semaphore", "read", "write"
 	// Call is when TryLock was called, Start when it returned the lock.
 	Call, Start int64
 	// End is the first of: the call of Unlock, the moment the holder saw
@@ -34,7 +35,7 @@ func Intervals(evs []Event) []Interval {
 		switch e.Kind {
 		case Acquire:
 			if e.Err == "" {
-				byOwner[e.Owner] = &Interval{Owner: e.Owner, Proc: e.Proc, Token: e.Token, Call: e.Call, Start: e.Return}
+				byOwner[e.Owner] = &Interval{Owner: e.Owner, Proc: e.Proc, Token: e.Token, Lock: e.Lock, Call: e.Call, Start: e.Return}
 				order = append(order, e.Owner)
 			}
 		case Release:
@@ -85,6 +86,50 @@ func Overlaps(evs []Event) []Overlap {
 		}
 	}
 	return out
+}
+
+// Exclusive reports whether an overlap breaks the lock's rule: any two
+// holders of a mutex, a writer with any other holder of a read/write
+// lock; never two permits of a semaphore (see [MostHolders]) or two
+// readers.
+func (o Overlap) Exclusive() bool {
+	switch {
+	case o.Older.Lock == "semaphore" && o.Newer.Lock == "semaphore":
+		return false
+	case o.Older.Lock == "read" && o.Newer.Lock == "read":
+		return false
+	}
+	return true
+}
+
+// MostHolders returns the largest number of holdings of evs that
+// intersect at one moment, and that moment: for a semaphore, what must
+// never exceed its limit.
+func MostHolders(evs []Event) (n int, at int64) {
+	type edge struct {
+		t     int64
+		delta int
+	}
+	var edges []edge
+	for _, iv := range Intervals(evs) {
+		edges = append(edges, edge{iv.Start, 1}, edge{iv.End, -1})
+	}
+	// Ends before starts at the same instant: holdings that touch do not
+	// intersect (as in Overlaps).
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].t != edges[j].t {
+			return edges[i].t < edges[j].t
+		}
+		return edges[i].delta < edges[j].delta
+	})
+	cur := 0
+	for _, e := range edges {
+		cur += e.delta
+		if cur > n {
+			n, at = cur, e.t
+		}
+	}
+	return n, at
 }
 
 // StaleWrite is a write the fenced store accepted from Owner after it had

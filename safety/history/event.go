@@ -56,6 +56,9 @@ type Event struct {
 	Read     int64  `json:"read,omitempty"`
 	Wrote    int64  `json:"wrote,omitempty"`
 	Text     string `json:"text,omitempty"`
+	// Lock is the kind of lock an Acquire took: "" for a mutex,
+	// "semaphore", "read" or "write".
+	Lock string `json:"lock,omitempty"`
 }
 
 // Time returns the event's position in time: At, else Return, else Call.

@@ -307,3 +307,35 @@ func TestNowAcrossProcesses(t *testing.T) {
 		t.Errorf("child read %d, outside the parent's %d..%d", child, before, after)
 	}
 }
+
+func TestMostHoldersAndExclusive(t *testing.T) {
+	kind := func(e Event, lock string) Event { e.Lock = lock; return e }
+	evs := []Event{
+		kind(acq("w1", "a", 1, 2, 1), "semaphore"), rel("w1", "a", 10, 11),
+		kind(acq("w2", "b", 1, 3, 2), "semaphore"), rel("w2", "b", 16, 17),
+		kind(acq("w3", "c", 1, 10, 3), "semaphore"), lost("w3", "c", 15), // touches a's end: not at once
+		kind(acq("w4", "d", 11, 14, 4), "semaphore"), rel("w4", "d", 20, 21),
+	}
+	if n, at := MostHolders(evs); n != 3 || at != 14 {
+		t.Errorf("MostHolders = %d at %d; want 3 at 14 (b, c, d)", n, at)
+	}
+	for _, o := range Overlaps(evs) {
+		if o.Exclusive() {
+			t.Errorf("%v: two permits of a semaphore counted as exclusive", o)
+		}
+	}
+	rw := []Event{
+		kind(acq("w1", "a", 1, 2, 1), "read"), rel("w1", "a", 10, 11),
+		kind(acq("w2", "b", 1, 3, 2), "read"), rel("w2", "b", 10, 11),
+		kind(acq("w3", "c", 4, 5, 3), "write"), rel("w3", "c", 12, 13),
+	}
+	var exclusive int
+	for _, o := range Overlaps(rw) {
+		if o.Exclusive() {
+			exclusive++
+		}
+	}
+	if exclusive != 2 {
+		t.Errorf("%d exclusive overlaps in %v; want 2 (the writer with each reader)", exclusive, Overlaps(rw))
+	}
+}
