@@ -144,12 +144,12 @@ func kindsPeers(ctx context.Context, s *servers, w string, g []*peer) (ps []*kin
 			}
 			continue
 		}
-		note := kindsNotes[store]
-		if note == "" {
-			note = p.note
-		}
-		if p.hotspot {
-			note += strings.TrimPrefix(p.note, base)
+		note := p.note
+		switch {
+		case p.name == "distlock" && kindsNotes[store] != "":
+			note = kindsNotes[store]
+		case p.hotspot && base != "":
+			note = "distlock as above" + strings.TrimPrefix(p.note, base)
 		}
 		ps = append(ps, &kindsPeer{
 			name: p.name, store: store, note: note, serverRequests: p.serverRequests,
