@@ -104,7 +104,10 @@ func (c config) validate() error {
 	case c.cpu < 0 || c.cpu >= 1024:
 		return fmt.Errorf("-cpu %d out of range", c.cpu)
 	}
-	return c.kinds.validate()
+	if c.has(wlSemaphore) || c.has(wlReadMostly) {
+		return c.kinds.validate()
+	}
+	return nil
 }
 
 func (c config) has(w string) bool {
