@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/distlock/distlock"
 )
 
 func TestMedian(t *testing.T) {
@@ -108,6 +110,8 @@ func TestOrderAlternates(t *testing.T) {
 	}
 }
 
+var goodKinds = kindsConfig{rounds: 3, slice: time.Second, hold: time.Millisecond, wait: time.Second, limit: 3, readShare: 0.9}
+
 func TestValidate(t *testing.T) {
 	good := config{workloads: []string{"uncontended"}, rounds: 3, contendedRounds: 1, slice: time.Second,
 		parallel: 16, instances: 3, workers: 4, handoffs: 10, ttl: time.Second, retry: time.Millisecond,
@@ -115,12 +119,29 @@ func TestValidate(t *testing.T) {
 	if err := good.validate(); err != nil {
 		t.Fatalf("good config: %v", err)
 	}
+	kinds := good
+	kinds.workloads, kinds.kinds = []string{wlSemaphore, wlReadMostly}, goodKinds
+	if err := kinds.validate(); err != nil {
+		t.Fatalf("good kinds config: %v", err)
+	}
 	for name, f := range map[string]func(*config){
 		"unknown workload": func(c *config) { c.workloads = []string{"nope"} },
 		"zero rounds":      func(c *config) { c.rounds = 0 },
 		"zero slice":       func(c *config) { c.slice = 0 },
 		"negative jitter":  func(c *config) { c.jitter = -1 },
 		"bad cpu":          func(c *config) { c.cpu = -1 },
+		"semaphore, no kinds rounds": func(c *config) {
+			c.workloads, c.kinds = []string{wlSemaphore}, goodKinds
+			c.kinds.rounds = 0
+		},
+		"semaphore, limit 0": func(c *config) {
+			c.workloads, c.kinds = []string{wlSemaphore}, goodKinds
+			c.kinds.limit = 0
+		},
+		"read-mostly, share over 1": func(c *config) {
+			c.workloads, c.kinds = []string{wlReadMostly}, goodKinds
+			c.kinds.readShare = 1.5
+		},
 	} {
 		c := good
 		f(&c)
@@ -139,6 +160,8 @@ func TestSectionID(t *testing.T) {
 		{"### Scale: redis, 10000 locks held at once by one process\n", "scale/redis/held/10000"},
 		{"### Scale: memory, 100000 locks held at once by one process\n", "scale/memory/held/100000"},
 		{"### Scale: etcd, 1000 goroutines on one key\n", "scale/etcd/hotkey"},
+		{"### Semaphore: redis (limit 3, 3 instances x 4 goroutines)\n", "semaphore/redis"},
+		{"### Read-mostly: postgres (90% reads, 3 instances x 4 goroutines)\n", "read-mostly/postgres"},
 		{"### Left out\n\n- x\n", "left out"},
 	} {
 		if got := sectionID(c.sec); got != c.want {
@@ -219,5 +242,33 @@ func TestHeldTargets(t *testing.T) {
 		if i > 0 && tg.ok {
 			t.Errorf("%s: %s met; want missed", tg.what, tg.got)
 		}
+	}
+}
+
+// The guard counts a grant that breaks the rule: a permit over the
+// limit, a writer with anyone, a reader with a writer.
+func TestGuardCountsViolations(t *testing.T) {
+	g := &guard{limit: 2}
+	g.enter(distlock.KindSemaphore)
+	g.enter(distlock.KindSemaphore)
+	if g.violations != 0 || g.most != 2 {
+		t.Fatalf("two permits of limit 2: violations %d, most %d; want 0, 2", g.violations, g.most)
+	}
+	g.enter(distlock.KindSemaphore)
+	if g.violations != 1 {
+		t.Errorf("third permit of limit 2: violations %d; want 1", g.violations)
+	}
+	rw := &guard{}
+	rw.enter(distlock.KindRead)
+	rw.enter(distlock.KindRead)
+	if rw.violations != 0 || rw.most != 2 {
+		t.Fatalf("two readers: violations %d, most %d; want 0, 2", rw.violations, rw.most)
+	}
+	rw.enter(distlock.KindWrite)
+	rw.leave(distlock.KindRead)
+	rw.leave(distlock.KindRead)
+	rw.enter(distlock.KindRead)
+	if rw.violations != 2 {
+		t.Errorf("a writer with readers, then a reader with the writer: violations %d; want 2", rw.violations)
 	}
 }

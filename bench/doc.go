@@ -19,7 +19,19 @@
 // pinned), parallel (16 goroutines, distinct keys), contended (the seed
 // workload: instances x workers x attempts on one key, in two variants),
 // handoff (release to a blocked waiter's acquire), scale (10,000 locks held
-// at once; 1,000 goroutines on one key).
+// at once; 1,000 goroutines on one key), semaphore (a semaphore of limit
+// 3, 3 instances x 4 goroutines on one key) and read-mostly (a read/write
+// lock, 90% reads, same shape).
+//
+// The semaphore and read-mostly workloads (kinds.go) run distlock against
+// a floor per store that polls a bare script (Redis) or upsert
+// (PostgreSQL) every 10ms keeping the same rule, the peers alternating
+// round by round; each table gives grants/s and store requests per grant,
+// with their ratios to the floor, and the violations of the rule the
+// goroutines counted (must be 0). Their flags are -kinds-rounds,
+// -kinds-slice, -kinds-hold, -kinds-wait, -sem-limit and -read-share:
+//
+//	cd bench && go run . -workload semaphore,read-mostly -store memory,redis,postgres -out RESULTS.md
 //
 // The scale workload measures issue 18's targets, each store's distlock
 // against its native peer in the same run: how long taking the locks

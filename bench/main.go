@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-var allWorkloads = []string{"uncontended", "parallel", "contended", "handoff", "scale"}
+var allWorkloads = []string{"uncontended", "parallel", "contended", "handoff", "scale", wlSemaphore, wlReadMostly}
 
 func main() {
 	registerVariants()
@@ -41,6 +41,7 @@ func main() {
 	flag.IntVar(&cfg.scaleGoroutines, "scale-goroutines", 1000, "scale: goroutines contending for one key with the hotspot handler")
 	flag.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "lock TTL (uncontended, parallel, contended, handoff)")
 	flag.DurationVar(&cfg.retry, "retry", 10*time.Millisecond, "retry interval of the floor and redislock while waiting")
+	kindsFlags(&cfg.kinds)
 	flag.StringVar(&cfg.out, "out", "", "write the results as markdown to this file (e.g. RESULTS.md)")
 	flag.StringVar(&cfg.svg, "svg", "", "write the chart of ratios to this SVG file")
 	flag.BoolVar(&cfg.quiet, "q", false, "no progress on stderr")
@@ -103,6 +104,9 @@ func (c config) validate() error {
 	case c.cpu < 0 || c.cpu >= 1024:
 		return fmt.Errorf("-cpu %d out of range", c.cpu)
 	}
+	if c.has(wlSemaphore) || c.has(wlReadMostly) {
+		return c.kinds.validate()
+	}
 	return nil
 }
 
@@ -150,6 +154,13 @@ func run(cfg config) error {
 		for _, g := range groups {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if isKindsWorkload(w) {
+				// Every store's group runs: the workload picks its own
+				// peers (kindsPeers), memory included.
+				log.printf("%s: %s, at %v", w, g[0].store, time.Since(rep.start).Round(time.Second))
+				rep.kinds(runKinds(ctx, cfg, s, w, g, log))
+				continue
 			}
 			if g = runningIn(g, w); len(g) == 0 {
 				continue

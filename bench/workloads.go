@@ -45,6 +45,8 @@ type config struct {
 	ttl   time.Duration
 	retry time.Duration
 
+	kinds kindsConfig // semaphore, read-mostly
+
 	out   string // RESULTS.md path, "" for none
 	svg   string
 	quiet bool
