@@ -19,19 +19,20 @@ import (
 // DistributeLock is the facade over one backend. Build it with [New] once
 // and share it: it is safe for concurrent use.
 type DistributeLock struct {
-	res       backend.RemoteResource
-	spinner   backend.Spinner
-	waiter    backend.Waiter
-	notifier  backend.Notifier
-	refresher backend.Refresher
-	validator backend.KeyValidator
-	kinds     backend.KindChecker
-	withdraw  backend.Withdrawer
-	cfg       config
-	policy    spin.Policy
-	chain     *chain
-	bare      bool // no handlers: a grant drops its Request at the commit
-	observers []LossObserver
+	res        backend.RemoteResource
+	spinner    backend.Spinner
+	waiter     backend.Waiter
+	notifier   backend.Notifier // shared per key: one waiter woken per notice
+	notifyEach backend.Notifier // unshared: every waiter woken
+	refresher  backend.Refresher
+	validator  backend.KeyValidator
+	kinds      backend.KindChecker
+	withdraw   backend.Withdrawer
+	cfg        config
+	policy     spin.Policy
+	chain      *chain
+	bare       bool // no handlers: a grant drops its Request at the commit
+	observers  []LossObserver
 
 	// flights counts the acquisitions in flight; closedBit is set by Close,
 	// which then waits for drained: closed when the count reaches 0.
@@ -89,8 +90,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		d.spinner = s
 		if n, ok := r.(backend.Notifier); ok {
 			// Waiters of one key share one subscription: a release
-			// wakes one of them, not all (see spin.Share).
-			d.notifier = spin.Share(n)
+			// wakes one of them, not all (see spin.Share). Waiters
+			// for a permit or a read grant subscribe each on their
+			// own: one release may let several of them in (a writer's
+			// lets every reader behind it).
+			d.notifier, d.notifyEach = spin.Share(n), n
 		}
 	} else {
 		return nil, fmt.Errorf("%w: %T implements neither backend.Spinner nor backend.Waiter", ErrInvalid, r)
@@ -393,7 +397,11 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		start = time.Now()
 	} else {
 		var st spin.Stats
-		start, err = spin.Acquire(ctx, d.spinner, d.notifier, d.policy, &g.lease, r.Deadline, &st)
+		n := d.notifier
+		if r.Kind == KindRead || r.Kind == KindSemaphore {
+			n = d.notifyEach
+		}
+		start, err = spin.Acquire(ctx, d.spinner, n, d.policy, &g.lease, r.Deadline, &st)
 		r.RemoteAttempts += st.Attempts
 		r.answered += st.Answered
 		if err != nil && (r.Kind == KindRead || r.Kind == KindWrite) && st.Answered > 0 && d.withdraw != nil {

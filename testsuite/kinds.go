@@ -279,6 +279,7 @@ func testRWMutex(t *testing.T, h *Harness) {
 	t.Run("Tokens", func(t *testing.T) { testRWTokens(t, h) })
 	t.Run("CancelledWriter", func(t *testing.T) { testRWCancelledWriter(t, h) })
 	t.Run("NoUpgrade", func(t *testing.T) { testRWNoUpgrade(t, h) })
+	t.Run("ReadersWokenTogether", func(t *testing.T) { testRWReadersWokenTogether(t, h) })
 	t.Run("KindsDistinct", func(t *testing.T) { testKindsDistinct(t, h) })
 }
 
@@ -474,6 +475,68 @@ func testKindsDistinct(t *testing.T, h *Harness) {
 		if lk != nil {
 			mustUnlock(t, lk)
 		}
+	}
+	noLeftovers(t, h, key)
+}
+
+// testRWReadersWokenTogether: readers of one process queued behind a
+// writer all take the lock soon after the writer's release, woken by the
+// store (a release notice or a watch), not by their retry timers: the
+// spin is a minute, longer than the test allows them. A process whose
+// waiters shared one wake-up per notice would let one reader in and leave
+// the others asleep.
+func testRWReadersWokenTogether(t *testing.T, h *Harness) {
+	r := h.NewResource(t)
+	key := Key(t)
+	notifies := false
+	if n, ok := r.(backend.Notifier); ok {
+		ch, cancel := n.Subscribe(key)
+		cancel()
+		notifies = ch != nil
+	}
+	if _, waits := r.(backend.Waiter); !notifies && !waits {
+		t.Skipf("%T sends no release notices here: waiters retry on their timers", r)
+	}
+	w := must(t)(newLock(t, h).RWMutex(key).TryLock(t.Context(), 0))
+	d := newLock(t, h, distlock.WithSpin(time.Minute, 0))
+	const readers = 4
+	got := make(chan error, readers)
+	locks := make(chan *distlock.Lock, readers)
+	for range readers {
+		go func() {
+			lk, err := d.RWMutex(key).TryRLock(t.Context(), time.Minute)
+			if err == nil {
+				locks <- lk
+			}
+			got <- err
+		}()
+	}
+	// Let the readers make their first attempt and start waiting; none
+	// may return meanwhile. (A reader slower than this takes the lock at
+	// its first attempt after the release: the test then checks less, but
+	// does not fail for it.)
+	queued := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(queued) {
+		select {
+		case err := <-got:
+			t.Fatalf("a reader returned while the writer held: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	mustUnlock(t, w)
+	limit := time.After(10 * time.Second)
+	for i := range readers {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("reader %d: %v", i, err)
+			}
+		case <-limit:
+			t.Fatalf("%d of %d readers took the lock within 10s of the writer's release; want all (spin 1m: the others were not woken)", i, readers)
+		}
+	}
+	for range readers {
+		mustUnlock(t, <-locks)
 	}
 	noLeftovers(t, h, key)
 }
