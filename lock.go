@@ -90,10 +90,10 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		d.spinner = s
 		if n, ok := r.(backend.Notifier); ok {
 			// Waiters of one key share one subscription: a release
-			// wakes one of them, not all (see spin.Share). Waiters
-			// for a permit or a read grant subscribe each on their
-			// own: one release may let several of them in (a writer's
-			// lets every reader behind it).
+			// wakes one of them, not all (see spin.Share). Readers
+			// subscribe each on their own: a writer's release lets
+			// every reader behind it in. (A semaphore's release frees
+			// one permit: its waiters share, as a mutex's do.)
 			d.notifier, d.notifyEach = spin.Share(n), n
 		}
 	} else {
@@ -398,7 +398,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	} else {
 		var st spin.Stats
 		n := d.notifier
-		if r.Kind == KindRead || r.Kind == KindSemaphore {
+		if r.Kind == KindRead {
 			n = d.notifyEach
 		}
 		start, err = spin.Acquire(ctx, d.spinner, n, d.policy, &g.lease, r.Deadline, &st)
