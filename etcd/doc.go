@@ -59,22 +59,41 @@
 //
 // # Clean-up
 //
-// A clean-up (the revoke or delete that undoes a failed, cancelled or
-// released acquisition) that fails, because the connection dropped under
-// it or no leader answered, is retried in the background by the Resource
-// (after 50ms, doubling up to 1s) until it succeeds, the client is closed,
-// or [Resource.Close]. On a shared lease a key left behind would otherwise
-// block the lock for every later waiter for as long as the Resource keeps
-// the lease alive: a key whose delete still fails a TTL after the first
-// try makes the Resource give the lease up (the locks on it report
-// themselves lost), so that it expires on the server with the key. When
-// the reply to the transaction that makes a key on a shared lease is lost
-// (the caller's context ended, the connection dropped), the clean-up does
-// not know whether the key exists or will: a request sent as the
-// connection came back can be applied after the clean-up's own, since the
-// server handles the two concurrently. A clean-up that finds no key then
-// looks again in the background for the lock's TTL before it gives the
-// key's name back.
+// Every call returns when its context ends, whatever the server does (a
+// frozen server, a connection that stopped forwarding): no request runs
+// on a context detached from the caller's in the caller's goroutine. An
+// acquisition that fails or ends (deadline, cancellation, store error)
+// undoes what it made in a clean-up job the Resource runs at once in the
+// background, retried (after 50ms, doubling up to 1s) until it succeeds,
+// the client is closed, or [Resource.Close]; Acquire waits for it while
+// its context lives, and when the context ends first it returns a
+// backend.AbandonedError whose Cleanup waits for the job (the facade runs
+// it, and its Close waits for it within its bound).
+//
+// The clean-up makes sure that a request still on its way when the
+// context ended, which the server may apply after the clean-up's own,
+// never leaves a key: on a lease of its own the clean-up revokes the
+// lease, and a transaction that puts a key on a revoked lease fails. On a
+// shared lease every transaction that makes a key also compares the
+// lease's fence key (<prefix>!fence/<resource ID>-<lease ID>, bound to
+// the lease); when the reply that would have told whether our key was
+// made is lost, the clean-up deletes the key if it is there and puts the
+// fence key in one transaction, so that the late transaction, if it lands
+// after, makes nothing (the Resource's other acquisitions learn the new
+// fence from their transaction's failure and send it again). A key that
+// lands before the clean-up heads its queue until the clean-up deletes it,
+// and is never granted: nobody waits for it. On a shared lease a key
+// whose clean-up still fails a TTL after the first try makes the Resource
+// give the lease up (the locks on it report themselves lost), so that it
+// expires on the server with the key.
+//
+// A Release cut short by its context returns the context's error; the
+// lock is then still held as far as the Resource knows, and Release may
+// be called again. The revoke that follows the delete of a lock on a
+// lease of its own runs within the caller's context, and in the
+// background if that did not do it. [Resource.Close] revokes the shared
+// leases within about half a second; a lease it could not revoke expires
+// by itself, a third of its TTL (at least a second) after its locks'.
 //
 // # TTL
 //
@@ -143,7 +162,8 @@
 // Store errors are returned wrapped with the operation and the lock key,
 // for example "etcd: acquire \"k\": ...". A wait that ends at its deadline
 // returns backend.ErrNotAcquired, one that ends with its context returns
-// ctx.Err(). Keys longer than [MaxKeyLen] bytes are refused before any I/O.
+// ctx.Err(), each in a backend.AbandonedError when the clean-up of what
+// the attempt made had not finished by the context's end. Keys longer than [MaxKeyLen] bytes are refused before any I/O.
 // Over a client the application has closed, every call fails at once with
 // an error saying so, instead of after the client's retries, seconds later;
 // what it cannot clean up (a key, a lease) expires with its lease, and a

@@ -37,10 +37,14 @@ const MaxKeyLen = 32 << 10
 // a longer TTL before any I/O, in either mode.
 const MaxTTL = 6_750_000_000 * time.Second
 
-// cleanupTimeout bounds the requests that undo a failed or cancelled
-// acquire (revoke our lease, delete our key). They run on a context
-// detached from the caller's, which may already have ended.
+// cleanupTimeout bounds each run of a background clean-up (revoke our
+// lease, delete our key) and the grant of a shared lease, which no
+// caller's context bounds.
 const cleanupTimeout = 5 * time.Second
+
+// closeTimeout bounds the revokes of the shared leases by
+// [Resource.Close]: a lease it could not revoke expires by itself.
+const closeTimeout = 500 * time.Millisecond
 
 // clockGuard is taken off Lease.Validity: the facade counts it from when
 // Acquire has returned, a moment after we read the clock.
@@ -231,10 +235,12 @@ func ttlSeconds(ttl time.Duration) int64 {
 // Acquire queues for l.Key and blocks until it holds the lock, the deadline
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
-// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. On any
-// failure our key and lease are gone, or their clean-up runs on in the
-// background (see the package documentation). A TTL longer than [MaxTTL]
-// is refused before any I/O.
+// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. It
+// returns when ctx ends, whatever the server does. On any failure our key
+// and lease are gone, or their clean-up runs on in the background: then,
+// if ctx ended first, the error is a [backend.AbandonedError] whose
+// Cleanup waits for it (see the package documentation). A TTL longer than
+// [MaxTTL] is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -261,15 +267,20 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 }
 
 // acquireOwn takes the lock on a lease of its own: grant, create our key,
-// wait; Release deletes our key and revokes the lease.
+// wait; Release deletes our key and revokes the lease. A failed attempt
+// revokes the lease it may have granted, which deletes our key if it was
+// made and keeps a transaction still on its way from making it.
 func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
 	start := time.Now()
 	id, ttl, err := r.grant(ctx, l.TTL)
 	if err != nil {
-		if id != 0 { // the grant may have happened
-			r.revokeSoon(ctx, id, nil)
+		if err != ctx.Err() {
+			err = fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 		}
-		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
+		if id != 0 { // the grant may have happened
+			return r.undo(ctx, err, r.revoker(id, nil))
+		}
+		return err
 	}
 	pfx := r.queuePrefix(l.Key)
 	h := r.newHandle(l.Key, pfx)
@@ -277,7 +288,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	defer func() {
 		if err != nil {
 			r.unwatchKey(h)
-			r.revokeSoon(ctx, id, func() { r.free(h) })
+			err = r.undo(ctx, err, r.revoker(id, func() { r.free(h) }))
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
@@ -288,6 +299,9 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	}
 	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
 	if err != nil {
+		if err == ctx.Err() {
+			return err
+		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
@@ -352,17 +366,6 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 	return clientv3.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
-// revoke ends a lease and its keys, once, detached from ctx: see
-// revokeSoon for the retries. It reports whether the lease is known gone.
-func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
-	if r.clientClosed() {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	return r.revokeNow(ctx, id)
-}
-
 // revokeNow revokes a lease within ctx. It reports whether the lease is
 // known gone.
 func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
@@ -372,29 +375,60 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 
 // enqueue creates h.key under h.lease unless it exists, sets h.rev to its
 // create revision and reports whether it is the oldest key under pfx, all in
-// one transaction.
+// one transaction. On a shared lease the transaction also compares the
+// lease's fence (see session): when a clean-up moved it meanwhile, the
+// transaction made nothing, and is sent again.
 func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value string) (bool, error) {
-	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
-	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)).
-		Then(clientv3.OpPut(h.key, value, clientv3.WithLease(h.lease)), owner).
-		Else(clientv3.OpGet(h.key), owner).
-		Commit()
-	if err != nil {
-		return false, err
-	}
-	if resp.Succeeded {
-		h.rev = resp.Header.Revision
-	} else {
-		// Only our own retried request can have made our key.
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
-			return false, fmt.Errorf("queue key %s exists with another lease", h.key)
+	for range 100 {
+		var epoch int64
+		if h.sess != nil {
+			epoch = h.sess.epoch.Load()
 		}
-		h.rev = kvs[0].CreateRevision
+		resp, err := r.enqueueTxn(ctx, pfx, h, value, epoch)
+		if err != nil {
+			return false, err
+		}
+		if resp.Succeeded {
+			h.rev = resp.Header.Revision
+		} else {
+			kvs := resp.Responses[0].GetResponseRange().Kvs
+			if len(kvs) == 0 && h.sess != nil {
+				// The fence moved: learn where to, and try again.
+				var rev int64
+				if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
+					rev = f[0].ModRevision
+				}
+				h.sess.epoch.Store(rev)
+				continue
+			}
+			// Only our own retried request can have made our key.
+			if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
+				return false, fmt.Errorf("queue key %s exists with another lease", h.key)
+			}
+			h.rev = kvs[0].CreateRevision
+		}
+		first := resp.Responses[1].GetResponseRange().Kvs
+		return len(first) == 1 && first[0].CreateRevision == h.rev, nil
 	}
-	first := resp.Responses[1].GetResponseRange().Kvs
-	return len(first) == 1 && first[0].CreateRevision == h.rev, nil
+	return false, fmt.Errorf("queue key %s: the shared lease's fence keeps moving", h.key)
+}
+
+// enqueueTxn is enqueue's transaction, comparing the fence of h's shared
+// lease (if any) with epoch. Then: the put of our key and the holder's
+// key; else: our key, the holder's key and the fence key.
+func (r *Resource) enqueueTxn(ctx context.Context, pfx string, h *handle, value string, epoch int64) (*clientv3.TxnResponse, error) {
+	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
+	other := []clientv3.Op{clientv3.OpGet(h.key), owner}
+	if s := h.sess; s != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.fence), "=", epoch))
+		other = append(other, clientv3.OpGet(s.fence, clientv3.WithKeysOnly()))
+	}
+	return r.c.Txn(ctx).
+		If(cmps...).
+		Then(clientv3.OpPut(h.key, value, clientv3.WithLease(h.lease)), owner).
+		Else(other...).
+		Commit()
 }
 
 // await blocks until h.key is the oldest key under pfx. It watches only
@@ -579,8 +613,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	r.unwatchKey(h)
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
-	// its TTL.
-	r.revokeSoon(ctx, h.lease, nil)
+	// its TTL (within ctx, else in the background).
+	r.soon(ctx, r.revoker(h.lease, nil))
 	if !resp.Succeeded {
 		return backend.ErrNotHeld
 	}
@@ -623,7 +657,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if !exists { // deleted behind our back: the lease alone holds nothing
 		r.unwatchKey(h)
 		r.free(h)
-		r.revokeSoon(ctx, h.lease, nil)
+		r.later(0, r.revoker(h.lease, nil))
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -640,8 +674,11 @@ func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
 
 // Close stops the Resource: it ends the goroutines it runs (the retries
 // of failed clean-ups among them) and revokes its shared leases, which
-// releases the locks held on them. It leaves the client open, and locks on
-// leases of their own as they are. Acquire fails after Close.
+// releases the locks held on them. It returns within about half a second
+// whatever the server does: a shared lease it could not revoke in that time
+// expires by itself, with the locks on it, and Close says so. It leaves the
+// client open, and locks on leases of their own as they are. Acquire fails
+// after Close.
 func (r *Resource) Close() error {
 	if r == nil {
 		return nil
@@ -652,11 +689,13 @@ func (r *Resource) Close() error {
 	r.sessions = make(map[int64]*session)
 	r.mu.Unlock()
 	r.stopTasks()
-	var errs []error
+	errs := make(chan error, len(sessions))
 	for _, s := range sessions {
-		if err := s.close(); err != nil {
-			errs = append(errs, err)
-		}
+		go func() { errs <- s.close() }()
 	}
-	return errors.Join(errs...)
+	var all []error
+	for range sessions {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }

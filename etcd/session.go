@@ -20,12 +20,22 @@ import (
 // lock taken on it is valid for its full TTL without a round trip of its
 // own. Each lock's TTL is kept by a local timer that deletes the lock's key
 // unless Refresh pushed the deadline on.
+//
+// Every transaction that makes a key on the lease also compares the mod
+// revision of the lease's fence key with the one the Resource knows
+// (epoch; 0 while the key does not exist). The clean-up of an acquisition
+// whose transaction may still be on its way (its reply was lost, or its
+// caller's context ended) puts the fence key, so that the transaction, if
+// it lands later, makes nothing (see fenceOff). The fence key is bound to
+// the lease and goes with it.
 type session struct {
 	r      *Resource
 	ttl    time.Duration // the locks' TTL, whole seconds
 	ready  chan struct{} // closed once the grant is done; err then says how
 	err    error
 	id     clientv3.LeaseID
+	fence  string        // the fence key, once id is known
+	epoch  atomic.Int64  // the fence key's mod revision, as far as we know
 	life   time.Duration // granted lease TTL, > ttl
 	period time.Duration // between renewals
 	done   chan struct{} // closed when the lease is gone or given up
@@ -37,6 +47,9 @@ type session struct {
 }
 
 // session returns the live shared lease for ttl, granting it if needed.
+// The grant runs in the background, bounded by cleanupTimeout: callers
+// wait for it while their context lives, and a caller whose context ends
+// leaves it to the others.
 func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, error) {
 	secs := ttlSeconds(ttl)
 	r.mu.Lock()
@@ -60,16 +73,22 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 		s = &session{r: r, ttl: time.Duration(secs) * time.Second, ready: make(chan struct{}), done: make(chan struct{})}
 		r.sessions[secs] = s
 		r.mu.Unlock()
-		// Grant on a context of our own: other callers wait for it too.
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		s.start(gctx)
-		cancel()
-		if s.err != nil {
-			r.mu.Lock()
-			if r.sessions[secs] == s {
-				delete(r.sessions, secs)
+		started := r.background(func(ctx context.Context) {
+			gctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+			defer cancel()
+			s.start(gctx)
+			if s.err != nil {
+				r.mu.Lock()
+				if r.sessions[secs] == s {
+					delete(r.sessions, secs)
+				}
+				r.mu.Unlock()
 			}
-			r.mu.Unlock()
+		})
+		if !started {
+			s.err = errors.New("resource closed")
+			close(s.done)
+			close(s.ready)
 		}
 	} else {
 		r.mu.Unlock()
@@ -93,17 +112,28 @@ func (s *session) start(ctx context.Context) {
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
 		if id != 0 {
-			s.r.revokeSoon(ctx, id, nil)
+			s.r.later(0, s.r.revoker(id, nil))
 		}
 		s.err = fmt.Errorf("grant shared lease: %w", err)
 		close(s.done)
 		return
 	}
 	s.id, s.life, s.lastSent = id, life, sent
+	s.fence = fmt.Sprintf("%s!fence/%s-%x", s.r.prefix, s.r.id, int64(id))
 	s.period = (life - s.ttl) / 2
 	kctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.keepAlive(kctx)
+}
+
+// fenced records that the fence key was put at rev.
+func (s *session) fenced(rev int64) {
+	for {
+		e := s.epoch.Load()
+		if rev <= e || s.epoch.CompareAndSwap(e, rev) {
+			return
+		}
+	}
 }
 
 // keepAlive renews the lease every period until ctx ends, the lease is
@@ -162,7 +192,8 @@ func (s *session) abandon() {
 	}
 }
 
-// close stops renewing and revokes the lease, deleting its keys.
+// close stops renewing and revokes the lease, deleting its keys. The
+// revoke is bounded by closeTimeout: a lease it could not revoke expires.
 func (s *session) close() error {
 	<-s.ready
 	if s.err != nil {
@@ -173,10 +204,10 @@ func (s *session) close() error {
 	if s.r.clientClosed() {
 		return fmt.Errorf("etcd: close: client closed: shared lease %x and its locks are left to expire", int64(s.id))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if _, err := s.r.c.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcd: close: revoke shared lease %x: %w", int64(s.id), err)
+		return fmt.Errorf("etcd: close: revoke shared lease %x (its locks expire with it, within %v): %w", int64(s.id), s.life, err)
 	}
 	return nil
 }
@@ -197,7 +228,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
 	defer func() {
 		if err != nil && !h.freed.Load() {
-			r.deleteSoon(ctx, h)
+			err = r.undo(ctx, err, r.discarder(h))
 		}
 	}()
 	isHolder, err := r.enqueue(ctx, pfx, h, h.value)
@@ -268,11 +299,11 @@ func (r *Resource) expire(h *handle) {
 	// Our key would outlive its TTL: let the lease, and every key on it,
 	// expire instead, and give the name back once the key is gone.
 	h.sess.abandon()
-	r.deleteLater(h, time.Time{}, false)
+	r.later(firstRetry, r.discarder(h))
 }
 
 // deleteKey is deleteOurs once, detached from ctx and bounded by
-// cleanupTimeout: see deleteSoon for the retries.
+// cleanupTimeout (the TTL timer's delete, which no caller waits for).
 func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 	if r.clientClosed() {
 		return false, errors.New("client closed")
@@ -283,21 +314,14 @@ func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 }
 
 // deleteOurs deletes h's key in a transaction that compares its create
-// revision with h's, so that it never deletes a key another acquisition
-// made under the same name once h's name was given back. When the reply
-// that would have told h's create revision was lost, it compares the
-// owner value and the lease instead: h still holds its name then, so no
-// other acquisition can have made a key under it. It reports whether it
-// deleted the key.
+// revision with h's (known: the key was made), so that it never deletes a
+// key another acquisition made under the same name once h's name was given
+// back. It reports whether it deleted the key.
 func (r *Resource) deleteOurs(ctx context.Context, h *handle) (bool, error) {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)}
-	if h.rev == 0 {
-		cmps = []clientv3.Cmp{
-			clientv3.Compare(clientv3.Value(h.key), "=", h.value),
-			clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
-		}
-	}
-	resp, err := r.c.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(h.key)).Commit()
+	resp, err := r.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
 	if err != nil {
 		return false, err
 	}

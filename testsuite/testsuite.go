@@ -151,6 +151,7 @@ func Run(t *testing.T, h Harness) {
 		{"WaitForever", testWaitForever},
 		{"Inspect", testInspect},
 		{"TryLockAll", testTryLockAll},
+		{"StalledStore", testStalledStore},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })
