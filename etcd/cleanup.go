@@ -209,17 +209,17 @@ func (r *Resource) discarder(h *handle) func(ctx context.Context) bool {
 }
 
 // fenceOff deletes h's key on its shared lease if a transaction that may
-// still be on its way made it, and, in the same transaction, moves the
-// lease's fence (see session), so that such a transaction, should it land
-// later, makes nothing. A lease gone is a fence too: nothing can be made
-// on it any more, and its keys went with it.
+// still be on its way made it, and, in the same transaction, puts the
+// fence key of h's name (see session), so that such a transaction, should
+// it land later, makes nothing. A lease gone is a fence too: nothing can
+// be made on it any more, and its keys went with it.
 func (r *Resource) fenceOff(ctx context.Context, h *handle) error {
 	s := h.sess
 	mine := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(h.key), "=", h.value),
 		clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
 	}
-	bump := clientv3.OpPut(s.fence, "", clientv3.WithLease(h.lease))
+	bump := clientv3.OpPut(s.fenceKey(h.key), "", clientv3.WithLease(h.lease))
 	resp, err := r.c.Txn(ctx).If(mine...).Then(clientv3.OpDelete(h.key), bump).Else(bump).Commit()
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -227,6 +227,6 @@ func (r *Resource) fenceOff(ctx context.Context, h *handle) error {
 		}
 		return err
 	}
-	s.fenced(resp.Header.Revision)
+	s.fenced(h.key, resp.Header.Revision, false)
 	return nil
 }

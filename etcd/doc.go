@@ -74,13 +74,15 @@
 // context ended, which the server may apply after the clean-up's own,
 // never leaves a key: on a lease of its own the clean-up revokes the
 // lease, and a transaction that puts a key on a revoked lease fails. On a
-// shared lease every transaction that makes a key also compares the
-// lease's fence key (<prefix>!fence/<resource ID>-<lease ID>, bound to
-// the lease); when the reply that would have told whether our key was
-// made is lost, the clean-up deletes the key if it is there and puts the
-// fence key in one transaction, so that the late transaction, if it lands
-// after, makes nothing (the Resource's other acquisitions learn the new
-// fence from their transaction's failure and send it again). A key that
+// shared lease every transaction that makes a key also compares the fence
+// key of the key's name (<prefix>!fence/<lease ID>/<the name without the
+// prefix>, bound to the lease); when the reply that would have told
+// whether our key was made is lost, the clean-up deletes the key if it is
+// there and puts the fence key in one transaction, so that the late
+// transaction, if it lands after, makes nothing. The name is not used
+// again before that, and other names' transactions are not touched. A
+// fence key lives as long as its lease: one per name whose clean-up was in
+// doubt, a few per lock key at most, since names are used again. A key that
 // lands before the clean-up heads its queue until the clean-up deletes it,
 // and is never granted: nobody waits for it. On a shared lease a key
 // whose clean-up still fails a TTL after the first try makes the Resource

@@ -376,13 +376,13 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 // enqueue creates h.key under h.lease unless it exists, sets h.rev to its
 // create revision and reports whether it is the oldest key under pfx, all in
 // one transaction. On a shared lease the transaction also compares the
-// lease's fence (see session): when a clean-up moved it meanwhile, the
-// transaction made nothing, and is sent again.
+// fence of our key's name (see session): when it is not where we thought,
+// the transaction made nothing, and is sent again.
 func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value string) (bool, error) {
 	for range 100 {
 		var epoch int64
 		if h.sess != nil {
-			epoch = h.sess.epoch.Load()
+			epoch = h.sess.epoch(h.key)
 		}
 		resp, err := r.enqueueTxn(ctx, pfx, h, value, epoch)
 		if err != nil {
@@ -398,7 +398,7 @@ func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value str
 				if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
 					rev = f[0].ModRevision
 				}
-				h.sess.epoch.Store(rev)
+				h.sess.fenced(h.key, rev, true)
 				continue
 			}
 			// Only our own retried request can have made our key.
@@ -410,19 +410,20 @@ func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value str
 		first := resp.Responses[1].GetResponseRange().Kvs
 		return len(first) == 1 && first[0].CreateRevision == h.rev, nil
 	}
-	return false, fmt.Errorf("queue key %s: the shared lease's fence keeps moving", h.key)
+	return false, fmt.Errorf("queue key %s: its fence key keeps moving", h.key)
 }
 
-// enqueueTxn is enqueue's transaction, comparing the fence of h's shared
-// lease (if any) with epoch. Then: the put of our key and the holder's
-// key; else: our key, the holder's key and the fence key.
+// enqueueTxn is enqueue's transaction, comparing the fence key of h's
+// name on its shared lease (if any) with epoch. Then: the put of our key
+// and the holder's key; else: our key, the holder's key and the fence key.
 func (r *Resource) enqueueTxn(ctx context.Context, pfx string, h *handle, value string, epoch int64) (*clientv3.TxnResponse, error) {
 	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
 	other := []clientv3.Op{clientv3.OpGet(h.key), owner}
 	if s := h.sess; s != nil {
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.fence), "=", epoch))
-		other = append(other, clientv3.OpGet(s.fence, clientv3.WithKeysOnly()))
+		f := s.fenceKey(h.key)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
+		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
 	}
 	return r.c.Txn(ctx).
 		If(cmps...).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,20 +23,21 @@ import (
 // unless Refresh pushed the deadline on.
 //
 // Every transaction that makes a key on the lease also compares the mod
-// revision of the lease's fence key with the one the Resource knows
-// (epoch; 0 while the key does not exist). The clean-up of an acquisition
-// whose transaction may still be on its way (its reply was lost, or its
-// caller's context ended) puts the fence key, so that the transaction, if
-// it lands later, makes nothing (see fenceOff). The fence key is bound to
-// the lease and goes with it.
+// revision of the fence key of the key's name with the one the Resource
+// knows (0 while the fence key does not exist). The clean-up of an
+// acquisition whose transaction may still be on its way (its reply was
+// lost, or its caller's context ended) puts that fence key, so that the
+// transaction, if it lands later, makes nothing (see fenceOff); the name
+// is not used again before that. A fence key per name, not one per
+// lease, so that the clean-up fails no other acquisition's transaction.
+// Fence keys are bound to the lease and go with it.
 type session struct {
 	r      *Resource
 	ttl    time.Duration // the locks' TTL, whole seconds
 	ready  chan struct{} // closed once the grant is done; err then says how
 	err    error
 	id     clientv3.LeaseID
-	fence  string        // the fence key, once id is known
-	epoch  atomic.Int64  // the fence key's mod revision, as far as we know
+	fences string        // where the fence keys of the lease's names are, once id is known
 	life   time.Duration // granted lease TTL, > ttl
 	period time.Duration // between renewals
 	done   chan struct{} // closed when the lease is gone or given up
@@ -43,7 +45,8 @@ type session struct {
 	given  atomic.Bool // abandon was called: done closes soon
 
 	mu       sync.Mutex
-	lastSent time.Time // send time of the last successful grant or renewal
+	lastSent time.Time        // send time of the last successful grant or renewal
+	epochs   map[string]int64 // queue key name -> its fence key's mod revision, when not 0
 }
 
 // session returns the live shared lease for ttl, granting it if needed.
@@ -119,21 +122,41 @@ func (s *session) start(ctx context.Context) {
 		return
 	}
 	s.id, s.life, s.lastSent = id, life, sent
-	s.fence = fmt.Sprintf("%s!fence/%s-%x", s.r.prefix, s.r.id, int64(id))
+	s.fences = fmt.Sprintf("%s!fence/%x/", s.r.prefix, int64(id))
 	s.period = (life - s.ttl) / 2
 	kctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.keepAlive(kctx)
 }
 
-// fenced records that the fence key was put at rev.
-func (s *session) fenced(rev int64) {
-	for {
-		e := s.epoch.Load()
-		if rev <= e || s.epoch.CompareAndSwap(e, rev) {
-			return
-		}
+// fenceKey is the fence key of the queue key name.
+func (s *session) fenceKey(name string) string {
+	return s.fences + strings.TrimPrefix(name, s.r.prefix)
+}
+
+// epoch is the mod revision of name's fence key, as far as we know.
+func (s *session) epoch(name string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epochs[name]
+}
+
+// fenced records that name's fence key was put at rev (or, with learnt,
+// that it was found with mod revision rev).
+func (s *session) fenced(name string, rev int64, learnt bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !learnt && rev <= s.epochs[name] {
+		return
 	}
+	if s.epochs == nil {
+		s.epochs = make(map[string]int64)
+	}
+	if rev == 0 {
+		delete(s.epochs, name)
+		return
+	}
+	s.epochs[name] = rev
 }
 
 // keepAlive renews the lease every period until ctx ends, the lease is

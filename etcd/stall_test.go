@@ -254,7 +254,8 @@ func TestStalledServer(t *testing.T) {
 // lease whose transaction may still be on its way (its reply was lost)
 // deletes the key if the transaction landed before it, and keeps it from
 // landing after: the transaction, sent again as the server would apply it
-// late, makes nothing. An acquisition that knew the fence before it moved
+// late, makes nothing. The clean-up fails no other name's transaction in
+// flight; an acquisition that knew its name's fence from before it moved
 // learns where it went and gets the lock.
 func TestFenceStopsLateEnqueue(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
@@ -274,7 +275,7 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 
 	// The transaction landed before the clean-up: the clean-up deletes it.
 	h := abandoned("landed-before")
-	epoch := s.epoch.Load()
+	epoch := s.epoch(h.key)
 	if resp, err := r.enqueueTxn(ctx, pfx, h, h.value, epoch); err != nil || !resp.Succeeded {
 		t.Fatalf("enqueue = %v, %v; want the key made", resp, err)
 	}
@@ -283,13 +284,15 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 		t.Fatal("the clean-up failed")
 	}
 	waitKeys(t, r, key, 0)
-	if s.epoch.Load() <= epoch {
-		t.Errorf("the fence did not move: epoch %d, before %d", s.epoch.Load(), epoch)
+	if got := s.epoch(h.key); got <= epoch {
+		t.Errorf("the fence did not move: epoch %d, before %d", got, epoch)
 	}
 
-	// The transaction lands after the clean-up: it makes nothing.
+	// The transaction lands after the clean-up: it makes nothing. Another
+	// name's, in flight meanwhile, is not touched.
 	h = abandoned("landed-after")
-	epoch = s.epoch.Load()
+	other := abandoned("another acquisition")
+	epoch, otherEpoch := s.epoch(h.key), s.epoch(other.key)
 	if !r.discarder(h)(ctx) {
 		t.Fatal("the clean-up failed")
 	}
@@ -303,13 +306,22 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	if resp.Succeeded {
 		t.Error("a transaction that landed after its clean-up made its key")
 	}
+	if resp, err := r.enqueueTxn(ctx, pfx, other, other.value, otherEpoch); err != nil || !resp.Succeeded {
+		t.Errorf("another name's enqueue after the clean-up = %v, %v; want the key made", resp, err)
+	} else if _, err := r.deleteOurs(ctx, &handle{key: other.key, rev: resp.Header.Revision}); err != nil {
+		t.Fatal(err)
+	}
+	r.free(other)
 	waitKeys(t, r, key, 0)
 
-	// An acquisition that knows the fence from before it moved.
-	s.epoch.Store(epoch)
+	// An acquisition that knows its name's fence from before it moved.
+	s.fenced(h.key, epoch, true)
 	l := lease(key, time.Minute)
 	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 		t.Fatalf("Acquire with a stale fence = %v; want the lock", err)
+	}
+	if l.Handle.(*handle).key != h.key {
+		t.Fatalf("the acquisition made %s; the test needs the fenced name %s", l.Handle.(*handle).key, h.key)
 	}
 	if err := r.Release(ctx, l); err != nil {
 		t.Fatal(err)
