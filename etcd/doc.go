@@ -6,7 +6,9 @@
 //	d, err := distlock.New(res, distlock.WithAutoRenew())
 //
 // [New] returns a [*Resource], which implements backend.Waiter,
-// backend.Refresher, backend.KeyValidator and io.Closer.
+// backend.Refresher, backend.KindChecker, backend.KeyValidator and
+// io.Closer. It holds mutexes, semaphores and read/write locks (see
+// Semaphores and read/write locks).
 //
 // # How a lock is taken
 //
@@ -96,6 +98,68 @@
 // background if that did not do it. [Resource.Close] revokes the shared
 // leases within about half a second; a lease it could not revoke expires
 // by itself, a third of its TTL (at least a second) after its locks'.
+//
+// # Semaphores and read/write locks
+//
+// A key's mutex, semaphore and read/write lock are distinct locks, each
+// with a queue in a directory of its own, kept as a mutex's is (a key per
+// acquisition, on its lease, ordered by create revision):
+//
+//	<prefix><encoded key>/<resource ID>-<slot>           mutex
+//	<prefix>!sem/<encoded key>/<resource ID>-<slot>      semaphore
+//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>     reader
+//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>     writer
+//
+// (an encoded key never holds '!'). Each queue key's value is the owner
+// value, the holder's label (distlock.WithLabel), a semaphore's limit (0
+// for the other kinds) and the lock's TTL in seconds, written as owner +
+// label + "|" + hex(len(label)) + "|" + hex(limit) + "|" + hex(TTL), which
+// reads back from its end whatever bytes the owner value and label hold.
+//
+// A semaphore's key holds a permit when fewer than Limit keys precede it;
+// a writer's when no key precedes it; a reader's when no writer's key
+// precedes it. The transaction that makes the key also reads what decides
+// that, so an uncontended acquire is one transaction, as for a mutex. A
+// waiter watches only what it waits for: a writer the key just before
+// its own, a reader the newest writer's key before its own (as etcd's
+// recipe RWMutex does). A semaphore's waiter cannot: a permit frees when
+// any of the Limit holders leaves, in any order. So the first waiter
+// (exactly Limit keys before it) watches the queue's deletions, and each
+// waiter behind it watches the key just before its own, which its owner
+// puts again, unchanged, once it holds: a release wakes the first waiter,
+// and through it the next, as the internal lock of Curator's
+// InterProcessSemaphoreV2 lets one acquirer at a time watch the leases.
+// The semaphore's limit is its oldest key's: an acquire whose limit
+// differs fails with backend.ErrLimitMismatch, and its key is deleted.
+//
+// Why this is a semaphore and a read/write lock, with tokens as promised.
+// A new key's create revision is above every existing key's, so a key
+// only ever sees keys before it go: once it holds, it holds until it is
+// deleted. Acquire returns a grant only after a read, at one revision,
+// found its key holding and present. Call g(k) the first revision at
+// which key k holds, and rev(k) its create revision (the token).
+//
+//   - Semaphore: at any revision the keys that hold are the oldest
+//     min(Limit, queue length): never more than Limit. If rev(j) < rev(k),
+//     every key before j is before k, and j too: whenever k holds, so
+//     does j (if it still exists), so g(j) <= g(k). Grants in the order of
+//     the revisions they start at therefore have increasing tokens (keys
+//     that start at the same revision, when a revoke deletes several keys
+//     at once, are ordered by their tokens).
+//   - Read/write lock: a writer holds only as the oldest key, so every
+//     other key has a writer before it: no reader, no other writer holds
+//     with it. A key k after a writer w (rev(k) > rev(w)) cannot hold
+//     while w's key exists, which is from before g(w) until w's release:
+//     so every grant that starts before a write grant w has a smaller
+//     token than w's, and every write grant that starts before a read
+//     grant r (a writer after r cannot hold while r exists) has a smaller
+//     token than r's.
+//
+// The order in which concurrent Acquire calls return can differ from
+// g's only among grants that hold together (permits, readers); a write
+// grant returns after every grant that started before it and before
+// every grant that starts after it, unless a key is deleted from
+// outside, which its owner learns through Lost.
 //
 // # TTL
 //

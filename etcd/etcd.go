@@ -13,7 +13,6 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -50,9 +49,10 @@ const closeTimeout = 500 * time.Millisecond
 // Acquire has returned, a moment after we read the clock.
 const clockGuard = time.Millisecond
 
-// Resource is a lock store over an etcd cluster. It implements
-// [backend.Waiter], [backend.Refresher], [backend.KeyValidator] and
-// [io.Closer]; it is safe for concurrent use.
+// Resource is a lock store over an etcd cluster: mutexes, semaphores and
+// read/write locks. It implements [backend.Waiter], [backend.Refresher],
+// [backend.KindChecker], [backend.KeyValidator] and [io.Closer]; it is
+// safe for concurrent use.
 type Resource struct {
 	c      *clientv3.Client
 	leases pb.LeaseClient // for grants with an ID we chose
@@ -167,34 +167,44 @@ func (r *Resource) queuePrefix(key string) string {
 	return r.prefix + encodeKey(key) + "/"
 }
 
-// Leftovers lists the etcd keys the Resource holds for the lock key in
-// queue order: the holder's, then the waiters'. It is meant for tests and
-// debugging.
+// Leftovers lists the etcd keys the Resource holds for the lock key, of
+// every kind: the mutex's queue, then the semaphore's, then the
+// read/write lock's, each in queue order (holders first, then waiters).
+// It is meant for tests and debugging.
 func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) {
 	if r == nil || r.c == nil {
 		return nil, errNilClient
 	}
-	resp, err := r.c.Get(ctx, r.queuePrefix(key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	var ops []clientv3.Op
+	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+		ops = append(ops, clientv3.OpGet(r.queueDir(k, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+	}
+	resp, err := r.c.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list %q: %w", key, err)
 	}
 	var keys []string
-	for _, kv := range resp.Kvs {
-		keys = append(keys, string(kv.Key))
+	for _, op := range resp.Responses {
+		for _, kv := range op.GetResponseRange().Kvs {
+			keys = append(keys, string(kv.Key))
+		}
 	}
 	return keys, nil
 }
 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
-	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
-	rev     int64  // its create revision: the token; 0 until known
-	value   string // the owner value it holds
-	lease   clientv3.LeaseID
-	lockKey string
-	slot    int
-	freed   atomic.Bool // the name was given back
+	key   string // our queue key, <queue directory><tag><resource id>-<slot>
+	rev   int64  // its create revision: the token; 0 until known
+	value string // what it holds: the owner value, label and limit (entryValue)
+	lease clientv3.LeaseID
+	dir   string       // the queue's directory
+	kind  backend.Kind // the lock's kind
+	limit int          // a semaphore's limit
+	ns    string       // the name space of its name: dir and tag
+	slot  int
+	freed atomic.Bool // the name was given back
 
 	ttl time.Duration // the lease's granted TTL
 
@@ -282,9 +292,8 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 		return err
 	}
-	pfx := r.queuePrefix(l.Key)
-	h := r.newHandle(l.Key, pfx)
-	h.lease, h.ttl = id, ttl
+	h := r.newHandle(l, ttl)
+	h.lease = id
 	defer func() {
 		if err != nil {
 			r.unwatchKey(h)
@@ -297,7 +306,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
-	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
 		if err == ctx.Err() {
 			return err
@@ -323,7 +332,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, pfx, h, deadline, ttl, renew, h.lost); err != nil {
+		if err := r.await(ctx, h, deadline, ttl, renew, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -374,72 +383,73 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 }
 
 // enqueue creates h.key under h.lease unless it exists, sets h.rev to its
-// create revision and reports whether it is the oldest key under pfx, all in
-// one transaction. On a shared lease the transaction also compares the
-// fence of our key's name (see session): when it is not where we thought,
-// the transaction made nothing, and is sent again.
-func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value string) (bool, error) {
+// create revision and reports whether it holds the lock (see
+// standingAfterPut), all in one transaction. On a shared lease the
+// transaction also compares the fence of our key's name (see session):
+// when it is not where we thought, the transaction made nothing, and is
+// sent again.
+func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 	for range 100 {
 		var epoch int64
 		if h.sess != nil {
 			epoch = h.sess.epoch(h.key)
 		}
-		resp, err := r.enqueueTxn(ctx, pfx, h, value, epoch)
+		resp, err := r.enqueueTxn(ctx, h, epoch)
 		if err != nil {
 			return false, err
 		}
 		if resp.Succeeded {
 			h.rev = resp.Header.Revision
-		} else {
-			kvs := resp.Responses[0].GetResponseRange().Kvs
-			if len(kvs) == 0 && h.sess != nil {
-				// The fence moved: learn where to, and try again.
-				var rev int64
-				if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
-					rev = f[0].ModRevision
-				}
-				h.sess.fenced(h.key, rev, true)
-				continue
+			var rs []*pb.RangeResponse
+			for _, op := range resp.Responses[1:] {
+				rs = append(rs, op.GetResponseRange())
 			}
-			// Only our own retried request can have made our key.
-			if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
-				return false, fmt.Errorf("queue key %s exists with another lease", h.key)
-			}
-			h.rev = kvs[0].CreateRevision
+			return standingAfterPut(h, rs)
 		}
-		first := resp.Responses[1].GetResponseRange().Kvs
-		return len(first) == 1 && first[0].CreateRevision == h.rev, nil
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 && h.sess != nil {
+			// The fence moved: learn where to, and try again.
+			var rev int64
+			if f := resp.Responses[1].GetResponseRange().Kvs; len(f) > 0 {
+				rev = f[0].ModRevision
+			}
+			h.sess.fenced(h.key, rev, true)
+			continue
+		}
+		// Only our own retried request can have made our key.
+		if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
+			return false, fmt.Errorf("queue key %s exists with another lease", h.key)
+		}
+		h.rev = kvs[0].CreateRevision
+		w, _, err := r.standing(ctx, h)
+		return w.key == "", err
 	}
 	return false, fmt.Errorf("queue key %s: its fence key keeps moving", h.key)
 }
 
 // enqueueTxn is enqueue's transaction, comparing the fence key of h's
-// name on its shared lease (if any) with epoch. Then: the put of our key
-// and the holder's key; else: our key, the holder's key and the fence key.
-func (r *Resource) enqueueTxn(ctx context.Context, pfx string, h *handle, value string, epoch int64) (*clientv3.TxnResponse, error) {
-	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
+// name on its shared lease (if any) with epoch. Then: the put of our key and enqueueReads;
+// else: our key and the fence key.
+func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
-	other := []clientv3.Op{clientv3.OpGet(h.key), owner}
+	other := []clientv3.Op{clientv3.OpGet(h.key)}
 	if s := h.sess; s != nil {
 		f := s.fenceKey(h.key)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
 		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
 	}
-	return r.c.Txn(ctx).
-		If(cmps...).
-		Then(clientv3.OpPut(h.key, value, clientv3.WithLease(h.lease)), owner).
-		Else(other...).
-		Commit()
+	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value, clientv3.WithLease(h.lease))}, enqueueReads(h)...)
+	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()
 }
 
-// await blocks until h.key is the oldest key under pfx. It watches only
-// the key just before ours, so one release wakes one waiter. After every
-// wake it re-reads, in one transaction, our predecessor and our own key: a
-// waiter whose key vanished (its lease expired or was revoked) gets an
-// error, never the lock. renew, when set, keeps our lease alive every ttl/3
-// and once more with every re-check; lost, when closed, means our lease is
-// gone.
-func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline time.Time,
+// await blocks until h holds its lock (see standing). It watches only
+// what it waits for, so one release wakes one waiter. After every wake
+// it reads again, in one transaction, what it waits for and our own key:
+// a waiter whose key vanished (its lease expired or was revoked) gets an
+// error, never the lock. renew, when set, keeps our lease alive every
+// ttl/3 and once more with every re-check; lost, when closed, means our
+// lease is gone.
+func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 	ttl time.Duration, renew func(context.Context) error, lost <-chan struct{}) error {
 	// Requests here must not outlive the deadline.
 	dctx, cancel := context.WithDeadline(ctx, deadline)
@@ -466,7 +476,7 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			renewed = make(chan error, 1)
 			go func() { renewed <- renew(dctx) }()
 		}
-		pred, rev, err := r.predecessor(dctx, pfx, h)
+		w, rev, err := r.standing(dctx, h)
 		if renewed != nil {
 			if rerr := <-renewed; errors.Is(rerr, rpctypes.ErrLeaseNotFound) && err == nil {
 				err = fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rerr)
@@ -482,18 +492,28 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			woke = false
 			continue
 		}
-		if pred == "" {
+		if w.key == "" {
+			if h.kind == backend.KindSemaphore {
+				r.touch(h)
+			}
 			return nil
 		}
 		// Start just after the revision we read: the server then serves
 		// the watch as synced (at once) instead of from its 100 ms
-		// catch-up loop, and still sends any deletion after that read.
+		// catch-up loop, and still sends any change after that read.
 		from := rev + 1
 		if r.watchAtRead {
 			from = rev
 		}
+		opts := []clientv3.OpOption{clientv3.WithRev(from)}
+		if w.dir {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		if !w.puts {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(dctx))
-		wch := r.c.Watch(wctx, pred, clientv3.WithRev(from), clientv3.WithFilterPut())
+		wch := r.c.Watch(wctx, w.key, opts...)
 		woke = false
 	watch:
 		for {
@@ -502,12 +522,10 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 				if !ok || wr.Canceled || wr.Err() != nil {
 					break watch // re-check; the watch is made again
 				}
-				for _, ev := range wr.Events {
-					if ev.Type == mvccpb.DELETE {
-						r.wakeups.Add(1)
-						woke = true
-						break watch
-					}
+				if len(wr.Events) > 0 {
+					r.wakeups.Add(1)
+					woke = true
+					break watch
 				}
 			case <-tick:
 				if err := renew(dctx); err != nil {
@@ -533,29 +551,6 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			}
 		}
 	}
-}
-
-// predecessor reads, at one revision, the newest key under pfx created
-// before ours, and our own key. It returns the predecessor ("" when we are
-// the oldest) and the revision read.
-func (r *Resource) predecessor(ctx context.Context, pfx string, h *handle) (string, int64, error) {
-	opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(h.rev-1), clientv3.WithKeysOnly())
-	resp, err := r.c.Txn(ctx).Then(
-		clientv3.OpGet(pfx, opts...),
-		clientv3.OpGet(h.key, clientv3.WithKeysOnly()),
-	).Commit()
-	if err != nil {
-		return "", 0, err
-	}
-	if own := resp.Responses[1].GetResponseRange().Kvs; len(own) == 0 || own[0].CreateRevision != h.rev {
-		return "", 0, fmt.Errorf("queue key %s is gone (lease %x expired or revoked): %w",
-			h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
-		return "", resp.Header.Revision, nil
-	}
-	return string(kvs[0].Key), resp.Header.Revision, nil
 }
 
 // pause waits a little before a retry, or returns why it cannot.

@@ -64,17 +64,13 @@ func TestConformance(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			testsuite.Run(t, testsuite.Harness{
-				NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
-				FixedTTL:    "an etcd lease keeps the TTL it was granted with",
-				Unsupported: testsuite.NotYet, // issue 24: semaphores and read/write locks are being built for this store
+				NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
+				FixedTTL:  "an etcd lease keeps the TTL it was granted with",
 				NewResource: func(t *testing.T) backend.RemoteResource {
 					return newResource(t, endpoints, m.opts...)
 				},
 				Leftovers: New(admin).Leftovers,
-				Evict: func(ctx context.Context, key string) error {
-					_, err := admin.Delete(ctx, New(admin).queuePrefix(key), clientv3.WithPrefix())
-					return err
-				},
+				Evict:     New(admin).evict,
 				TTL:       time.Second,
 				MaxKeyLen: MaxKeyLen,
 				// The server frozen (SIGSTOP) answers nobody until SIGCONT;
@@ -717,4 +713,15 @@ func TestAutoRenewTakesSharedLease(t *testing.T) {
 	if got := len(leases(t, admin)); got != len(shared) {
 		t.Errorf("after the releases %d leases; want the shared one left (%d)", got, len(shared))
 	}
+}
+
+// evict deletes every key of every kind of the lock key, as an operator
+// would: a test's Evict.
+func (r *Resource) evict(ctx context.Context, key string) error {
+	var ops []clientv3.Op
+	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+		ops = append(ops, clientv3.OpDelete(r.queueDir(k, key), clientv3.WithPrefix()))
+	}
+	_, err := r.c.Txn(ctx).Then(ops...).Commit()
+	return err
 }

@@ -3,6 +3,9 @@ package etcd
 import (
 	"strconv"
 	"sync"
+	"time"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // names hands out the names of a Resource's queue keys, and gives a name
@@ -15,10 +18,10 @@ import (
 // per process.
 type names struct {
 	mu   sync.Mutex
-	used map[string][]bool // lock key -> slots in use
+	used map[string][]bool // name space (a queue directory and a tag) -> slots in use
 }
 
-// take returns a free slot for key and marks it used.
+// take returns a free slot in the name space key and marks it used.
 func (n *names) take(key string) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -53,15 +56,23 @@ func (n *names) give(key string, slot int) {
 	delete(n.used, key)
 }
 
-// newHandle names a queue key for the lock key under pfx.
-func (r *Resource) newHandle(key, pfx string) *handle {
-	slot := r.names.take(key)
-	return &handle{lockKey: key, slot: slot, key: pfx + r.id + "-" + strconv.Itoa(slot)}
+// newHandle names a queue key for l, whose lease lasts ttl: in the
+// directory of l's kind, with l's kind's tag, and holding l's value.
+func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
+	dir := r.queueDir(l.Kind, l.Key)
+	ns := dir + tag(l.Kind)
+	slot := r.names.take(ns)
+	limit := 0
+	if l.Kind == backend.KindSemaphore {
+		limit = l.Limit
+	}
+	return &handle{ns: ns, slot: slot, key: ns + r.id + "-" + strconv.Itoa(slot), dir: dir, ttl: ttl,
+		kind: l.Kind, limit: limit, value: entryValue(l.Value, l.Label, limit, ttl)}
 }
 
 // free gives h's name back, once, after its key is known deleted.
 func (r *Resource) free(h *handle) {
 	if h.freed.CompareAndSwap(false, true) {
-		r.names.give(h.lockKey, h.slot)
+		r.names.give(h.ns, h.slot)
 	}
 }

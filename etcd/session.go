@@ -246,15 +246,14 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
 	start := time.Now()
-	pfx := r.queuePrefix(l.Key)
-	h := r.newHandle(l.Key, pfx)
-	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
+	h := r.newHandle(l, s.ttl)
+	h.lease, h.sess = s.id, s
 	defer func() {
 		if err != nil && !h.freed.Load() {
 			err = r.undo(ctx, err, r.discarder(h))
 		}
 	}()
-	isHolder, err := r.enqueue(ctx, pfx, h, h.value)
+	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
@@ -272,7 +271,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return backend.ErrNotAcquired
 		}
-		if err := r.await(ctx, pfx, h, deadline, s.ttl, nil, s.done); err != nil {
+		if err := r.await(ctx, h, deadline, s.ttl, nil, s.done); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}

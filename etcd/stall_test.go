@@ -262,21 +262,20 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	r := newResource(t, endpoints, WithSharedLease())
 	ctx := t.Context()
 	key := uniqueKey(t)
-	pfx := r.queuePrefix(key)
 	s, err := r.session(ctx, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	abandoned := func(value string) *handle {
-		h := r.newHandle(key, pfx)
-		h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, value
+		h := r.newHandle(&backend.Lease{Key: key, Value: value}, s.ttl)
+		h.lease, h.sess = s.id, s
 		return h
 	}
 
 	// The transaction landed before the clean-up: the clean-up deletes it.
 	h := abandoned("landed-before")
 	epoch := s.epoch(h.key)
-	if resp, err := r.enqueueTxn(ctx, pfx, h, h.value, epoch); err != nil || !resp.Succeeded {
+	if resp, err := r.enqueueTxn(ctx, h, epoch); err != nil || !resp.Succeeded {
 		t.Fatalf("enqueue = %v, %v; want the key made", resp, err)
 	}
 	waitKeys(t, r, key, 1)
@@ -299,14 +298,14 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	if !h.freed.Load() {
 		t.Error("the clean-up did not give the name back")
 	}
-	resp, err := r.enqueueTxn(ctx, pfx, h, h.value, epoch)
+	resp, err := r.enqueueTxn(ctx, h, epoch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if resp.Succeeded {
 		t.Error("a transaction that landed after its clean-up made its key")
 	}
-	if resp, err := r.enqueueTxn(ctx, pfx, other, other.value, otherEpoch); err != nil || !resp.Succeeded {
+	if resp, err := r.enqueueTxn(ctx, other, otherEpoch); err != nil || !resp.Succeeded {
 		t.Errorf("another name's enqueue after the clean-up = %v, %v; want the key made", resp, err)
 	} else if _, err := r.deleteOurs(ctx, &handle{key: other.key, rev: resp.Header.Revision}); err != nil {
 		t.Fatal(err)
