@@ -79,6 +79,10 @@ func TestEtcd(t *testing.T) {
 	t.Run("StoreStalled", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, false) })
 	t.Run("StoreStalledSharedLease", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, true) })
 	t.Run("ConnectionStalled", func(t *testing.T) { testEtcdConnectionStalled(t, tg, c) })
+	// Issue 24: a semaphore and a read/write lock, a holder's connection
+	// stalled past its lease.
+	t.Run("SemaphoreHolderStalled", func(t *testing.T) { testEtcdSemaphoreStalled(t, tg) })
+	t.Run("RWMutexWriterStalled", func(t *testing.T) { testEtcdRWStalled(t, tg) })
 }
 
 // etcdHead returns the owner value of key's holder (the oldest key of its
