@@ -6,8 +6,8 @@
 //	d, err := distlock.New(res, distlock.WithAutoRenew())
 //
 // [New] returns a [*Resource], which implements backend.Waiter,
-// backend.Refresher, backend.KindChecker, backend.KeyValidator and
-// io.Closer. It holds mutexes, semaphores and read/write locks (see
+// backend.Refresher, backend.KindChecker, backend.Inspector,
+// backend.KeyValidator and io.Closer. It holds mutexes, semaphores and read/write locks (see
 // Semaphores and read/write locks).
 //
 // # How a lock is taken
@@ -160,6 +160,19 @@
 // grant returns after every grant that started before it and before
 // every grant that starts after it, unless a key is deleted from
 // outside, which its owner learns through Lost.
+//
+// # Inspection
+//
+// [Resource.Inspect] (distlock's Inspect) reads a lock's queue once and
+// asks etcd the time left of each holder's lease (TimeToLive, in whole
+// seconds rounded down), touching nothing: the holders are the keys that
+// hold by the rules above (waiters are not listed), each with its token
+// (create revision), its label (kept in its key's value beside the owner
+// value, and never compared) and its time left by the server's clock. On a
+// shared lease, which its owner keeps alive and which outlives its locks by
+// a third of their TTL, the time left is at most the lock's TTL (kept in
+// the key's value too): the lock's own deadline is kept by its owner's
+// process, which etcd does not know.
 //
 // # TTL
 //

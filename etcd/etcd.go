@@ -51,8 +51,8 @@ const clockGuard = time.Millisecond
 
 // Resource is a lock store over an etcd cluster: mutexes, semaphores and
 // read/write locks. It implements [backend.Waiter], [backend.Refresher],
-// [backend.KindChecker], [backend.KeyValidator] and [io.Closer]; it is
-// safe for concurrent use.
+// [backend.KindChecker], [backend.Inspector], [backend.KeyValidator] and
+// [io.Closer]; it is safe for concurrent use.
 type Resource struct {
 	c      *clientv3.Client
 	leases pb.LeaseClient // for grants with an ID we chose

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -385,5 +386,80 @@ func TestKindsRandomized(t *testing.T) {
 	}
 	for _, k := range []string{semKey, rwKey} {
 		waitKeys(t, rs[0], k, 0)
+	}
+}
+
+// TestInspect: Inspect lists the holders of each kind, not the waiters:
+// a mutex's first key, a semaphore's oldest Limit keys, a read/write
+// lock's writer alone or its readers up to the first writer; each with
+// its token, label and time left (on a shared lease, at most the lock's
+// TTL), in both lease modes. It touches nothing.
+func TestInspect(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			ctx := t.Context()
+			r := newResource(t, endpoints, m.opts...)
+			w := newResource(t, endpoints, m.opts...)
+			take := func(key string, kind backend.Kind, limit int, label string) *backend.Lease {
+				t.Helper()
+				l := kindLease(key, kind, limit, 5*time.Second)
+				l.Label = label
+				if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+					t.Fatalf("Acquire(%v %q): %v", kind, label, err)
+				}
+				return l
+			}
+			queue := func(key string, kind backend.Kind, limit, n int) {
+				t.Helper()
+				l := kindLease(key, kind, limit, 5*time.Second)
+				l.Label = "waiter"
+				wctx, cancel := context.WithCancel(ctx)
+				t.Cleanup(cancel)
+				go func() { _ = w.Acquire(wctx, l, time.Now().Add(time.Minute)) }()
+				waitKeys(t, r, key, n)
+			}
+			check := func(what, key string, kind backend.Kind, limit int, want ...*backend.Lease) {
+				t.Helper()
+				before, _ := r.Leftovers(ctx, key)
+				in, err := r.Inspect(ctx, key, kind)
+				if err != nil {
+					t.Fatalf("%s: Inspect = %v", what, err)
+				}
+				if in.Limit != limit || len(in.Holders) != len(want) {
+					t.Fatalf("%s: Inspect = %+v; want %d holders, limit %d", what, in, len(want), limit)
+				}
+				for i, l := range want {
+					hd := in.Holders[i]
+					if hd.Token != l.Token || hd.Label != l.Label || hd.Kind != l.Kind || hd.TTL < 0 || hd.TTL > l.TTL {
+						t.Errorf("%s: holder %d = %+v; want token %d, label %q, kind %v, TTL in [0, %v]", what, i, hd, l.Token, l.Label, l.Kind, l.TTL)
+					}
+				}
+				if after, _ := r.Leftovers(ctx, key); !slices.Equal(before, after) {
+					t.Errorf("%s: Inspect changed the queue: %q, then %q", what, before, after)
+				}
+			}
+			key := uniqueKey(t)
+			check("a free mutex", key, backend.KindMutex, 0)
+			mu := take(key, backend.KindMutex, 0, "holder")
+			queue(key, backend.KindMutex, 0, 2)
+			check("a mutex with a waiter", key, backend.KindMutex, 0, mu)
+
+			s1, s2 := take(key, backend.KindSemaphore, 2, "s1"), take(key, backend.KindSemaphore, 2, "s2")
+			queue(key, backend.KindSemaphore, 2, 5)
+			check("a semaphore of 2 with a waiter", key, backend.KindSemaphore, 2, s1, s2)
+
+			rw := uniqueKey(t)
+			wr := take(rw, backend.KindWrite, 0, "writer")
+			queue(rw, backend.KindRead, 0, 2)
+			check("a writer with a reader waiting", rw, backend.KindWrite, 0, wr)
+			check("the same, asked as a read", rw, backend.KindRead, 0, wr)
+
+			rd := uniqueKey(t)
+			r1, r2 := take(rd, backend.KindRead, 0, "r1"), take(rd, backend.KindRead, 0, "r2")
+			queue(rd, backend.KindWrite, 0, 3)
+			queue(rd, backend.KindRead, 0, 4)
+			check("two readers, a writer and a reader waiting", rd, backend.KindWrite, 0, r1, r2)
+		})
 	}
 }
