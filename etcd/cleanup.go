@@ -216,7 +216,7 @@ func (r *Resource) discarder(h *handle) func(ctx context.Context) bool {
 func (r *Resource) fenceOff(ctx context.Context, h *handle) error {
 	s := h.sess
 	mine := []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(h.key), "=", h.value),
+		clientv3.Compare(clientv3.Value(h.key), "=", h.value()),
 		clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
 	}
 	bump := clientv3.OpPut(s.fenceKey(h.key), "", clientv3.WithLease(h.lease))

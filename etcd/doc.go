@@ -51,13 +51,14 @@
 //
 // backend.Lease.Lost is closed when the lock's key is deleted by anyone but
 // its own Release: its lease revoked or expired, or the key deleted by an
-// operator or a tool. The Resource learns it from one watch on its prefix,
-// for deletions only, that serves all its locks on leases of their own (a
-// lock costs a map entry, not a watch); it starts with the first such lock
-// and runs until [Resource.Close] or until the client is closed, after
-// which Lost is no longer closed. The price of one watch for all locks is
-// that the Resource hears of every deletion under its prefix, other
-// processes' releases included.
+// operator or a tool; for a lock on a shared lease, also when that lease
+// is lost. The Resource learns of deletions from one watch on its prefix,
+// for deletions only, that serves all its locks, on leases of their own
+// and shared (a lock costs a map entry, not a watch); it starts with the
+// first lock and runs until [Resource.Close] or until the client is
+// closed, after which Lost is no longer closed for deletions. The price of
+// one watch for all locks is that the Resource hears of every deletion
+// under its prefix, other processes' releases included.
 //
 // # Clean-up
 //
@@ -183,10 +184,10 @@
 // facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
 // years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
 // third longer than its locks) is refused before any I/O. Refresh (called
-// by the facade under distlock.WithAutoRenew, so on the shared lease) reads
-// our key, after a keep-alive of the lease when its life might fall short
-// of the TTL; on a lease of its own it sends one keep-alive and reads our
-// key: backend.ErrNotHeld when either is gone.
+// by distlock's Lock.Extend; distlock.WithAutoRenew needs none, see Shared
+// leases) reads our key, after a keep-alive of the lease when its life
+// might fall short of the TTL; on a lease of its own it sends one
+// keep-alive and reads our key: backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //
@@ -218,23 +219,35 @@
 //
 // [WithSharedLease] makes locks share one lease per TTL, kept alive by the
 // Resource, like one concurrency.Session (locks that distlock renews,
-// distlock.WithAutoRenew, always do, option or not: they live while the
-// process renews them either way): an uncontended acquire is then one
-// transaction and a release one compare-and-delete, as with
-// concurrency.Mutex, instead of a grant and a transaction, then a
+// distlock.WithAutoRenew, always do, option or not): an uncontended
+// acquire is then one transaction and a release one compare-and-delete,
+// as with concurrency.Mutex, instead of a grant and a transaction, then a
 // compare-and-delete and a revoke (about 2.5 times faster, measured by
 // BenchmarkCycleVsMutex). Every delete of a queue key compares its create
 // revision: a name given back may already hold a later acquisition's key.
-// The lock's TTL is then kept by a timer in the process, which deletes a
-// lock not refreshed in time; the shared lease
-// lives TTL plus a third of it (at least a second) and is renewed every
-// half of that third, so a lock taken on it is valid for its full TTL, and
-// a lock whose process died stays up to that longer. backend.Lease.Lost is
-// closed when the shared lease is lost (revoked, or not renewed for its
-// whole life), which ends every lock on it. The Resource keeps one lease
-// and one goroutine per TTL in use until [Resource.Close] (which
-// distlock's Close calls); Close revokes the shared leases, and with them
-// the locks still held on them.
+// The shared lease lives TTL plus a third of it (at least a second) and is
+// renewed every half of that third, so a lock taken on it is valid for its
+// full TTL. The Resource keeps one lease and one goroutine per TTL in use
+// until [Resource.Close] (which distlock's Close calls); Close revokes the
+// shared leases, and with them the locks still held on them.
+//
+// A lock that distlock renews lives as long as the shared lease: Acquire
+// sets backend.Lease.KeptAlive, and the facade then neither refreshes it
+// nor times it. Holding it costs no request of its own: the lease's one
+// keep-alive is every such lock's renewal (100,000 locks held by one
+// process cost one keep-alive per renewal period, as concurrency.Session
+// does), and the lease's loss is every such lock's loss. The Resource
+// gives the lease up, and closes its locks' Lost, when renewals have
+// failed until the lease's life after the last renewal's send, less 1%
+// and 2ms, is over: before the server can expire the lease and let
+// another holder in. A key deleted from outside closes its lock's Lost
+// through the Resource's key watch, without a request.
+//
+// A lock on the shared lease that distlock does not renew (WithSharedLease
+// without distlock.WithAutoRenew) keeps its TTL by a timer in the process,
+// which deletes it unless refreshed in time; a lock whose process died
+// stays up to a third of its TTL (at least a second) longer, until the
+// lease expires.
 //
 // # Errors
 //

@@ -113,8 +113,8 @@ func WithPrefix(prefix string) Option {
 // kept by a timer in the process, and a lock whose process died stays in
 // etcd up to a third of its TTL (at least a second) longer. See the package
 // documentation. Off by default, except for locks that distlock renews
-// (distlock.WithAutoRenew): they live while the process renews them either
-// way, and take the shared lease without this option.
+// (distlock.WithAutoRenew): they take the shared lease without this
+// option, and its keep-alive alone keeps them (backend.Lease.KeptAlive).
 //
 // [concurrency.Session]: https://pkg.go.dev/go.etcd.io/etcd/client/v3/concurrency#Session
 func WithSharedLease() Option {
@@ -195,31 +195,40 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
-	key   string // our queue key, <queue directory><tag><resource id>-<slot>
-	rev   int64  // its create revision: the token; 0 until known
-	value string // what it holds: the owner value, label and limit (entryValue)
-	lease clientv3.LeaseID
-	dir   string       // the queue's directory
-	kind  backend.Kind // the lock's kind
-	limit int          // a semaphore's limit
-	ns    string       // the name space of its name: dir and tag
-	slot  int
-	freed atomic.Bool // the name was given back
+	key    string // our queue key, <queue directory><tag><resource id>-<slot>
+	rev    int64  // its create revision: the token; 0 until known
+	owner  string // the owner value, and the label: with the kind, limit and
+	label  string // TTL, what the key holds (value)
+	lease  clientv3.LeaseID
+	limit  int          // a semaphore's limit
+	dirLen int32        // key[:dirLen] is the queue's directory (dir)
+	nsLen  int32        // key[:nsLen] the name space of its name: dir and tag (ns)
+	slot   int32        // its name's slot in the name space
+	kind   backend.Kind // the lock's kind
+	freed  atomic.Bool  // the name was given back
 
 	ttl time.Duration // the lease's granted TTL
 
-	// Only for a lock on a lease of its own: the loss signal, and what the
-	// Resource's key watch knows of the key (guarded by its mutex).
-	lost   chan struct{} // closed when the key is seen deleted
+	// The loss signal, and what the Resource's key watch knows of the key
+	// (guarded by its mutex).
+	lost   chan struct{} // closed when the key is seen deleted, or its shared lease lost
 	wrev   int64         // the key's create revision, once known
 	wdel   int64         // the latest deletion of the name seen before
 	wcheck bool          // the key needs a read once its revision is known
 	wrel   bool          // our release is deleting the key
+	wlost  bool          // lost is closed
 
-	// Only for a lock on a shared lease, which the Resource expires itself.
-	sess     *session
-	mu       sync.Mutex
-	state    int // held, released, expired
+	// Only for a lock on a shared lease: the lease, and, unless the lease
+	// alone keeps the lock alive (KeptAlive), the timer that expires it.
+	sess  *session
+	mu    sync.Mutex
+	state int     // held, released, expired
+	exp   *expiry // nil when the lease alone keeps the lock alive
+}
+
+// expiry is the TTL timer of a lock on a shared lease that the lease alone
+// does not keep alive, guarded by its handle's mutex.
+type expiry struct {
 	deadline time.Time
 	timer    *time.Timer
 }
@@ -432,13 +441,13 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 // else: our key and the fence key.
 func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
-	other := []clientv3.Op{clientv3.OpGet(h.key)}
+	other := []clientv3.Op{clientv3.OpGet(h.key, clientv3.WithKeysOnly())}
 	if s := h.sess; s != nil {
 		f := s.fenceKey(h.key)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
 		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
 	}
-	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value, clientv3.WithLease(h.lease))}, enqueueReads(h)...)
+	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))}, enqueueReads(h)...)
 	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()
 }
 

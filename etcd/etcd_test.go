@@ -70,7 +70,15 @@ func TestConformance(t *testing.T) {
 					return newResource(t, endpoints, m.opts...)
 				},
 				Leftovers: New(admin).Leftovers,
-				Evict:     New(admin).evict,
+				// An operator's delete, not the holder's: testsuite's
+				// DoCancelsOnLoss passes the lock's own context, which the
+				// key watch ends as soon as the delete lands, often before
+				// its reply.
+				Evict: func(ctx context.Context, key string) error {
+					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+					defer cancel()
+					return New(admin).evict(ctx, key)
+				},
 				TTL:       time.Second,
 				MaxKeyLen: MaxKeyLen,
 				// The server frozen (SIGSTOP) answers nobody until SIGCONT;

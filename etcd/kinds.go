@@ -113,11 +113,11 @@ func parseEntry(v []byte) (owner string, e entry, ok bool) {
 func enqueueReads(h *handle) []clientv3.Op {
 	switch h.kind {
 	case backend.KindSemaphore:
-		return []clientv3.Op{clientv3.OpGet(h.dir, clientv3.WithFirstCreate()...), clientv3.OpGet(h.dir, clientv3.WithPrefix(), clientv3.WithCountOnly())}
+		return []clientv3.Op{clientv3.OpGet(h.dir(), clientv3.WithFirstCreate()...), clientv3.OpGet(h.dir(), clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	case backend.KindRead:
-		return []clientv3.Op{clientv3.OpGet(h.dir+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
+		return []clientv3.Op{clientv3.OpGet(h.dir()+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	}
-	return []clientv3.Op{clientv3.OpGet(h.dir, clientv3.WithFirstCreate()...)}
+	return []clientv3.Op{clientv3.OpGet(h.dir(), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)}
 }
 
 // standingAfterPut tells from enqueueReads' responses (rs) whether h
@@ -174,12 +174,12 @@ func (r *Resource) standing(ctx context.Context, h *handle) (target, int64, erro
 	case backend.KindSemaphore:
 		// The newest Limit keys before ours (the server ignores a limit
 		// combined with a revision filter until it has filtered).
-		op = clientv3.OpGet(h.dir, clientv3.WithPrefix(), before, clientv3.WithKeysOnly(),
+		op = clientv3.OpGet(h.dir(), clientv3.WithPrefix(), before, clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(int64(h.limit)))
 	case backend.KindRead:
-		op = clientv3.OpGet(h.dir+writeTag, append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
+		op = clientv3.OpGet(h.dir()+writeTag, append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
 	default:
-		op = clientv3.OpGet(h.dir, append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
+		op = clientv3.OpGet(h.dir(), append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
 	}
 	resp, err := r.c.Txn(ctx).Then(op, clientv3.OpGet(h.key, clientv3.WithKeysOnly())).Commit()
 	if err != nil {
@@ -196,7 +196,7 @@ func (r *Resource) standing(ctx context.Context, h *handle) (target, int64, erro
 		case len(rr.Kvs) < h.limit:
 			return target{}, rev, nil
 		case !rr.More:
-			return target{key: h.dir, dir: true}, rev, nil
+			return target{key: h.dir(), dir: true}, rev, nil
 		}
 		return target{key: string(rr.Kvs[0].Key), puts: true}, rev, nil
 	}
@@ -214,7 +214,7 @@ func (r *Resource) touch(h *handle) {
 	r.later(0, func(ctx context.Context) bool {
 		_, err := r.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-			Then(clientv3.OpPut(h.key, h.value, clientv3.WithLease(h.lease))).
+			Then(clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))).
 			Commit()
 		return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 	})

@@ -19,8 +19,11 @@ import (
 // Its lease lives ttl+margin and is renewed every margin/2, so that at any
 // moment while renewals succeed it is known to live at least ttl more: a
 // lock taken on it is valid for its full TTL without a round trip of its
-// own. Each lock's TTL is kept by a local timer that deletes the lock's key
-// unless Refresh pushed the deadline on.
+// own. A lock that distlock renews (AutoRenew) lives as long as the lease
+// (backend.Lease.KeptAlive); any other lock's TTL is kept by a local timer
+// that deletes the lock's key unless Refresh pushed the deadline on. When
+// the lease is lost, or renewals failed until it may expire, done closes
+// and every lock on it reports itself lost (Resource.sessionLost).
 //
 // Every transaction that makes a key on the lease also compares the mod
 // revision of the fence key of the key's name with the one the Resource
@@ -160,19 +163,35 @@ func (s *session) fenced(name string, rev int64, learnt bool) {
 }
 
 // keepAlive renews the lease every period until ctx ends, the lease is
-// gone, or renewals failed for so long that it must have expired.
+// gone, or renewals failed for so long that it may expire on the server
+// any moment (loseAt). When it returns, done closes and every lock on the
+// lease reports itself lost: before the server can expire the lease and
+// let another holder in.
 func (s *session) keepAlive(ctx context.Context) {
+	defer s.r.sessionLost(s)
 	defer close(s.done)
 	t := time.NewTimer(s.period)
 	defer t.Stop()
+	lose := time.NewTimer(time.Until(s.loseAt()))
+	defer lose.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-lose.C:
+			if d := time.Until(s.loseAt()); d > 0 {
+				lose.Reset(d)
+				continue
+			}
+			return // renewals failed too long: the lease may expire now
 		case <-t.C:
 		}
 		sent := time.Now()
-		kctx, cancel := context.WithTimeout(ctx, s.period)
+		until := sent.Add(s.period)
+		if l := s.loseAt(); l.Before(until) {
+			until = l
+		}
+		kctx, cancel := context.WithDeadline(ctx, until)
 		_, err := s.r.c.KeepAliveOnce(kctx, s.id)
 		cancel()
 		switch {
@@ -182,11 +201,19 @@ func (s *session) keepAlive(ctx context.Context) {
 			s.mu.Unlock()
 		case errors.Is(err, rpctypes.ErrLeaseNotFound), s.r.clientClosed():
 			return // no renewal can succeed any more
-		case time.Since(s.sentAt()) >= s.life:
-			return // expired on the server by now
+		case !time.Now().Before(s.loseAt()):
+			return // the lease may expire on the server now
 		}
 		t.Reset(s.period)
 	}
+}
+
+// loseAt is when the lease may expire on the server unless renewed: its
+// life after the send of the last successful renewal, less an allowance
+// for the clocks' drift and this process's timers (as the facade's, 1% +
+// 2ms).
+func (s *session) loseAt() time.Time {
+	return s.until().Add(-s.life/100 - 2*time.Millisecond)
 }
 
 func (s *session) sentAt() time.Time {
@@ -236,7 +263,11 @@ func (s *session) close() error {
 }
 
 // acquireShared takes the lock with a key on the shared lease for l.TTL:
-// one transaction when uncontended.
+// one transaction when uncontended. A lock the facade renews (l.AutoRenew)
+// is kept alive by the lease alone (l.KeptAlive): no timer, no refresh.
+// Every lock on the lease is registered with the Resource's key watch,
+// which closes its Lost when its key is deleted by anyone but its own
+// release, and when the lease is lost.
 func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
 	s, err := r.session(ctx, l.TTL)
 	if err != nil {
@@ -248,11 +279,30 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	start := time.Now()
 	h := r.newHandle(l, s.ttl)
 	h.lease, h.sess = s.id, s
+	sent := false // the enqueue was sent: a key may exist
 	defer func() {
-		if err != nil && !h.freed.Load() {
+		if err == nil {
+			return
+		}
+		r.unwatchKey(h)
+		switch {
+		case h.freed.Load():
+		case sent:
 			err = r.undo(ctx, err, r.discarder(h))
+		default:
+			r.free(h)
 		}
 	}()
+	if err := r.watchKey(ctx, h); err != nil {
+		if err == ctx.Err() {
+			return err
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if s.isDone() { // its locks were told before h was registered
+		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
+	}
+	sent = true
 	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -260,18 +310,25 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 			// created nothing): start a new one, once.
 			s.abandon()
 			if !retried {
+				r.unwatchKey(h)
 				r.free(h)
 				return r.acquireShared(ctx, l, deadline, true)
 			}
 		}
+		if err == ctx.Err() {
+			return err
+		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if !r.keyMade(h, h.rev) {
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
 	}
 	grant := start
 	if !isHolder {
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return backend.ErrNotAcquired
 		}
-		if err := r.await(ctx, h, deadline, s.ttl, nil, s.done); err != nil {
+		if err := r.await(ctx, h, deadline, s.ttl, nil, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -285,19 +342,33 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		end = u
 	}
 	validity := time.Until(end) - clockGuard
-	if validity <= 0 || s.isDone() {
+	if validity <= 0 || s.isDone() || isClosed(h.lost) {
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
 	}
-	h.mu.Lock()
-	h.deadline = end
-	h.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
-	h.mu.Unlock()
+	if l.AutoRenew {
+		l.KeptAlive = true
+	} else {
+		h.mu.Lock()
+		h.exp = &expiry{deadline: end}
+		h.exp.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
+		h.mu.Unlock()
+	}
 	l.TTL = s.ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = s.done
+	l.Lost = h.lost
 	l.Handle = h
 	return nil
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // expire deletes h's key when its deadline passed without a Refresh.
@@ -307,13 +378,15 @@ func (r *Resource) expire(h *handle) {
 		h.mu.Unlock()
 		return
 	}
-	if d := time.Until(h.deadline); d > 0 {
-		h.timer.Reset(d)
+	if d := time.Until(h.exp.deadline); d > 0 {
+		h.exp.timer.Reset(d)
 		h.mu.Unlock()
 		return
 	}
 	h.state = expired
 	h.mu.Unlock()
+	r.releasing(h, true) // our own deletion: Lost stays open (the facade expired the lock already)
+	r.unwatchKey(h)
 	if _, err := r.deleteKey(context.Background(), h); err == nil {
 		r.free(h)
 		return
@@ -364,18 +437,23 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	// The TTL timer may expire the lock and give its name back from here
 	// on, and the next acquisition may make a key under that name: the
 	// delete compares the create revision.
+	r.releasing(h, true)
 	deleted, err := r.deleteOurs(ctx, h)
 	if err != nil {
-		// Still held as far as we know: the timer deletes the key at its
-		// deadline unless a retry does first.
+		// Still held as far as we know: the timer, if any, deletes the
+		// key at its deadline unless a retry does first.
+		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
 	h.mu.Lock()
 	wasHeld := h.state == held
 	h.state = released
-	h.timer.Stop()
+	if h.exp != nil {
+		h.exp.timer.Stop()
+	}
 	h.mu.Unlock()
 	if wasHeld { // else expire deletes and frees
+		r.unwatchKey(h)
 		r.free(h)
 	}
 	if !deleted || !wasHeld {
@@ -420,10 +498,15 @@ func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handl
 	}
 	if !ok { // deleted behind our back
 		h.state = expired
-		h.timer.Stop()
+		if h.exp != nil {
+			h.exp.timer.Stop()
+		}
+		r.unwatchKey(h)
 		r.free(h)
 		return backend.ErrNotHeld
 	}
-	h.deadline = now.Add(h.ttl)
+	if h.exp != nil {
+		h.exp.deadline = now.Add(h.ttl)
+	}
 	return nil
 }

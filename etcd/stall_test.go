@@ -510,12 +510,3 @@ func TestRandomizedStalls(t *testing.T) {
 		waitKeys(t, admin, key, 0)
 	}
 }
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
