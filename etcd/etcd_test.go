@@ -64,8 +64,7 @@ func TestConformance(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			testsuite.Run(t, testsuite.Harness{
-				NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
-				FixedTTL:  "an etcd lease keeps the TTL it was granted with",
+				FixedTTL: "an etcd lease keeps the TTL it was granted with",
 				NewResource: func(t *testing.T) backend.RemoteResource {
 					return newResource(t, endpoints, m.opts...)
 				},
