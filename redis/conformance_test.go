@@ -25,6 +25,7 @@ func harness(c goredis.UniversalClient) testsuite.Harness {
 	return testsuite.Harness{
 		NoInspect:   testsuite.NotYetInspect, // issue 25: inspection is being built for this store
 		Unsupported: testsuite.NotYet,        // issue 24: semaphores and read/write locks are being built for this store
+		NoStall:     testsuite.NotYetStall,   // issue 26: Redis calls bounded by their context are being built for this store
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},

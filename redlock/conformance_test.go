@@ -17,6 +17,7 @@ func TestConformance(t *testing.T) {
 	c := startNodes(t, 5, nil)
 	testsuite.Run(t, testsuite.Harness{
 		NoInspect: testsuite.NotYetInspect, // issue 25: inspection is being built for this store
+		NoStall:   testsuite.NotYetStall,   // issue 26: Redlock calls bounded by their context are being built for this store
 		Unsupported: map[backend.Kind]string{
 			backend.KindSemaphore: "majorities cannot bound a semaphore",
 			backend.KindRead:      "majorities cannot order readers and writers",
