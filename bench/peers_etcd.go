@@ -25,7 +25,7 @@ func init() {
 	register(&peer{
 		name: "distlock", store: "etcd",
 		note:    "etcd.New, WithAutoRenew: locks the facade renews share the resource's lease for their TTL (one create-if-absent txn to acquire, one delete to release), as a Session",
-		renewal: "one shared lease kept alive, plus a refresh per lock every TTL/3 (a read of its key)",
+		renewal: "one shared lease kept alive: the locks the facade renews cost nothing more (backend.Lease.KeptAlive)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o, true)
 		},

@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -134,6 +135,64 @@ func BenchmarkCycleVsMutex(b *testing.B) {
 			b.ReportMetric(float64(theirs.Microseconds())/n, "mutex-us")
 			b.ReportMetric(float64(theirs)/float64(ours), "speed-x")
 		})
+	}
+}
+
+// BenchmarkAcquireHeldVsMutex acquires distinct keys and keeps them all,
+// as a process that holds many locks does (issue 18), interleaving a
+// distlock acquire (auto-renew on: kept alive by the shared lease) and a
+// concurrency.Mutex Lock in every iteration; it reports the mean of each
+// and speed-x = mutex time / distlock time (>= 1 is the goal). The locks
+// are released after the timing.
+func BenchmarkAcquireHeldVsMutex(b *testing.B) {
+	endpoints := testserver.Etcd(b).Endpoints
+	c := newClient(b, endpoints)
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(10))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	d, err := distlock.New(New(c), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	base := uniqueKey(b)
+	var (
+		ours, theirs time.Duration
+		locks        []*distlock.Lock
+		mus          []*concurrency.Mutex
+		i            int
+	)
+	for b.Loop() {
+		key := fmt.Sprintf("%s-%d", base, i)
+		i++
+		t0 := time.Now()
+		lk, err := d.TryLock(ctx, key, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		mu := concurrency.NewMutex(s, "/bench/"+key)
+		if err := mu.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ours, theirs = ours+t1.Sub(t0), theirs+time.Since(t1)
+		locks, mus = append(locks, lk), append(mus, mu)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(ours.Microseconds())/n, "distlock-us")
+	b.ReportMetric(float64(theirs.Microseconds())/n, "mutex-us")
+	b.ReportMetric(float64(theirs)/float64(ours), "speed-x")
+	for i, lk := range locks {
+		if err := lk.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := mus[i].Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

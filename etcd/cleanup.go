@@ -2,18 +2,28 @@ package etcd
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/distlock/backend"
 )
 
-// Clean-ups (the delete of a failed acquisition's key, the revoke of a
-// lease that holds nothing more) run once in the caller's goroutine. One
-// that fails (the connection dropped under it, no leader) is retried in
-// the background until it succeeds, the client is closed or the Resource
-// is: a queue key left behind would block the lock for every later waiter
-// as long as its lease lives, and the Resource keeps a shared lease alive
-// until Close.
+// Clean-ups (the revoke of a failed acquisition's lease, the delete of its
+// key on a shared lease, the revoke of a released lock's lease) never run
+// on a context detached from the caller's: a call returns when its context
+// ends, whatever the server does. What a failed acquisition made is
+// removed by a job the Resource runs in the background, at once and then
+// again with growing pauses until it succeeds, the client is closed or the
+// Resource is: a queue key left behind would block the lock for every
+// later waiter as long as its lease lives, and the Resource keeps a shared
+// lease alive until Close. Acquire waits for the job while its context
+// lives; when the context ends first it returns a [backend.AbandonedError]
+// whose Cleanup waits for the job.
 
 // Retries start after firstRetry and double up to lastRetry.
 const (
@@ -21,16 +31,44 @@ const (
 	lastRetry  = time.Second
 )
 
-// later runs clean in the background, again and again with growing pauses,
-// until it reports that nothing is left to do, the client is closed or
-// [Resource.Close] is called. Each run gets a context bounded by
-// cleanupTimeout.
-func (r *Resource) later(clean func(ctx context.Context) bool) {
-	if r.clientClosed() {
-		return // what is left expires with its lease
+// job is a clean-up the Resource runs in the background.
+type job struct {
+	done chan struct{} // closed when the job ends
+	ok   atomic.Bool   // it ended with its work done
+}
+
+// errCleanupGaveUp is the Cleanup error of a job ended by Close or by the
+// client's Close before its work was done.
+var errCleanupGaveUp = errors.New("etcd: clean-up ended by Close or by a closed client; what is left expires with its lease")
+
+// wait waits until the job ends or ctx does. It is the Cleanup of the
+// AbandonedError of an acquisition that left the job to clean up after it.
+func (j *job) wait(ctx context.Context) error {
+	select {
+	case <-j.done:
+		if j.ok.Load() {
+			return nil
+		}
+		return errCleanupGaveUp
+	case <-ctx.Done():
+		return fmt.Errorf("etcd: clean-up of an abandoned attempt still waiting for the server: %w", ctx.Err())
 	}
-	r.background(func(ctx context.Context) {
-		t := time.NewTimer(firstRetry)
+}
+
+// later runs clean in the background, after first and then again and
+// again with growing pauses, until it reports that nothing is left to do,
+// the client is closed or [Resource.Close] is called. Each run gets a
+// context bounded by cleanupTimeout. The job is done at once, its work
+// undone, when the client or the Resource is closed already.
+func (r *Resource) later(first time.Duration, clean func(ctx context.Context) bool) *job {
+	j := &job{done: make(chan struct{})}
+	if r.clientClosed() {
+		close(j.done) // what is left expires with its lease
+		return j
+	}
+	started := r.background(func(ctx context.Context) {
+		defer close(j.done)
+		t := time.NewTimer(first)
 		defer t.Stop()
 		for pause := firstRetry; ; pause = min(2*pause, lastRetry) {
 			select {
@@ -45,11 +83,48 @@ func (r *Resource) later(clean func(ctx context.Context) bool) {
 			done := clean(cctx)
 			cancel()
 			if done {
+				j.ok.Store(true)
 				return
 			}
 			t.Reset(pause)
 		}
 	})
+	if !started {
+		close(j.done)
+	}
+	return j
+}
+
+// undo removes what a failed acquisition made (clean, run at once by a
+// background job) and returns err once that is done, or once the Resource
+// or the client is closed (what is left then expires with its lease).
+// When ctx ends first it returns a [backend.AbandonedError] carrying err
+// (joined with ctx's error) whose Cleanup waits for the job.
+func (r *Resource) undo(ctx context.Context, err error, clean func(ctx context.Context) bool) error {
+	j := r.later(0, clean)
+	select {
+	case <-j.done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case <-j.done:
+		return err
+	default:
+	}
+	if !errors.Is(err, ctx.Err()) && !errors.Is(err, backend.ErrNotAcquired) {
+		err = errors.Join(err, ctx.Err())
+	}
+	return &backend.AbandonedError{Err: err, Cleanup: j.wait}
+}
+
+// soon runs clean once within ctx, and in the background (see later) if
+// that did not do it.
+func (r *Resource) soon(ctx context.Context, clean func(ctx context.Context) bool) {
+	if ctx.Err() == nil && !r.clientClosed() && clean(ctx) {
+		return
+	}
+	r.later(firstRetry, clean)
 }
 
 // background runs f in a goroutine the Resource owns: its context ends
@@ -91,16 +166,11 @@ func (r *Resource) stopTasks() {
 	r.bg.Wait()
 }
 
-// revokeSoon revokes a lease, retrying in the background if it fails,
-// and calls gone (if not nil) once the lease is known gone.
-func (r *Resource) revokeSoon(ctx context.Context, id clientv3.LeaseID, gone func()) {
-	if r.revoke(ctx, id) {
-		if gone != nil {
-			gone()
-		}
-		return
-	}
-	r.later(func(ctx context.Context) bool {
+// revoker is a clean-up that revokes a lease, then calls gone (if not
+// nil). A lease revoked is a lease on which no late request can make a
+// key: a transaction that puts a key on it fails.
+func (r *Resource) revoker(id clientv3.LeaseID, gone func()) func(ctx context.Context) bool {
+	return func(ctx context.Context) bool {
 		if !r.revokeNow(ctx, id) {
 			return false
 		}
@@ -108,42 +178,55 @@ func (r *Resource) revokeSoon(ctx context.Context, id clientv3.LeaseID, gone fun
 			gone()
 		}
 		return true
-	})
-}
-
-// deleteSoon deletes h's key if it is still ours and gives its name back,
-// retrying in the background if the delete fails. When h's create
-// revision is unknown (the reply of the transaction that may have made the
-// key was lost), finding no key does not end it: the transaction may still
-// be on its way to the server, so the background looks again for the
-// lock's TTL before it gives the name back.
-func (r *Resource) deleteSoon(ctx context.Context, h *handle) {
-	doubt := h.rev == 0
-	deleted, err := r.deleteKey(ctx, h)
-	if err == nil && (deleted || !doubt) {
-		r.free(h)
-		return
 	}
-	r.deleteLater(h, time.Now().Add(h.ttl), doubt)
 }
 
-// deleteLater retries the delete of h's key in the background and gives
-// its name back once the key is known gone: deleted, or, when doubt says
-// the key may not have been made yet, not found after giveUp. A key on a
-// shared lease whose delete still fails after giveUp makes the Resource
-// give the lease up, as the TTL timer does: the lease then expires on the
+// discarder is the clean-up of a failed acquisition on a shared lease: it
+// deletes h's key if it is ours (or makes sure that it cannot be made,
+// when the reply that would have told its create revision was lost: see
+// fenceOff) and gives its name back. A key on a shared lease whose
+// clean-up still fails a TTL after the first try makes the Resource give
+// the lease up, as the TTL timer does: the lease then expires on the
 // server, with the key, and the retries end once they find it gone.
-func (r *Resource) deleteLater(h *handle, giveUp time.Time, doubt bool) {
-	r.later(func(ctx context.Context) bool {
-		deleted, err := r.deleteOurs(ctx, h)
-		late := time.Now().After(giveUp)
-		if err == nil && (deleted || !doubt || late) {
+func (r *Resource) discarder(h *handle) func(ctx context.Context) bool {
+	giveUp := time.Now().Add(h.ttl)
+	return func(ctx context.Context) bool {
+		var err error
+		if h.rev == 0 {
+			err = r.fenceOff(ctx, h)
+		} else {
+			_, err = r.deleteOurs(ctx, h)
+		}
+		if err == nil {
 			r.free(h)
 			return true
 		}
-		if err != nil && late && h.sess != nil {
+		if time.Now().After(giveUp) && h.sess != nil {
 			h.sess.abandon()
 		}
 		return false
-	})
+	}
+}
+
+// fenceOff deletes h's key on its shared lease if a transaction that may
+// still be on its way made it, and, in the same transaction, puts the
+// fence key of h's name (see session), so that such a transaction, should
+// it land later, makes nothing. A lease gone is a fence too: nothing can
+// be made on it any more, and its keys went with it.
+func (r *Resource) fenceOff(ctx context.Context, h *handle) error {
+	s := h.sess
+	mine := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(h.key), "=", h.value()),
+		clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
+	}
+	bump := clientv3.OpPut(s.fenceKey(h.key), "", clientv3.WithLease(h.lease))
+	resp, err := r.c.Txn(ctx).If(mine...).Then(clientv3.OpDelete(h.key), bump).Else(bump).Commit()
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil
+		}
+		return err
+	}
+	s.fenced(h.key, resp.Header.Revision, false)
+	return nil
 }

@@ -6,7 +6,9 @@
 //	d, err := distlock.New(res, distlock.WithAutoRenew())
 //
 // [New] returns a [*Resource], which implements backend.Waiter,
-// backend.Refresher, backend.KeyValidator and io.Closer.
+// backend.Refresher, backend.KindChecker, backend.Inspector,
+// backend.KeyValidator and io.Closer. It holds mutexes, semaphores and read/write locks (see
+// Semaphores and read/write locks).
 //
 // # How a lock is taken
 //
@@ -49,32 +51,129 @@
 //
 // backend.Lease.Lost is closed when the lock's key is deleted by anyone but
 // its own Release: its lease revoked or expired, or the key deleted by an
-// operator or a tool. The Resource learns it from one watch on its prefix,
-// for deletions only, that serves all its locks on leases of their own (a
-// lock costs a map entry, not a watch); it starts with the first such lock
-// and runs until [Resource.Close] or until the client is closed, after
-// which Lost is no longer closed. The price of one watch for all locks is
-// that the Resource hears of every deletion under its prefix, other
-// processes' releases included.
+// operator or a tool; for a lock on a shared lease, also when that lease
+// is lost. The Resource learns of deletions from one watch on its prefix,
+// for deletions only, that serves all its locks, on leases of their own
+// and shared (a lock costs a map entry, not a watch); it starts with the
+// first lock and runs until [Resource.Close] or until the client is
+// closed, after which Lost is no longer closed for deletions. The price of
+// one watch for all locks is that the Resource hears of every deletion
+// under its prefix, other processes' releases included.
 //
 // # Clean-up
 //
-// A clean-up (the revoke or delete that undoes a failed, cancelled or
-// released acquisition) that fails, because the connection dropped under
-// it or no leader answered, is retried in the background by the Resource
-// (after 50ms, doubling up to 1s) until it succeeds, the client is closed,
-// or [Resource.Close]. On a shared lease a key left behind would otherwise
-// block the lock for every later waiter for as long as the Resource keeps
-// the lease alive: a key whose delete still fails a TTL after the first
-// try makes the Resource give the lease up (the locks on it report
-// themselves lost), so that it expires on the server with the key. When
-// the reply to the transaction that makes a key on a shared lease is lost
-// (the caller's context ended, the connection dropped), the clean-up does
-// not know whether the key exists or will: a request sent as the
-// connection came back can be applied after the clean-up's own, since the
-// server handles the two concurrently. A clean-up that finds no key then
-// looks again in the background for the lock's TTL before it gives the
-// key's name back.
+// Every call returns when its context ends, whatever the server does (a
+// frozen server, a connection that stopped forwarding): no request runs
+// on a context detached from the caller's in the caller's goroutine. An
+// acquisition that fails or ends (deadline, cancellation, store error)
+// undoes what it made in a clean-up job the Resource runs at once in the
+// background, retried (after 50ms, doubling up to 1s) until it succeeds,
+// the client is closed, or [Resource.Close]; Acquire waits for it while
+// its context lives, and when the context ends first it returns a
+// backend.AbandonedError whose Cleanup waits for the job (the facade runs
+// it, and its Close waits for it within its bound).
+//
+// The clean-up makes sure that a request still on its way when the
+// context ended, which the server may apply after the clean-up's own,
+// never leaves a key: on a lease of its own the clean-up revokes the
+// lease, and a transaction that puts a key on a revoked lease fails. On a
+// shared lease every transaction that makes a key also compares the fence
+// key of the key's name (<prefix>!fence/<lease ID>/<the name without the
+// prefix>, bound to the lease); when the reply that would have told
+// whether our key was made is lost, the clean-up deletes the key if it is
+// there and puts the fence key in one transaction, so that the late
+// transaction, if it lands after, makes nothing. The name is not used
+// again before that, and other names' transactions are not touched. A
+// fence key lives as long as its lease: one per name whose clean-up was in
+// doubt, a few per lock key at most, since names are used again. A key that
+// lands before the clean-up heads its queue until the clean-up deletes it,
+// and is never granted: nobody waits for it. On a shared lease a key
+// whose clean-up still fails a TTL after the first try makes the Resource
+// give the lease up (the locks on it report themselves lost), so that it
+// expires on the server with the key.
+//
+// A Release cut short by its context returns the context's error; the
+// lock is then still held as far as the Resource knows, and Release may
+// be called again. The revoke that follows the delete of a lock on a
+// lease of its own runs within the caller's context, and in the
+// background if that did not do it. [Resource.Close] revokes the shared
+// leases within about half a second; a lease it could not revoke expires
+// by itself, a third of its TTL (at least a second) after its locks'.
+//
+// # Semaphores and read/write locks
+//
+// A key's mutex, semaphore and read/write lock are distinct locks, each
+// with a queue in a directory of its own, kept as a mutex's is (a key per
+// acquisition, on its lease, ordered by create revision):
+//
+//	<prefix><encoded key>/<resource ID>-<slot>           mutex
+//	<prefix>!sem/<encoded key>/<resource ID>-<slot>      semaphore
+//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>     reader
+//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>     writer
+//
+// (an encoded key never holds '!'). Each queue key's value is the owner
+// value, the holder's label (distlock.WithLabel), a semaphore's limit (0
+// for the other kinds) and the lock's TTL in seconds, written as owner +
+// label + "|" + hex(len(label)) + "|" + hex(limit) + "|" + hex(TTL), which
+// reads back from its end whatever bytes the owner value and label hold.
+//
+// A semaphore's key holds a permit when fewer than Limit keys precede it;
+// a writer's when no key precedes it; a reader's when no writer's key
+// precedes it. The transaction that makes the key also reads what decides
+// that, so an uncontended acquire is one transaction, as for a mutex. A
+// waiter watches only what it waits for: a writer the key just before
+// its own, a reader the newest writer's key before its own (as etcd's
+// recipe RWMutex does). A semaphore's waiter cannot: a permit frees when
+// any of the Limit holders leaves, in any order. So the first waiter
+// (exactly Limit keys before it) watches the queue's deletions, and each
+// waiter behind it watches the key just before its own, which its owner
+// puts again, unchanged, once it holds: a release wakes the first waiter,
+// and through it the next, as the internal lock of Curator's
+// InterProcessSemaphoreV2 lets one acquirer at a time watch the leases.
+// The semaphore's limit is its oldest key's: an acquire whose limit
+// differs fails with backend.ErrLimitMismatch, and its key is deleted.
+//
+// Why this is a semaphore and a read/write lock, with tokens as promised.
+// A new key's create revision is above every existing key's, so a key
+// only ever sees keys before it go: once it holds, it holds until it is
+// deleted. Acquire returns a grant only after a read, at one revision,
+// found its key holding and present. Call g(k) the first revision at
+// which key k holds, and rev(k) its create revision (the token).
+//
+//   - Semaphore: at any revision the keys that hold are the oldest
+//     min(Limit, queue length): never more than Limit. If rev(j) < rev(k),
+//     every key before j is before k, and j too: whenever k holds, so
+//     does j (if it still exists), so g(j) <= g(k). Grants in the order of
+//     the revisions they start at therefore have increasing tokens (keys
+//     that start at the same revision, when a revoke deletes several keys
+//     at once, are ordered by their tokens).
+//   - Read/write lock: a writer holds only as the oldest key, so every
+//     other key has a writer before it: no reader, no other writer holds
+//     with it. A key k after a writer w (rev(k) > rev(w)) cannot hold
+//     while w's key exists, which is from before g(w) until w's release:
+//     so every grant that starts before a write grant w has a smaller
+//     token than w's, and every write grant that starts before a read
+//     grant r (a writer after r cannot hold while r exists) has a smaller
+//     token than r's.
+//
+// The order in which concurrent Acquire calls return can differ from
+// g's only among grants that hold together (permits, readers); a write
+// grant returns after every grant that started before it and before
+// every grant that starts after it, unless a key is deleted from
+// outside, which its owner learns through Lost.
+//
+// # Inspection
+//
+// [Resource.Inspect] (distlock's Inspect) reads a lock's queue once and
+// asks etcd the time left of each holder's lease (TimeToLive, in whole
+// seconds rounded down), touching nothing: the holders are the keys that
+// hold by the rules above (waiters are not listed), each with its token
+// (create revision), its label (kept in its key's value beside the owner
+// value, and never compared) and its time left by the server's clock. On a
+// shared lease, which its owner keeps alive and which outlives its locks by
+// a third of their TTL, the time left is at most the lock's TTL (kept in
+// the key's value too): the lock's own deadline is kept by its owner's
+// process, which etcd does not know.
 //
 // # TTL
 //
@@ -85,10 +184,10 @@
 // facade counts the lock's life from. A TTL longer than [MaxTTL] (about 214
 // years: etcd's longest lease is 9e9 seconds, and a shared lease lives a
 // third longer than its locks) is refused before any I/O. Refresh (called
-// by the facade under distlock.WithAutoRenew, so on the shared lease) reads
-// our key, after a keep-alive of the lease when its life might fall short
-// of the TTL; on a lease of its own it sends one keep-alive and reads our
-// key: backend.ErrNotHeld when either is gone.
+// by distlock's Lock.Extend; distlock.WithAutoRenew needs none, see Shared
+// leases) reads our key, after a keep-alive of the lease when its life
+// might fall short of the TTL; on a lease of its own it sends one
+// keep-alive and reads our key: backend.ErrNotHeld when either is gone.
 //
 // # Fencing tokens
 //
@@ -120,30 +219,43 @@
 //
 // [WithSharedLease] makes locks share one lease per TTL, kept alive by the
 // Resource, like one concurrency.Session (locks that distlock renews,
-// distlock.WithAutoRenew, always do, option or not: they live while the
-// process renews them either way): an uncontended acquire is then one
-// transaction and a release one compare-and-delete, as with
-// concurrency.Mutex, instead of a grant and a transaction, then a
+// distlock.WithAutoRenew, always do, option or not): an uncontended
+// acquire is then one transaction and a release one compare-and-delete,
+// as with concurrency.Mutex, instead of a grant and a transaction, then a
 // compare-and-delete and a revoke (about 2.5 times faster, measured by
 // BenchmarkCycleVsMutex). Every delete of a queue key compares its create
 // revision: a name given back may already hold a later acquisition's key.
-// The lock's TTL is then kept by a timer in the process, which deletes a
-// lock not refreshed in time; the shared lease
-// lives TTL plus a third of it (at least a second) and is renewed every
-// half of that third, so a lock taken on it is valid for its full TTL, and
-// a lock whose process died stays up to that longer. backend.Lease.Lost is
-// closed when the shared lease is lost (revoked, or not renewed for its
-// whole life), which ends every lock on it. The Resource keeps one lease
-// and one goroutine per TTL in use until [Resource.Close] (which
-// distlock's Close calls); Close revokes the shared leases, and with them
-// the locks still held on them.
+// The shared lease lives TTL plus a third of it (at least a second) and is
+// renewed every half of that third, so a lock taken on it is valid for its
+// full TTL. The Resource keeps one lease and one goroutine per TTL in use
+// until [Resource.Close] (which distlock's Close calls); Close revokes the
+// shared leases, and with them the locks still held on them.
+//
+// A lock that distlock renews lives as long as the shared lease: Acquire
+// sets backend.Lease.KeptAlive, and the facade then neither refreshes it
+// nor times it. Holding it costs no request of its own: the lease's one
+// keep-alive is every such lock's renewal (100,000 locks held by one
+// process cost one keep-alive per renewal period, as concurrency.Session
+// does), and the lease's loss is every such lock's loss. The Resource
+// gives the lease up, and closes its locks' Lost, when renewals have
+// failed until the lease's life after the last renewal's send, less 1%
+// and 2ms, is over: before the server can expire the lease and let
+// another holder in. A key deleted from outside closes its lock's Lost
+// through the Resource's key watch, without a request.
+//
+// A lock on the shared lease that distlock does not renew (WithSharedLease
+// without distlock.WithAutoRenew) keeps its TTL by a timer in the process,
+// which deletes it unless refreshed in time; a lock whose process died
+// stays up to a third of its TTL (at least a second) longer, until the
+// lease expires.
 //
 // # Errors
 //
 // Store errors are returned wrapped with the operation and the lock key,
 // for example "etcd: acquire \"k\": ...". A wait that ends at its deadline
 // returns backend.ErrNotAcquired, one that ends with its context returns
-// ctx.Err(). Keys longer than [MaxKeyLen] bytes are refused before any I/O.
+// ctx.Err(), each in a backend.AbandonedError when the clean-up of what
+// the attempt made had not finished by the context's end. Keys longer than [MaxKeyLen] bytes are refused before any I/O.
 // Over a client the application has closed, every call fails at once with
 // an error saying so, instead of after the client's retries, seconds later;
 // what it cannot clean up (a key, a lease) expires with its lease, and a

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -37,17 +36,22 @@ const MaxKeyLen = 32 << 10
 // a longer TTL before any I/O, in either mode.
 const MaxTTL = 6_750_000_000 * time.Second
 
-// cleanupTimeout bounds the requests that undo a failed or cancelled
-// acquire (revoke our lease, delete our key). They run on a context
-// detached from the caller's, which may already have ended.
+// cleanupTimeout bounds each run of a background clean-up (revoke our
+// lease, delete our key) and the grant of a shared lease, which no
+// caller's context bounds.
 const cleanupTimeout = 5 * time.Second
+
+// closeTimeout bounds the revokes of the shared leases by
+// [Resource.Close]: a lease it could not revoke expires by itself.
+const closeTimeout = 500 * time.Millisecond
 
 // clockGuard is taken off Lease.Validity: the facade counts it from when
 // Acquire has returned, a moment after we read the clock.
 const clockGuard = time.Millisecond
 
-// Resource is a lock store over an etcd cluster. It implements
-// [backend.Waiter], [backend.Refresher], [backend.KeyValidator] and
+// Resource is a lock store over an etcd cluster: mutexes, semaphores and
+// read/write locks. It implements [backend.Waiter], [backend.Refresher],
+// [backend.KindChecker], [backend.Inspector], [backend.KeyValidator] and
 // [io.Closer]; it is safe for concurrent use.
 type Resource struct {
 	c      *clientv3.Client
@@ -109,8 +113,8 @@ func WithPrefix(prefix string) Option {
 // kept by a timer in the process, and a lock whose process died stays in
 // etcd up to a third of its TTL (at least a second) longer. See the package
 // documentation. Off by default, except for locks that distlock renews
-// (distlock.WithAutoRenew): they live while the process renews them either
-// way, and take the shared lease without this option.
+// (distlock.WithAutoRenew): they take the shared lease without this
+// option, and its keep-alive alone keeps them (backend.Lease.KeptAlive).
 //
 // [concurrency.Session]: https://pkg.go.dev/go.etcd.io/etcd/client/v3/concurrency#Session
 func WithSharedLease() Option {
@@ -163,49 +167,68 @@ func (r *Resource) queuePrefix(key string) string {
 	return r.prefix + encodeKey(key) + "/"
 }
 
-// Leftovers lists the etcd keys the Resource holds for the lock key in
-// queue order: the holder's, then the waiters'. It is meant for tests and
-// debugging.
+// Leftovers lists the etcd keys the Resource holds for the lock key, of
+// every kind: the mutex's queue, then the semaphore's, then the
+// read/write lock's, each in queue order (holders first, then waiters).
+// It is meant for tests and debugging.
 func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) {
 	if r == nil || r.c == nil {
 		return nil, errNilClient
 	}
-	resp, err := r.c.Get(ctx, r.queuePrefix(key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	var ops []clientv3.Op
+	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+		ops = append(ops, clientv3.OpGet(r.queueDir(k, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+	}
+	resp, err := r.c.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcd: list %q: %w", key, err)
 	}
 	var keys []string
-	for _, kv := range resp.Kvs {
-		keys = append(keys, string(kv.Key))
+	for _, op := range resp.Responses {
+		for _, kv := range op.GetResponseRange().Kvs {
+			keys = append(keys, string(kv.Key))
+		}
 	}
 	return keys, nil
 }
 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
-	key     string // our queue key, <prefix><encoded key>/<resource id>-<slot>
-	rev     int64  // its create revision: the token; 0 until known
-	value   string // the owner value it holds
-	lease   clientv3.LeaseID
-	lockKey string
-	slot    int
-	freed   atomic.Bool // the name was given back
+	key    string // our queue key, <queue directory><tag><resource id>-<slot>
+	rev    int64  // its create revision: the token; 0 until known
+	owner  string // the owner value, and the label: with the kind, limit and
+	label  string // TTL, what the key holds (value)
+	lease  clientv3.LeaseID
+	limit  int          // a semaphore's limit
+	dirLen int32        // key[:dirLen] is the queue's directory (dir)
+	nsLen  int32        // key[:nsLen] the name space of its name: dir and tag (ns)
+	slot   int32        // its name's slot in the name space
+	kind   backend.Kind // the lock's kind
+	freed  atomic.Bool  // the name was given back
 
 	ttl time.Duration // the lease's granted TTL
 
-	// Only for a lock on a lease of its own: the loss signal, and what the
-	// Resource's key watch knows of the key (guarded by its mutex).
-	lost   chan struct{} // closed when the key is seen deleted
+	// The loss signal, and what the Resource's key watch knows of the key
+	// (guarded by its mutex).
+	lost   chan struct{} // closed when the key is seen deleted, or its shared lease lost
 	wrev   int64         // the key's create revision, once known
 	wdel   int64         // the latest deletion of the name seen before
 	wcheck bool          // the key needs a read once its revision is known
 	wrel   bool          // our release is deleting the key
+	wlost  bool          // lost is closed
 
-	// Only for a lock on a shared lease, which the Resource expires itself.
-	sess     *session
-	mu       sync.Mutex
-	state    int // held, released, expired
+	// Only for a lock on a shared lease: the lease, and, unless the lease
+	// alone keeps the lock alive (KeptAlive), the timer that expires it.
+	sess  *session
+	mu    sync.Mutex
+	state int     // held, released, expired
+	exp   *expiry // nil when the lease alone keeps the lock alive
+}
+
+// expiry is the TTL timer of a lock on a shared lease that the lease alone
+// does not keep alive, guarded by its handle's mutex.
+type expiry struct {
 	deadline time.Time
 	timer    *time.Timer
 }
@@ -231,10 +254,12 @@ func ttlSeconds(ttl time.Duration) int64 {
 // Acquire queues for l.Key and blocks until it holds the lock, the deadline
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
-// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. On any
-// failure our key and lease are gone, or their clean-up runs on in the
-// background (see the package documentation). A TTL longer than [MaxTTL]
-// is refused before any I/O.
+// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. It
+// returns when ctx ends, whatever the server does. On any failure our key
+// and lease are gone, or their clean-up runs on in the background: then,
+// if ctx ended first, the error is a [backend.AbandonedError] whose
+// Cleanup waits for it (see the package documentation). A TTL longer than
+// [MaxTTL] is refused before any I/O.
 func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
 	if r == nil || r.c == nil {
 		return errNilClient
@@ -261,23 +286,27 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 }
 
 // acquireOwn takes the lock on a lease of its own: grant, create our key,
-// wait; Release deletes our key and revokes the lease.
+// wait; Release deletes our key and revokes the lease. A failed attempt
+// revokes the lease it may have granted, which deletes our key if it was
+// made and keeps a transaction still on its way from making it.
 func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline time.Time) (err error) {
 	start := time.Now()
 	id, ttl, err := r.grant(ctx, l.TTL)
 	if err != nil {
-		if id != 0 { // the grant may have happened
-			r.revokeSoon(ctx, id, nil)
+		if err != ctx.Err() {
+			err = fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 		}
-		return fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
+		if id != 0 { // the grant may have happened
+			return r.undo(ctx, err, r.revoker(id, nil))
+		}
+		return err
 	}
-	pfx := r.queuePrefix(l.Key)
-	h := r.newHandle(l.Key, pfx)
-	h.lease, h.ttl = id, ttl
+	h := r.newHandle(l, ttl)
+	h.lease = id
 	defer func() {
 		if err != nil {
 			r.unwatchKey(h)
-			r.revokeSoon(ctx, id, func() { r.free(h) })
+			err = r.undo(ctx, err, r.revoker(id, func() { r.free(h) }))
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
@@ -286,8 +315,11 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
-	isHolder, err := r.enqueue(ctx, pfx, h, l.Value)
+	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
+		if err == ctx.Err() {
+			return err
+		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
@@ -309,7 +341,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, pfx, h, deadline, ttl, renew, h.lost); err != nil {
+		if err := r.await(ctx, h, deadline, ttl, renew, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -352,17 +384,6 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 	return clientv3.LeaseID(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
-// revoke ends a lease and its keys, once, detached from ctx: see
-// revokeSoon for the retries. It reports whether the lease is known gone.
-func (r *Resource) revoke(ctx context.Context, id clientv3.LeaseID) bool {
-	if r.clientClosed() {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	return r.revokeNow(ctx, id)
-}
-
 // revokeNow revokes a lease within ctx. It reports whether the lease is
 // known gone.
 func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
@@ -371,40 +392,73 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 }
 
 // enqueue creates h.key under h.lease unless it exists, sets h.rev to its
-// create revision and reports whether it is the oldest key under pfx, all in
-// one transaction.
-func (r *Resource) enqueue(ctx context.Context, pfx string, h *handle, value string) (bool, error) {
-	owner := clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)
-	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)).
-		Then(clientv3.OpPut(h.key, value, clientv3.WithLease(h.lease)), owner).
-		Else(clientv3.OpGet(h.key), owner).
-		Commit()
-	if err != nil {
-		return false, err
-	}
-	if resp.Succeeded {
-		h.rev = resp.Header.Revision
-	} else {
-		// Only our own retried request can have made our key.
+// create revision and reports whether it holds the lock (see
+// standingAfterPut), all in one transaction. On a shared lease the
+// transaction also compares the fence of our key's name (see session):
+// when it is not where we thought, the transaction made nothing, and is
+// sent again.
+func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
+	for range 100 {
+		var epoch int64
+		if h.sess != nil {
+			epoch = h.sess.epoch(h.key)
+		}
+		resp, err := r.enqueueTxn(ctx, h, epoch)
+		if err != nil {
+			return false, err
+		}
+		if resp.Succeeded {
+			h.rev = resp.Header.Revision
+			var rs []*pb.RangeResponse
+			for _, op := range resp.Responses[1:] {
+				rs = append(rs, op.GetResponseRange())
+			}
+			return standingAfterPut(h, rs)
+		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 && h.sess != nil {
+			// The fence moved: learn where to, and try again.
+			var rev int64
+			if f := resp.Responses[1].GetResponseRange().Kvs; len(f) > 0 {
+				rev = f[0].ModRevision
+			}
+			h.sess.fenced(h.key, rev, true)
+			continue
+		}
+		// Only our own retried request can have made our key.
 		if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
 			return false, fmt.Errorf("queue key %s exists with another lease", h.key)
 		}
 		h.rev = kvs[0].CreateRevision
+		w, _, err := r.standing(ctx, h)
+		return w.key == "", err
 	}
-	first := resp.Responses[1].GetResponseRange().Kvs
-	return len(first) == 1 && first[0].CreateRevision == h.rev, nil
+	return false, fmt.Errorf("queue key %s: its fence key keeps moving", h.key)
 }
 
-// await blocks until h.key is the oldest key under pfx. It watches only
-// the key just before ours, so one release wakes one waiter. After every
-// wake it re-reads, in one transaction, our predecessor and our own key: a
-// waiter whose key vanished (its lease expired or was revoked) gets an
-// error, never the lock. renew, when set, keeps our lease alive every ttl/3
-// and once more with every re-check; lost, when closed, means our lease is
-// gone.
-func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline time.Time,
+// enqueueTxn is enqueue's transaction, comparing the fence key of h's
+// name on its shared lease (if any) with epoch. Then: the put of our key and enqueueReads;
+// else: our key and the fence key.
+func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
+	other := []clientv3.Op{clientv3.OpGet(h.key, clientv3.WithKeysOnly())}
+	if s := h.sess; s != nil {
+		f := s.fenceKey(h.key)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
+		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
+	}
+	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))}, enqueueReads(h)...)
+	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()
+}
+
+// await blocks until h holds its lock (see standing). It watches only
+// what it waits for, so one release wakes one waiter. After every wake
+// it reads again, in one transaction, what it waits for and our own key:
+// a waiter whose key vanished (its lease expired or was revoked) gets an
+// error, never the lock. renew, when set, keeps our lease alive every
+// ttl/3 and once more with every re-check; lost, when closed, means our
+// lease is gone.
+func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 	ttl time.Duration, renew func(context.Context) error, lost <-chan struct{}) error {
 	// Requests here must not outlive the deadline.
 	dctx, cancel := context.WithDeadline(ctx, deadline)
@@ -431,7 +485,7 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			renewed = make(chan error, 1)
 			go func() { renewed <- renew(dctx) }()
 		}
-		pred, rev, err := r.predecessor(dctx, pfx, h)
+		w, rev, err := r.standing(dctx, h)
 		if renewed != nil {
 			if rerr := <-renewed; errors.Is(rerr, rpctypes.ErrLeaseNotFound) && err == nil {
 				err = fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rerr)
@@ -447,18 +501,28 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			woke = false
 			continue
 		}
-		if pred == "" {
+		if w.key == "" {
+			if h.kind == backend.KindSemaphore {
+				r.touch(h)
+			}
 			return nil
 		}
 		// Start just after the revision we read: the server then serves
 		// the watch as synced (at once) instead of from its 100 ms
-		// catch-up loop, and still sends any deletion after that read.
+		// catch-up loop, and still sends any change after that read.
 		from := rev + 1
 		if r.watchAtRead {
 			from = rev
 		}
+		opts := []clientv3.OpOption{clientv3.WithRev(from)}
+		if w.dir {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		if !w.puts {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(dctx))
-		wch := r.c.Watch(wctx, pred, clientv3.WithRev(from), clientv3.WithFilterPut())
+		wch := r.c.Watch(wctx, w.key, opts...)
 		woke = false
 	watch:
 		for {
@@ -467,12 +531,10 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 				if !ok || wr.Canceled || wr.Err() != nil {
 					break watch // re-check; the watch is made again
 				}
-				for _, ev := range wr.Events {
-					if ev.Type == mvccpb.DELETE {
-						r.wakeups.Add(1)
-						woke = true
-						break watch
-					}
+				if len(wr.Events) > 0 {
+					r.wakeups.Add(1)
+					woke = true
+					break watch
 				}
 			case <-tick:
 				if err := renew(dctx); err != nil {
@@ -498,29 +560,6 @@ func (r *Resource) await(ctx context.Context, pfx string, h *handle, deadline ti
 			}
 		}
 	}
-}
-
-// predecessor reads, at one revision, the newest key under pfx created
-// before ours, and our own key. It returns the predecessor ("" when we are
-// the oldest) and the revision read.
-func (r *Resource) predecessor(ctx context.Context, pfx string, h *handle) (string, int64, error) {
-	opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(h.rev-1), clientv3.WithKeysOnly())
-	resp, err := r.c.Txn(ctx).Then(
-		clientv3.OpGet(pfx, opts...),
-		clientv3.OpGet(h.key, clientv3.WithKeysOnly()),
-	).Commit()
-	if err != nil {
-		return "", 0, err
-	}
-	if own := resp.Responses[1].GetResponseRange().Kvs; len(own) == 0 || own[0].CreateRevision != h.rev {
-		return "", 0, fmt.Errorf("queue key %s is gone (lease %x expired or revoked): %w",
-			h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
-		return "", resp.Header.Revision, nil
-	}
-	return string(kvs[0].Key), resp.Header.Revision, nil
 }
 
 // pause waits a little before a retry, or returns why it cannot.
@@ -579,8 +618,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	r.unwatchKey(h)
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
-	// its TTL.
-	r.revokeSoon(ctx, h.lease, nil)
+	// its TTL (within ctx, else in the background).
+	r.soon(ctx, r.revoker(h.lease, nil))
 	if !resp.Succeeded {
 		return backend.ErrNotHeld
 	}
@@ -623,7 +662,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if !exists { // deleted behind our back: the lease alone holds nothing
 		r.unwatchKey(h)
 		r.free(h)
-		r.revokeSoon(ctx, h.lease, nil)
+		r.later(0, r.revoker(h.lease, nil))
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -640,8 +679,11 @@ func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
 
 // Close stops the Resource: it ends the goroutines it runs (the retries
 // of failed clean-ups among them) and revokes its shared leases, which
-// releases the locks held on them. It leaves the client open, and locks on
-// leases of their own as they are. Acquire fails after Close.
+// releases the locks held on them. It returns within about half a second
+// whatever the server does: a shared lease it could not revoke in that time
+// expires by itself, with the locks on it, and Close says so. It leaves the
+// client open, and locks on leases of their own as they are. Acquire fails
+// after Close.
 func (r *Resource) Close() error {
 	if r == nil {
 		return nil
@@ -652,11 +694,13 @@ func (r *Resource) Close() error {
 	r.sessions = make(map[int64]*session)
 	r.mu.Unlock()
 	r.stopTasks()
-	var errs []error
+	errs := make(chan error, len(sessions))
 	for _, s := range sessions {
-		if err := s.close(); err != nil {
-			errs = append(errs, err)
-		}
+		go func() { errs <- s.close() }()
 	}
-	return errors.Join(errs...)
+	var all []error
+	for range sessions {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }

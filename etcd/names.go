@@ -3,6 +3,9 @@ package etcd
 import (
 	"strconv"
 	"sync"
+	"time"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // names hands out the names of a Resource's queue keys, and gives a name
@@ -14,54 +17,109 @@ import (
 // Reused names keep the directory at one entry per concurrent acquisition
 // per process.
 type names struct {
-	mu   sync.Mutex
-	used map[string][]bool // lock key -> slots in use
+	mu    sync.Mutex
+	used  map[string]uint64 // name space (a queue directory and a tag) -> slots 0-63 in use, a bit each
+	extra map[string][]bool // name space -> slots from 64 on in use (64 acquisitions of one lock at once)
 }
 
-// take returns a free slot for key and marks it used.
-func (n *names) take(key string) int {
+// take returns a free slot in the name space key and marks it used. A
+// new name space is kept in the map under key, which is therefore best a
+// part of the string of the queue key (so that the map holds no copy).
+func (n *names) take(key string) (slot int, isNew bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.used == nil {
-		n.used = make(map[string][]bool)
+		n.used = make(map[string]uint64)
 	}
-	s := n.used[key]
+	bits, ok := n.used[key]
+	if free := ^bits; free != 0 {
+		slot = bits64(free)
+		n.used[key] = bits | 1<<slot
+		return slot, !ok
+	}
+	if n.extra == nil {
+		n.extra = make(map[string][]bool)
+	}
+	s := n.extra[key]
 	for i, u := range s {
 		if !u {
 			s[i] = true
-			return i
+			return 64 + i, false
 		}
 	}
-	n.used[key] = append(s, true)
-	return len(s)
+	n.extra[key] = append(s, true)
+	return 64 + len(s), false
+}
+
+// bits64 is the index of the lowest set bit of x, which is not 0.
+func bits64(x uint64) int {
+	i := 0
+	for x&1 == 0 {
+		x >>= 1
+		i++
+	}
+	return i
 }
 
 // give marks slot of key free again.
 func (n *names) give(key string, slot int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	s := n.used[key]
-	if slot >= len(s) {
-		return
-	}
-	s[slot] = false
-	for _, u := range s {
-		if u {
+	if slot >= 64 {
+		s := n.extra[key]
+		if slot-64 >= len(s) {
 			return
 		}
+		s[slot-64] = false
+		for _, u := range s {
+			if u {
+				return
+			}
+		}
+		delete(n.extra, key)
+		return
 	}
-	delete(n.used, key)
+	bits := n.used[key] &^ (1 << slot)
+	if bits == 0 && len(n.extra[key]) == 0 {
+		delete(n.used, key)
+		return
+	}
+	n.used[key] = bits
 }
 
-// newHandle names a queue key for the lock key under pfx.
-func (r *Resource) newHandle(key, pfx string) *handle {
-	slot := r.names.take(key)
-	return &handle{lockKey: key, slot: slot, key: pfx + r.id + "-" + strconv.Itoa(slot)}
+// newHandle names a queue key for l, whose lease lasts ttl: in the
+// directory of l's kind, with l's kind's tag. The key's directory and
+// name space are parts of the key's string.
+func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
+	dir := r.queueDir(l.Kind, l.Key)
+	nsLen := len(dir) + len(tag(l.Kind))
+	// Most acquisitions take slot 0: name it first, so that a new name
+	// space is kept under a part of the key's string.
+	key := dir + tag(l.Kind) + r.id + "-0"
+	slot, _ := r.names.take(key[:nsLen])
+	if slot != 0 {
+		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
+	}
+	limit := 0
+	if l.Kind == backend.KindSemaphore {
+		limit = l.Limit
+	}
+	return &handle{key: key, dirLen: int32(len(dir)), nsLen: int32(nsLen), slot: int32(slot), ttl: ttl,
+		kind: l.Kind, limit: limit, owner: l.Value, label: l.Label}
 }
+
+// dir is the directory of h's queue.
+func (h *handle) dir() string { return h.key[:h.dirLen] }
+
+// ns is the name space of h's name: its directory and its kind's tag.
+func (h *handle) ns() string { return h.key[:h.nsLen] }
+
+// value is what h's key holds (entryValue).
+func (h *handle) value() string { return entryValue(h.owner, h.label, h.limit, h.ttl) }
 
 // free gives h's name back, once, after its key is known deleted.
 func (r *Resource) free(h *handle) {
 	if h.freed.CompareAndSwap(false, true) {
-		r.names.give(h.lockKey, h.slot)
+		r.names.give(h.ns(), int(h.slot))
 	}
 }

@@ -141,7 +141,15 @@ func TestSharedLeaseRandomized(t *testing.T) {
 // that was neither ended from outside nor past its TTL; holders do not
 // overlap (a holding ends at the first of its release, its end from
 // outside and its TTL) and tokens increase.
-func TestOwnLeaseLostRandomized(t *testing.T) {
+func TestOwnLeaseLostRandomized(t *testing.T) { testLostRandomized(t, false) }
+
+// TestKeptAliveLostRandomized is TestOwnLeaseLostRandomized for locks the
+// shared lease alone keeps alive (AutoRenew: KeptAlive, no timer, no
+// refresh): the chaos deletes a current holder's key from outside (its
+// lease is every lock's), and a lock held past its TTL stays held.
+func TestKeptAliveLostRandomized(t *testing.T) { testLostRandomized(t, true) }
+
+func testLostRandomized(t *testing.T, kept bool) {
 	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
 	seed := uint64(time.Now().UnixNano())
@@ -186,7 +194,7 @@ func TestOwnLeaseLostRandomized(t *testing.T) {
 			}
 			at := time.Now()
 			var gone bool
-			if between(0, 1) == 0 {
+			if !kept && between(0, 1) == 0 {
 				// Revoke only a lease that still holds this key.
 				resp, err := admin.Get(t.Context(), c.h.key)
 				if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == c.h.rev {
@@ -214,12 +222,19 @@ func TestOwnLeaseLostRandomized(t *testing.T) {
 		wg.Go(func() {
 			for time.Now().Before(until) {
 				l := lease(key, time.Second) // the server makes it 2s
+				l.AutoRenew = kept
 				if err := r.Acquire(context.Background(), l, time.Now().Add(30*time.Second)); err != nil {
 					t.Errorf("%s: Acquire: %v", who, err)
 					return
 				}
+				if l.KeptAlive != kept {
+					t.Errorf("%s: KeptAlive = %v; want %v", who, l.KeptAlive, kept)
+				}
 				start := time.Now()
 				end := start.Add(l.Validity - l.Validity/100 - 2*time.Millisecond)
+				if kept {
+					end = start.Add(time.Hour) // the lease keeps it
+				}
 				c := &current{h: l.Handle.(*handle)}
 				mu.Lock()
 				cur[key] = c

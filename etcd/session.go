@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,14 +19,28 @@ import (
 // Its lease lives ttl+margin and is renewed every margin/2, so that at any
 // moment while renewals succeed it is known to live at least ttl more: a
 // lock taken on it is valid for its full TTL without a round trip of its
-// own. Each lock's TTL is kept by a local timer that deletes the lock's key
-// unless Refresh pushed the deadline on.
+// own. A lock that distlock renews (AutoRenew) lives as long as the lease
+// (backend.Lease.KeptAlive); any other lock's TTL is kept by a local timer
+// that deletes the lock's key unless Refresh pushed the deadline on. When
+// the lease is lost, or renewals failed until it may expire, done closes
+// and every lock on it reports itself lost (Resource.sessionLost).
+//
+// Every transaction that makes a key on the lease also compares the mod
+// revision of the fence key of the key's name with the one the Resource
+// knows (0 while the fence key does not exist). The clean-up of an
+// acquisition whose transaction may still be on its way (its reply was
+// lost, or its caller's context ended) puts that fence key, so that the
+// transaction, if it lands later, makes nothing (see fenceOff); the name
+// is not used again before that. A fence key per name, not one per
+// lease, so that the clean-up fails no other acquisition's transaction.
+// Fence keys are bound to the lease and go with it.
 type session struct {
 	r      *Resource
 	ttl    time.Duration // the locks' TTL, whole seconds
 	ready  chan struct{} // closed once the grant is done; err then says how
 	err    error
 	id     clientv3.LeaseID
+	fences string        // where the fence keys of the lease's names are, once id is known
 	life   time.Duration // granted lease TTL, > ttl
 	period time.Duration // between renewals
 	done   chan struct{} // closed when the lease is gone or given up
@@ -33,10 +48,14 @@ type session struct {
 	given  atomic.Bool // abandon was called: done closes soon
 
 	mu       sync.Mutex
-	lastSent time.Time // send time of the last successful grant or renewal
+	lastSent time.Time        // send time of the last successful grant or renewal
+	epochs   map[string]int64 // queue key name -> its fence key's mod revision, when not 0
 }
 
 // session returns the live shared lease for ttl, granting it if needed.
+// The grant runs in the background, bounded by cleanupTimeout: callers
+// wait for it while their context lives, and a caller whose context ends
+// leaves it to the others.
 func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, error) {
 	secs := ttlSeconds(ttl)
 	r.mu.Lock()
@@ -60,16 +79,22 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 		s = &session{r: r, ttl: time.Duration(secs) * time.Second, ready: make(chan struct{}), done: make(chan struct{})}
 		r.sessions[secs] = s
 		r.mu.Unlock()
-		// Grant on a context of our own: other callers wait for it too.
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		s.start(gctx)
-		cancel()
-		if s.err != nil {
-			r.mu.Lock()
-			if r.sessions[secs] == s {
-				delete(r.sessions, secs)
+		started := r.background(func(ctx context.Context) {
+			gctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+			defer cancel()
+			s.start(gctx)
+			if s.err != nil {
+				r.mu.Lock()
+				if r.sessions[secs] == s {
+					delete(r.sessions, secs)
+				}
+				r.mu.Unlock()
 			}
-			r.mu.Unlock()
+		})
+		if !started {
+			s.err = errors.New("resource closed")
+			close(s.done)
+			close(s.ready)
 		}
 	} else {
 		r.mu.Unlock()
@@ -93,33 +118,80 @@ func (s *session) start(ctx context.Context) {
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
 		if id != 0 {
-			s.r.revokeSoon(ctx, id, nil)
+			s.r.later(0, s.r.revoker(id, nil))
 		}
 		s.err = fmt.Errorf("grant shared lease: %w", err)
 		close(s.done)
 		return
 	}
 	s.id, s.life, s.lastSent = id, life, sent
+	s.fences = fmt.Sprintf("%s!fence/%x/", s.r.prefix, int64(id))
 	s.period = (life - s.ttl) / 2
 	kctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.keepAlive(kctx)
 }
 
+// fenceKey is the fence key of the queue key name.
+func (s *session) fenceKey(name string) string {
+	return s.fences + strings.TrimPrefix(name, s.r.prefix)
+}
+
+// epoch is the mod revision of name's fence key, as far as we know.
+func (s *session) epoch(name string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epochs[name]
+}
+
+// fenced records that name's fence key was put at rev (or, with learnt,
+// that it was found with mod revision rev).
+func (s *session) fenced(name string, rev int64, learnt bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !learnt && rev <= s.epochs[name] {
+		return
+	}
+	if s.epochs == nil {
+		s.epochs = make(map[string]int64)
+	}
+	if rev == 0 {
+		delete(s.epochs, name)
+		return
+	}
+	s.epochs[name] = rev
+}
+
 // keepAlive renews the lease every period until ctx ends, the lease is
-// gone, or renewals failed for so long that it must have expired.
+// gone, or renewals failed for so long that it may expire on the server
+// any moment (loseAt). When it returns, done closes and every lock on the
+// lease reports itself lost: before the server can expire the lease and
+// let another holder in.
 func (s *session) keepAlive(ctx context.Context) {
+	defer s.r.sessionLost(s)
 	defer close(s.done)
 	t := time.NewTimer(s.period)
 	defer t.Stop()
+	lose := time.NewTimer(time.Until(s.loseAt()))
+	defer lose.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-lose.C:
+			if d := time.Until(s.loseAt()); d > 0 {
+				lose.Reset(d)
+				continue
+			}
+			return // renewals failed too long: the lease may expire now
 		case <-t.C:
 		}
 		sent := time.Now()
-		kctx, cancel := context.WithTimeout(ctx, s.period)
+		until := sent.Add(s.period)
+		if l := s.loseAt(); l.Before(until) {
+			until = l
+		}
+		kctx, cancel := context.WithDeadline(ctx, until)
 		_, err := s.r.c.KeepAliveOnce(kctx, s.id)
 		cancel()
 		switch {
@@ -129,11 +201,19 @@ func (s *session) keepAlive(ctx context.Context) {
 			s.mu.Unlock()
 		case errors.Is(err, rpctypes.ErrLeaseNotFound), s.r.clientClosed():
 			return // no renewal can succeed any more
-		case time.Since(s.sentAt()) >= s.life:
-			return // expired on the server by now
+		case !time.Now().Before(s.loseAt()):
+			return // the lease may expire on the server now
 		}
 		t.Reset(s.period)
 	}
+}
+
+// loseAt is when the lease may expire on the server unless renewed: its
+// life after the send of the last successful renewal, less an allowance
+// for the clocks' drift and this process's timers (as the facade's, 1% +
+// 2ms).
+func (s *session) loseAt() time.Time {
+	return s.until().Add(-s.life/100 - 2*time.Millisecond)
 }
 
 func (s *session) sentAt() time.Time {
@@ -162,7 +242,8 @@ func (s *session) abandon() {
 	}
 }
 
-// close stops renewing and revokes the lease, deleting its keys.
+// close stops renewing and revokes the lease, deleting its keys. The
+// revoke is bounded by closeTimeout: a lease it could not revoke expires.
 func (s *session) close() error {
 	<-s.ready
 	if s.err != nil {
@@ -173,16 +254,20 @@ func (s *session) close() error {
 	if s.r.clientClosed() {
 		return fmt.Errorf("etcd: close: client closed: shared lease %x and its locks are left to expire", int64(s.id))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if _, err := s.r.c.Revoke(ctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcd: close: revoke shared lease %x: %w", int64(s.id), err)
+		return fmt.Errorf("etcd: close: revoke shared lease %x (its locks expire with it, within %v): %w", int64(s.id), s.life, err)
 	}
 	return nil
 }
 
 // acquireShared takes the lock with a key on the shared lease for l.TTL:
-// one transaction when uncontended.
+// one transaction when uncontended. A lock the facade renews (l.AutoRenew)
+// is kept alive by the lease alone (l.KeptAlive): no timer, no refresh.
+// Every lock on the lease is registered with the Resource's key watch,
+// which closes its Lost when its key is deleted by anyone but its own
+// release, and when the lease is lost.
 func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
 	s, err := r.session(ctx, l.TTL)
 	if err != nil {
@@ -192,33 +277,58 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
 	}
 	start := time.Now()
-	pfx := r.queuePrefix(l.Key)
-	h := r.newHandle(l.Key, pfx)
-	h.lease, h.sess, h.ttl, h.value = s.id, s, s.ttl, l.Value
+	h := r.newHandle(l, s.ttl)
+	h.lease, h.sess = s.id, s
+	sent := false // the enqueue was sent: a key may exist
 	defer func() {
-		if err != nil && !h.freed.Load() {
-			r.deleteSoon(ctx, h)
+		if err == nil {
+			return
+		}
+		r.unwatchKey(h)
+		switch {
+		case h.freed.Load():
+		case sent:
+			err = r.undo(ctx, err, r.discarder(h))
+		default:
+			r.free(h)
 		}
 	}()
-	isHolder, err := r.enqueue(ctx, pfx, h, h.value)
+	if err := r.watchKey(ctx, h); err != nil {
+		if err == ctx.Err() {
+			return err
+		}
+		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if s.isDone() { // its locks were told before h was registered
+		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
+	}
+	sent = true
+	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
 			// created nothing): start a new one, once.
 			s.abandon()
 			if !retried {
+				r.unwatchKey(h)
 				r.free(h)
 				return r.acquireShared(ctx, l, deadline, true)
 			}
 		}
+		if err == ctx.Err() {
+			return err
+		}
 		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+	}
+	if !r.keyMade(h, h.rev) {
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
 	}
 	grant := start
 	if !isHolder {
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return backend.ErrNotAcquired
 		}
-		if err := r.await(ctx, pfx, h, deadline, s.ttl, nil, s.done); err != nil {
+		if err := r.await(ctx, h, deadline, s.ttl, nil, h.lost); err != nil {
 			if err == backend.ErrNotAcquired || err == ctx.Err() {
 				return err
 			}
@@ -232,19 +342,33 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		end = u
 	}
 	validity := time.Until(end) - clockGuard
-	if validity <= 0 || s.isDone() {
+	if validity <= 0 || s.isDone() || isClosed(h.lost) {
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
 	}
-	h.mu.Lock()
-	h.deadline = end
-	h.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
-	h.mu.Unlock()
+	if l.AutoRenew {
+		l.KeptAlive = true
+	} else {
+		h.mu.Lock()
+		h.exp = &expiry{deadline: end}
+		h.exp.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
+		h.mu.Unlock()
+	}
 	l.TTL = s.ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = s.done
+	l.Lost = h.lost
 	l.Handle = h
 	return nil
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // expire deletes h's key when its deadline passed without a Refresh.
@@ -254,13 +378,15 @@ func (r *Resource) expire(h *handle) {
 		h.mu.Unlock()
 		return
 	}
-	if d := time.Until(h.deadline); d > 0 {
-		h.timer.Reset(d)
+	if d := time.Until(h.exp.deadline); d > 0 {
+		h.exp.timer.Reset(d)
 		h.mu.Unlock()
 		return
 	}
 	h.state = expired
 	h.mu.Unlock()
+	r.releasing(h, true) // our own deletion: Lost stays open (the facade expired the lock already)
+	r.unwatchKey(h)
 	if _, err := r.deleteKey(context.Background(), h); err == nil {
 		r.free(h)
 		return
@@ -268,11 +394,11 @@ func (r *Resource) expire(h *handle) {
 	// Our key would outlive its TTL: let the lease, and every key on it,
 	// expire instead, and give the name back once the key is gone.
 	h.sess.abandon()
-	r.deleteLater(h, time.Time{}, false)
+	r.later(firstRetry, r.discarder(h))
 }
 
 // deleteKey is deleteOurs once, detached from ctx and bounded by
-// cleanupTimeout: see deleteSoon for the retries.
+// cleanupTimeout (the TTL timer's delete, which no caller waits for).
 func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 	if r.clientClosed() {
 		return false, errors.New("client closed")
@@ -283,21 +409,14 @@ func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 }
 
 // deleteOurs deletes h's key in a transaction that compares its create
-// revision with h's, so that it never deletes a key another acquisition
-// made under the same name once h's name was given back. When the reply
-// that would have told h's create revision was lost, it compares the
-// owner value and the lease instead: h still holds its name then, so no
-// other acquisition can have made a key under it. It reports whether it
-// deleted the key.
+// revision with h's (known: the key was made), so that it never deletes a
+// key another acquisition made under the same name once h's name was given
+// back. It reports whether it deleted the key.
 func (r *Resource) deleteOurs(ctx context.Context, h *handle) (bool, error) {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)}
-	if h.rev == 0 {
-		cmps = []clientv3.Cmp{
-			clientv3.Compare(clientv3.Value(h.key), "=", h.value),
-			clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
-		}
-	}
-	resp, err := r.c.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(h.key)).Commit()
+	resp, err := r.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
+		Then(clientv3.OpDelete(h.key)).
+		Commit()
 	if err != nil {
 		return false, err
 	}
@@ -318,18 +437,23 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 	// The TTL timer may expire the lock and give its name back from here
 	// on, and the next acquisition may make a key under that name: the
 	// delete compares the create revision.
+	r.releasing(h, true)
 	deleted, err := r.deleteOurs(ctx, h)
 	if err != nil {
-		// Still held as far as we know: the timer deletes the key at its
-		// deadline unless a retry does first.
+		// Still held as far as we know: the timer, if any, deletes the
+		// key at its deadline unless a retry does first.
+		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
 	h.mu.Lock()
 	wasHeld := h.state == held
 	h.state = released
-	h.timer.Stop()
+	if h.exp != nil {
+		h.exp.timer.Stop()
+	}
 	h.mu.Unlock()
 	if wasHeld { // else expire deletes and frees
+		r.unwatchKey(h)
 		r.free(h)
 	}
 	if !deleted || !wasHeld {
@@ -374,10 +498,15 @@ func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handl
 	}
 	if !ok { // deleted behind our back
 		h.state = expired
-		h.timer.Stop()
+		if h.exp != nil {
+			h.exp.timer.Stop()
+		}
+		r.unwatchKey(h)
 		r.free(h)
 		return backend.ErrNotHeld
 	}
-	h.deadline = now.Add(h.ttl)
+	if h.exp != nil {
+		h.exp.deadline = now.Add(h.ttl)
+	}
 	return nil
 }

@@ -10,9 +10,10 @@ import (
 )
 
 // keyWatch is the Resource's one watch on its prefix, for deletions only:
-// it tells a lock held on a lease of its own that its key is gone (the
-// lease revoked or expired, the key deleted by an operator or a tool) by
-// closing the lock's Lost channel. One watch serves every such lock of the
+// it tells a lock that its key is gone (its lease revoked or expired, the
+// key deleted by an operator or a tool) by closing the lock's Lost
+// channel; for a lock on a shared lease, it also closes Lost when the
+// lease is lost (sessionLost). One watch serves every such lock of the
 // Resource: a lock costs a map entry, not a watch of its own (whose
 // creation would cost a round trip, one at a time on the client's watch
 // stream). The price is that the Resource hears of every deletion under
@@ -62,7 +63,7 @@ func (r *Resource) watchKey(ctx context.Context, h *handle) error {
 		return w.err
 	}
 	h.lost = make(chan struct{})
-	h.wrev, h.wdel, h.wcheck, h.wrel = 0, 0, false, false
+	h.wrev, h.wdel, h.wcheck, h.wrel, h.wlost = 0, 0, false, false, false
 	w.keys[h.key] = h
 	return nil
 }
@@ -121,6 +122,9 @@ func (r *Resource) deleted(key string, rev int64) {
 	h := w.keys[key]
 	switch {
 	case h == nil:
+	case h.wlost && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
+		delete(w.keys, h.key)
+		r.free(h)
 	case h.wrev == 0 || h.wrel: // being made (an older key of the name, or ours), or released
 		h.wdel = max(h.wdel, rev)
 	case rev > h.wrev:
@@ -132,8 +136,27 @@ func (r *Resource) deleted(key string, rev int64) {
 // name is free again. w.mu is held.
 func (r *Resource) lostLocked(h *handle) {
 	delete(r.watch.keys, h.key)
-	close(h.lost)
+	if !h.wlost {
+		h.wlost = true
+		close(h.lost)
+	}
 	r.free(h)
+}
+
+// sessionLost closes the Lost of every lock registered on s, whose lease
+// is lost. The locks stay registered until their key is seen deleted (the
+// lease expires), released or forgotten, so that their names are not used
+// again before.
+func (r *Resource) sessionLost(s *session) {
+	w := &r.watch
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, h := range w.keys {
+		if h.sess == s && !h.wlost {
+			h.wlost = true
+			close(h.lost)
+		}
+	}
 }
 
 // checkKey reads h's key once and reports the loss if it is gone.

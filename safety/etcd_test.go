@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
+	"github.com/distlock/distlock/safety/proxy"
 )
 
 // etcdTTL is etcd's shortest lease: whole seconds, and at least 1.5
@@ -72,6 +74,74 @@ func TestEtcd(t *testing.T) {
 	// the Resource lives. (On leases of their own the client retries a
 	// failed revoke by itself; the storm with drops found nothing there.)
 	t.Run("CancelStormDropsSharedLease", func(t *testing.T) { runCancelStorm(t, tg, storm{drops: true, autoRenew: true}) })
+	// Issue 26: calls bounded by their context and wait while the store
+	// does not answer, abandoned attempts cleaned up, none granted late.
+	t.Run("StoreStalled", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, false) })
+	t.Run("StoreStalledSharedLease", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, true) })
+	t.Run("ConnectionStalled", func(t *testing.T) { testEtcdConnectionStalled(t, tg, c) })
+	// Issue 24: a semaphore and a read/write lock, a holder's connection
+	// stalled past its lease.
+	t.Run("SemaphoreHolderStalled", func(t *testing.T) { testEtcdSemaphoreStalled(t, tg) })
+	t.Run("RWMutexWriterStalled", func(t *testing.T) { testEtcdRWStalled(t, tg) })
+}
+
+// etcdHead returns the owner value of key's holder (the oldest key of its
+// queue), "" when nobody holds it.
+func etcdHead(c *clientv3.Client) func(ctx context.Context, key string) (string, error) {
+	return func(ctx context.Context, key string) (string, error) {
+		resp, err := c.Get(ctx, etcd.DefaultPrefix+etcdEncode(key)+"/", clientv3.WithFirstCreate()...)
+		if err != nil || len(resp.Kvs) == 0 {
+			return "", err
+		}
+		return string(resp.Kvs[0].Value), nil
+	}
+}
+
+// etcdEncode is the etcd package's key escaping, for keys made of
+// unreserved bytes and '.' only, as uniqueKey's are; others panic.
+func etcdEncode(key string) string {
+	for _, c := range []byte(key) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~') {
+			panic(fmt.Sprintf("etcdEncode: key %q needs escaping", key))
+		}
+	}
+	return key
+}
+
+// testEtcdStalled runs the stalled-store scenario against the server,
+// frozen by SIGSTOP (its connections stay open, nothing answers), in two
+// rounds: 1s, and 2.5s, longer than etcd's shortest lease. shared puts
+// every lock on the Resource's shared lease, where a key an abandoned
+// attempt made would live as long as the Resource.
+func testEtcdStalled(t *testing.T, tg target, c *clientv3.Client, srv *testserver.EtcdServer, shared bool) {
+	b := tg.backend
+	b.SharedLease = shared
+	testStalledStore(t, tg, b, []time.Duration{time.Second, 2500 * time.Millisecond}, func() func() {
+		srv.Pause()
+		var once sync.Once
+		resume := func() { once.Do(srv.Resume) }
+		t.Cleanup(resume)
+		return resume
+	}, etcdHead(c))
+}
+
+// testEtcdConnectionStalled runs the stalled-store scenario as issue 26
+// measured it for etcd: the clients reach the server through a proxy that
+// stops forwarding, both ways, while the server itself runs on.
+func testEtcdConnectionStalled(t *testing.T, tg target, c *clientv3.Client) {
+	p, err := proxy.Start(tg.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	testStalledStore(t, tg, tg.via(p.Addr), []time.Duration{time.Second, 2500 * time.Millisecond}, func() func() {
+		p.Stall(proxy.Up)
+		p.Stall(proxy.Down)
+		var once sync.Once
+		resume := func() { once.Do(func() { p.Unstall(proxy.Up); p.Unstall(proxy.Down) }) }
+		t.Cleanup(resume)
+		return resume
+	}, etcdHead(c))
 }
 
 func TestEtcdCluster(t *testing.T) {

@@ -96,19 +96,6 @@ type Harness struct {
 	NoInspect string
 }
 
-// NotYet declares semaphores and read/write locks unsupported, for a store
-// whose work on them (issue 24) has not landed: a declared gap, which the
-// suite checks (ErrUnsupported, no I/O), not a silent skip.
-var NotYet = map[backend.Kind]string{
-	backend.KindSemaphore: "not built for this store yet (issue 24)",
-	backend.KindRead:      "not built for this store yet (issue 24)",
-	backend.KindWrite:     "not built for this store yet (issue 24)",
-}
-
-// NotYetInspect is NoInspect for a store whose inspection (issue 25) has
-// not landed.
-const NotYetInspect = "not built for this store yet (issue 25)"
-
 func (h *Harness) ttl() time.Duration {
 	if h.TTL > 0 {
 		return h.TTL
@@ -151,6 +138,7 @@ func Run(t *testing.T, h Harness) {
 		{"WaitForever", testWaitForever},
 		{"Inspect", testInspect},
 		{"TryLockAll", testTryLockAll},
+		{"StalledStore", testStalledStore},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })

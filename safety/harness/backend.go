@@ -41,6 +41,9 @@ type Backend struct {
 	// Table is the lock table of postgres and mysql, given to
 	// sqldb.WithTable as written. Default sqldb.DefaultTable.
 	Table string
+	// SharedLease gives etcd.WithSharedLease to an etcd resource: every
+	// lock on the shared lease of its TTL, not only auto-renewed ones.
+	SharedLease bool
 }
 
 func (b Backend) timeout() time.Duration {
@@ -73,7 +76,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("etcd: %w", err)
 		}
-		r := etcd.New(c)
+		var opts []etcd.Option
+		if b.SharedLease {
+			opts = append(opts, etcd.WithSharedLease())
+		}
+		r := etcd.New(c, opts...)
 		return r, func() { _ = r.Close(); _ = c.Close() }, nil
 	case "zookeeper":
 		st := b.SessionTimeout

@@ -1,0 +1,219 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+)
+
+// countedClient counts the requests a client sends: unary calls (reads,
+// transactions, grants, revokes) and keep-alive streams (one per
+// KeepAliveOnce), and holds keep-alives while stallKeepAlives is set, as
+// a connection that stopped forwarding them would: the fault a real
+// server cannot give to one client alone.
+type countedClient struct {
+	*clientv3.Client
+	unary, keepAlives atomic.Int64
+	stallKeepAlives   atomic.Bool
+}
+
+func newCountedClient(t testing.TB, endpoints []string) *countedClient {
+	cc := &countedClient{}
+	unary := func(ctx context.Context, method string, req, reply any, conn *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		cc.unary.Add(1)
+		return invoker(ctx, method, req, reply, conn, opts...)
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, conn *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+			cc.keepAlives.Add(1)
+			if cc.stallKeepAlives.Load() {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+		}
+		return streamer(ctx, desc, conn, method, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	cc.Client = c
+	return cc
+}
+
+// TestKeptAliveNoRequests: 200 locks the facade renews (WithAutoRenew) on
+// the shared lease are kept alive by the lease's keep-alive alone: while
+// they are held for a few renewal periods, the Resource sends no request
+// but the lease's keep-alives (no refresh, no read per lock), and the
+// facade sees them kept alive (Deadline zero). Before issue 18 each lock
+// was refreshed, with a read of its key, every TTL/3.
+func TestKeptAliveNoRequests(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	cc := newCountedClient(t, endpoints)
+	d, err := distlock.New(newResourceOn(t, cc.Client), distlock.WithAutoRenew(), distlock.WithDefaultTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	ctx := t.Context()
+	base := uniqueKey(t)
+	var locks []*distlock.Lock
+	for i := range 200 {
+		lk, err := d.TryLock(ctx, fmt.Sprintf("%s-%d", base, i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lk.Deadline().IsZero() {
+			t.Fatalf("lock %d: Deadline = %v; want zero (kept alive by the store)", i, lk.Deadline())
+		}
+		locks = append(locks, lk)
+	}
+	unary, keepAlives := cc.unary.Load(), cc.keepAlives.Load()
+	const hold = 3 * time.Second // the lease lives 3s, renewed every 0.5s
+	time.Sleep(hold)             // the hold: the measurement window, not synchronisation
+	if n := cc.unary.Load() - unary; n != 0 {
+		t.Errorf("%d requests while 200 locks were held; want none (no refresh, no read per lock)", n)
+	}
+	if n := cc.keepAlives.Load() - keepAlives; n > int64(hold/(500*time.Millisecond))+2 {
+		t.Errorf("%d keep-alives in %v; want about one per 500ms, for all the locks", n, hold)
+	}
+	for i, lk := range locks {
+		select {
+		case <-lk.Done():
+			t.Errorf("lock %d lost while held", i)
+		default:
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Errorf("Unlock %d: %v", i, err)
+		}
+	}
+}
+
+// TestKeptAliveKeyDeleted: a kept-alive lock whose key is deleted from
+// outside learns it through the Resource's key watch: its Lost closes at
+// once, without a request of the Resource (no polling), Release reports
+// ErrNotHeld, and the name is used again. The lease's other locks are
+// not touched.
+func TestKeptAliveKeyDeleted(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	cc := newCountedClient(t, endpoints)
+	r := newResourceOn(t, cc.Client)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	l, other := lease(key, 2*time.Second), lease(key+"-other", 2*time.Second)
+	for _, x := range []*backend.Lease{l, other} {
+		x.AutoRenew = true
+		if err := r.Acquire(ctx, x, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if !x.KeptAlive || x.Lost == nil {
+			t.Fatalf("KeptAlive = %v, Lost = %v; want true and a channel", x.KeptAlive, x.Lost)
+		}
+	}
+	unary := cc.unary.Load()
+	if _, err := admin.Delete(ctx, l.Handle.(*handle).key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost still open 5s after the key was deleted")
+	}
+	if n := cc.unary.Load() - unary; n != 0 {
+		t.Errorf("the Resource sent %d requests before Lost closed; want none (a watch, not polling)", n)
+	}
+	select {
+	case <-other.Lost:
+		t.Error("the lease's other lock reported lost")
+	default:
+	}
+	if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release of the deleted lock = %v; want ErrNotHeld", err)
+	}
+	again := lease(key, 2*time.Second)
+	again.AutoRenew = true
+	if err := r.Acquire(ctx, again, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if again.Handle.(*handle).key != l.Handle.(*handle).key {
+		t.Errorf("the next acquisition made %s; want the name given back, %s", again.Handle.(*handle).key, l.Handle.(*handle).key)
+	}
+	for _, x := range []*backend.Lease{again, other} {
+		if err := r.Release(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitKeys(t, r, key, 0)
+}
+
+// TestKeptAliveLostBeforeExpiry: when the shared lease's keep-alives stop
+// getting through, its locks' Lost closes before the server can expire
+// the lease (its life after the send of the last renewal that succeeded),
+// so before another client can be granted the lock; that client then
+// gets it.
+func TestKeptAliveLostBeforeExpiry(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	cc := newCountedClient(t, endpoints)
+	r := newResourceOn(t, cc.Client)
+	next := newResource(t, endpoints)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	l := lease(key, 2*time.Second)
+	l.AutoRenew = true
+	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	s := l.Handle.(*handle).sess
+	granted := make(chan time.Time, 1)
+	ln := lease(key, 2*time.Second)
+	go func() {
+		if err := next.Acquire(ctx, ln, time.Now().Add(time.Minute)); err != nil {
+			t.Errorf("the next client's Acquire: %v", err)
+		}
+		granted <- time.Now()
+	}()
+	waitKeys(t, next, key, 2)
+	cc.stallKeepAlives.Store(true)
+	var lostAt time.Time
+	select {
+	case <-l.Lost:
+		lostAt = time.Now()
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost still open 10s after the keep-alives stopped")
+	}
+	expiry := s.until() // the last renewal's send plus the lease's life
+	if !lostAt.Before(expiry) {
+		t.Errorf("Lost closed %v after the server could expire the lease", lostAt.Sub(expiry))
+	}
+	select {
+	case at := <-granted:
+		if !lostAt.Before(at) {
+			t.Errorf("the next client was granted the lock %v before Lost closed", lostAt.Sub(at))
+		}
+		t.Logf("Lost closed %v before the lease could expire, %v before the next client's grant", expiry.Sub(lostAt), at.Sub(lostAt))
+	case <-time.After(20 * time.Second):
+		t.Fatal("the next client was not granted the lock")
+	}
+	cc.stallKeepAlives.Store(false)
+	if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release of the lost lock = %v; want ErrNotHeld", err)
+	}
+	if err := next.Release(ctx, ln); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, next, key, 0)
+}

@@ -1,0 +1,512 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver"
+)
+
+// stallSlack is how far past its bound a call may return here: the
+// promise is a few milliseconds; the slack is for a loaded 2-core machine
+// under the race detector (as testsuite's StalledStore case allows).
+const stallSlack = time.Second
+
+// stallWatchdog ends a stall that a call did not return from: code that
+// waits for the server would otherwise wait as long as the test.
+const stallWatchdog = 8 * time.Second
+
+// stalled freezes the server (SIGSTOP) and returns a function that
+// continues it (SIGCONT), once; the watchdog continues it on its own
+// after stallWatchdog, and the test's cleanup at the latest.
+func stalled(t *testing.T, srv *testserver.EtcdServer) (resume func()) {
+	t.Helper()
+	srv.Pause()
+	var once sync.Once
+	cont := func() { once.Do(srv.Resume) }
+	dog := time.AfterFunc(stallWatchdog, cont)
+	resume = func() { dog.Stop(); cont() }
+	t.Cleanup(resume)
+	return resume
+}
+
+// timed runs fn and fails t if it returned later than bound plus
+// stallSlack; it logs how long fn took.
+func timed(t *testing.T, what string, bound time.Duration, fn func() error) error {
+	t.Helper()
+	start := time.Now()
+	err := fn()
+	el := time.Since(start)
+	t.Logf("%s: returned after %v: %v", what, el.Round(time.Millisecond), err)
+	if el > bound+stallSlack {
+		t.Errorf("%s returned after %v; its bound was %v", what, el, bound)
+	}
+	return err
+}
+
+// TestStalledServer is issue 26's table for etcd, in both lease modes:
+// with the server frozen (SIGSTOP; its connections stay open and nothing
+// answers), a TryLock with a 300ms context and a 5s wait, a TryLock with a
+// 500ms wait, the first TryLock of a new TTL (whose shared lease is
+// granted during the stall), a waiter queued before the stall and
+// cancelled during it, an Unlock with a 300ms context and a Close bounded
+// to 500ms each return at their bound. Once the server answers again,
+// nothing the abandoned attempts did is left, and another owner takes
+// every key at once.
+func TestStalledServer(t *testing.T) {
+	srv := testserver.Etcd(t)
+	endpoints := srv.Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			newLock := func(opts ...distlock.Option) *distlock.DistributeLock {
+				opts = append([]distlock.Option{distlock.WithCloseTimeout(500 * time.Millisecond),
+					distlock.WithDefaultTTL(time.Minute)}, opts...)
+				d, err := distlock.New(newResource(t, endpoints, m.opts...), opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = d.Close() })
+				return d
+			}
+			d, other := newLock(), newLock()
+			admin := newResource(t, endpoints)
+			ctx := t.Context()
+			// settled waits until key's queue is empty, then checks that
+			// another owner takes the key at once and leaves nothing.
+			settled := func(t *testing.T, key string) {
+				t.Helper()
+				start := time.Now()
+				waitKeys(t, admin, key, 0)
+				t.Logf("%s: no key left %v after SIGCONT", key, time.Since(start).Round(time.Millisecond))
+				lk, err := other.TryLock(ctx, key, 0)
+				if err != nil {
+					t.Fatalf("TryLock of %s once the server answers = %v; want a lock (an abandoned attempt holds it?)", key, err)
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				waitKeys(t, admin, key, 0)
+			}
+			// warm takes key once and lets it go.
+			warm := func(t *testing.T, key string) {
+				t.Helper()
+				lk, err := other.TryLock(ctx, key, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// One lock taken before the stalls: the shared lease of the
+			// default TTL exists, and so does the key watch.
+			warm(t, uniqueKey(t))
+			if _, err := d.TryLock(ctx, uniqueKey(t), 0); err != nil {
+				t.Fatal(err)
+			}
+
+			t.Run("TryLockContext", func(t *testing.T) {
+				key := uniqueKey(t)
+				warm(t, key)
+				resume := stalled(t, srv)
+				err := timed(t, "TryLock with a 300ms context and a 5s wait", 300*time.Millisecond, func() error {
+					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					defer cancel()
+					lk, err := d.TryLock(cctx, key, 5*time.Second)
+					if lk != nil {
+						t.Errorf("TryLock on a frozen server returned a lock")
+					}
+					return err
+				})
+				resume()
+				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
+				}
+				settled(t, key)
+			})
+
+			t.Run("TryLockWait", func(t *testing.T) {
+				key := uniqueKey(t)
+				warm(t, key)
+				resume := stalled(t, srv)
+				err := timed(t, "TryLock with a 500ms wait", 500*time.Millisecond, func() error {
+					lk, err := d.TryLock(ctx, key, 500*time.Millisecond)
+					if lk != nil {
+						t.Errorf("TryLock on a frozen server returned a lock")
+					}
+					return err
+				})
+				resume()
+				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNotAcquired) {
+					t.Errorf("TryLock = %v; want a store error wrapping context.DeadlineExceeded, not ErrNotAcquired", err)
+				}
+				settled(t, key)
+			})
+
+			t.Run("TryLockNewTTL", func(t *testing.T) {
+				// On the shared lease, the first lock of a TTL grants
+				// the lease for it.
+				key := uniqueKey(t)
+				warm(t, key)
+				resume := stalled(t, srv)
+				err := timed(t, "TryLock of a new TTL with a 300ms context", 300*time.Millisecond, func() error {
+					cctx, cancel := context.WithTimeout(distlock.ContextWithTTL(ctx, 42*time.Second), 300*time.Millisecond)
+					defer cancel()
+					lk, err := d.TryLock(cctx, key, 5*time.Second)
+					if lk != nil {
+						t.Errorf("TryLock on a frozen server returned a lock")
+					}
+					return err
+				})
+				resume()
+				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
+				}
+				settled(t, key)
+			})
+
+			t.Run("QueuedWaiter", func(t *testing.T) {
+				key := uniqueKey(t)
+				holder, err := other.TryLock(ctx, key, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				errc := make(chan error, 1)
+				go func() {
+					lk, err := d.TryLock(wctx, key, time.Minute)
+					if lk != nil {
+						t.Errorf("the cancelled waiter got the lock")
+					}
+					errc <- err
+				}()
+				waitKeys(t, admin, key, 2)
+				resume := stalled(t, srv)
+				err = timed(t, "a queued TryLock cancelled during the stall", 0, func() error {
+					cancel()
+					return <-errc
+				})
+				resume()
+				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.Canceled", err)
+				}
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				settled(t, key)
+			})
+
+			t.Run("Unlock", func(t *testing.T) {
+				key := uniqueKey(t)
+				lk, err := d.TryLock(ctx, key, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resume := stalled(t, srv)
+				err = timed(t, "Unlock with a 300ms context", 300*time.Millisecond, func() error {
+					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					defer cancel()
+					return lk.Unlock(cctx)
+				})
+				resume()
+				if err == nil {
+					t.Errorf("Unlock on a frozen server = nil; want an error")
+				}
+				if err := lk.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
+					t.Errorf("Unlock once the server answers = %v; want nil or ErrNotHeld", err)
+				}
+				settled(t, key)
+			})
+
+			t.Run("Close", func(t *testing.T) {
+				key := uniqueKey(t)
+				closer := newLock()
+				if _, err := closer.TryLock(distlock.ContextWithTTL(ctx, 2*time.Second), key, 0); err != nil {
+					t.Fatal(err)
+				}
+				resume := stalled(t, srv)
+				err := timed(t, "Close bounded to 500ms", 500*time.Millisecond, closer.Close)
+				resume()
+				if err == nil {
+					t.Errorf("Close on a frozen server = nil; want the release it could not make")
+				}
+				// The lock Close gave up goes with its lease (2s).
+				settled(t, key)
+			})
+
+			if err := d.Close(); err != nil {
+				t.Errorf("Close once the server answers = %v", err)
+			}
+		})
+	}
+}
+
+// TestFenceStopsLateEnqueue: the clean-up of an acquisition on a shared
+// lease whose transaction may still be on its way (its reply was lost)
+// deletes the key if the transaction landed before it, and keeps it from
+// landing after: the transaction, sent again as the server would apply it
+// late, makes nothing. The clean-up fails no other name's transaction in
+// flight; an acquisition that knew its name's fence from before it moved
+// learns where it went and gets the lock.
+func TestFenceStopsLateEnqueue(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	r := newResource(t, endpoints, WithSharedLease())
+	ctx := t.Context()
+	key := uniqueKey(t)
+	s, err := r.session(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandoned := func(value string) *handle {
+		h := r.newHandle(&backend.Lease{Key: key, Value: value}, s.ttl)
+		h.lease, h.sess = s.id, s
+		return h
+	}
+
+	// The transaction landed before the clean-up: the clean-up deletes it.
+	h := abandoned("landed-before")
+	epoch := s.epoch(h.key)
+	if resp, err := r.enqueueTxn(ctx, h, epoch); err != nil || !resp.Succeeded {
+		t.Fatalf("enqueue = %v, %v; want the key made", resp, err)
+	}
+	waitKeys(t, r, key, 1)
+	if !r.discarder(h)(ctx) {
+		t.Fatal("the clean-up failed")
+	}
+	waitKeys(t, r, key, 0)
+	if got := s.epoch(h.key); got <= epoch {
+		t.Errorf("the fence did not move: epoch %d, before %d", got, epoch)
+	}
+
+	// The transaction lands after the clean-up: it makes nothing. Another
+	// name's, in flight meanwhile, is not touched.
+	h = abandoned("landed-after")
+	other := abandoned("another acquisition")
+	epoch, otherEpoch := s.epoch(h.key), s.epoch(other.key)
+	if !r.discarder(h)(ctx) {
+		t.Fatal("the clean-up failed")
+	}
+	if !h.freed.Load() {
+		t.Error("the clean-up did not give the name back")
+	}
+	resp, err := r.enqueueTxn(ctx, h, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Succeeded {
+		t.Error("a transaction that landed after its clean-up made its key")
+	}
+	if resp, err := r.enqueueTxn(ctx, other, otherEpoch); err != nil || !resp.Succeeded {
+		t.Errorf("another name's enqueue after the clean-up = %v, %v; want the key made", resp, err)
+	} else if _, err := r.deleteOurs(ctx, &handle{key: other.key, rev: resp.Header.Revision}); err != nil {
+		t.Fatal(err)
+	}
+	r.free(other)
+	waitKeys(t, r, key, 0)
+
+	// An acquisition that knows its name's fence from before it moved.
+	s.fenced(h.key, epoch, true)
+	l := lease(key, time.Minute)
+	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+		t.Fatalf("Acquire with a stale fence = %v; want the lock", err)
+	}
+	if l.Handle.(*handle).key != h.key {
+		t.Fatalf("the acquisition made %s; the test needs the fenced name %s", l.Handle.(*handle).key, h.key)
+	}
+	if err := r.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, r, key, 0)
+}
+
+// TestRandomizedStalls freezes the server at random (SIGSTOP, from 20ms
+// to 2.5s) while clients in both lease modes acquire, refresh and release
+// with contexts that end at random moments, so that requests are
+// abandoned in flight at every step: the grant, the enqueue, the wait,
+// the keep-alive, the delete, the revoke. Invariants: every call returns
+// by its context's end (plus stallSlack); no grant while another holder
+// of the key has neither released nor seen its Lost closed; tokens rise
+// per key; an abandoned attempt fills nothing in its lease; once the
+// server answers again, every abandoned attempt's Cleanup returns nil,
+// after which no key is left.
+func TestRandomizedStalls(t *testing.T) {
+	srv := testserver.Etcd(t)
+	endpoints := srv.Endpoints
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rnd := rand.New(rand.NewPCG(seed, 26))
+	var rmu sync.Mutex
+	intn := func(n int) int {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return rnd.IntN(n)
+	}
+	between := func(lo, hi time.Duration) time.Duration {
+		return lo + time.Duration(intn(int(hi-lo)))
+	}
+	var clients []*Resource
+	for i := range 4 {
+		clients = append(clients, newResource(t, endpoints, modes[i%2].opts...))
+	}
+	admin := newResource(t, endpoints)
+	keys := []string{uniqueKey(t), uniqueKey(t)}
+
+	var (
+		mu        sync.Mutex
+		owner     = map[string]*backend.Lease{}
+		lastToken = map[string]uint64{}
+		failures  []string
+		cleanups  []func(context.Context) error
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	// bounded runs fn under a context that ends after between(0, max)
+	// and checks that it returns by then.
+	bounded := func(what string, max time.Duration, fn func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), between(0, max))
+		defer cancel()
+		err := fn(ctx)
+		end, _ := ctx.Deadline()
+		if late := time.Since(end); late > stallSlack {
+			fail("%s returned %v after its context ended: %v", what, late, err)
+		}
+		return err
+	}
+	var grants, notAcquired, abandoned, ctxErrs, storeErrs, releaseTimeouts atomic.Int64
+
+	run, stop := context.WithTimeout(t.Context(), 12*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	for ci, c := range clients {
+		for g := range 2 {
+			wg.Go(func() {
+				for run.Err() == nil {
+					key := keys[intn(len(keys))]
+					ttl := time.Minute
+					if intn(8) == 0 {
+						ttl = time.Duration(50+intn(5)) * time.Second // a new shared lease now and then
+					}
+					l := lease(key, ttl)
+					l.AutoRenew = intn(2) == 0
+					deadline := time.Time{}
+					if intn(4) > 0 {
+						deadline = time.Now().Add(between(time.Millisecond, 500*time.Millisecond))
+					}
+					err := bounded("Acquire", 600*time.Millisecond, func(ctx context.Context) error {
+						return c.Acquire(ctx, l, deadline)
+					})
+					var ab *backend.AbandonedError
+					if errors.As(err, &ab) {
+						abandoned.Add(1)
+						mu.Lock()
+						cleanups = append(cleanups, ab.Cleanup)
+						mu.Unlock()
+					}
+					if err != nil {
+						if l.Handle != nil || l.Lost != nil || l.Token != 0 {
+							fail("a failed Acquire (%v) filled its lease: %+v", err, l)
+						}
+						switch {
+						case errors.Is(err, backend.ErrNotAcquired):
+							notAcquired.Add(1)
+						case errors.Is(err, context.DeadlineExceeded):
+							ctxErrs.Add(1)
+						default:
+							storeErrs.Add(1)
+						}
+						continue
+					}
+					grants.Add(1)
+					mu.Lock()
+					if o := owner[key]; o != nil && !isClosed(o.Lost) {
+						fail("double grant of %s: %s (client %d/%d) while %s held", key, l.Handle.(*handle).key, ci, g, o.Handle.(*handle).key)
+					}
+					if l.Token <= lastToken[key] {
+						fail("token of %s did not rise: %d after %d", key, l.Token, lastToken[key])
+					}
+					owner[key], lastToken[key] = l, l.Token
+					mu.Unlock()
+
+					if intn(2) == 0 { // hold a while, refreshing once
+						select {
+						case <-time.After(between(0, 300*time.Millisecond)):
+						case <-l.Lost:
+						}
+						_ = bounded("Refresh", 300*time.Millisecond, func(ctx context.Context) error {
+							return c.Refresh(ctx, l)
+						})
+					}
+					mu.Lock()
+					if owner[key] == l {
+						owner[key] = nil
+					}
+					mu.Unlock()
+					// Release until it is answered, as a caller retrying
+					// Unlock would: a lock left held blocks the others.
+					for {
+						err := bounded("Release", 300*time.Millisecond, func(ctx context.Context) error {
+							return c.Release(ctx, l)
+						})
+						if err == nil || errors.Is(err, backend.ErrNotHeld) {
+							break
+						}
+						if errors.Is(err, context.DeadlineExceeded) {
+							releaseTimeouts.Add(1)
+						}
+					}
+				}
+			})
+		}
+	}
+
+	var stalls []time.Duration
+	for run.Err() == nil {
+		select {
+		case <-time.After(between(100*time.Millisecond, 800*time.Millisecond)):
+		case <-run.Done():
+		}
+		if run.Err() != nil {
+			break
+		}
+		length := between(20*time.Millisecond, time.Second)
+		if intn(5) == 0 {
+			length = between(2*time.Second, 2500*time.Millisecond)
+		}
+		stalls = append(stalls, length)
+		srv.Pause()
+		time.Sleep(length) // the fault's length
+		srv.Resume()
+	}
+	wg.Wait()
+	t.Logf("%d grants, %d not acquired, %d ended by their context (%d abandoned in flight), %d store errors, %d releases cut by their context; stalls %v",
+		grants.Load(), notAcquired.Load(), ctxErrs.Load(), abandoned.Load(), storeErrs.Load(), releaseTimeouts.Load(), stalls)
+	for _, f := range failures {
+		t.Error(f)
+	}
+	if grants.Load() == 0 || abandoned.Load() == 0 {
+		t.Errorf("%d grants, %d abandoned attempts: the run tested nothing", grants.Load(), abandoned.Load())
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for _, clean := range cleanups {
+		if err := clean(ctx); err != nil {
+			t.Errorf("Cleanup of an abandoned attempt = %v; want nil", err)
+		}
+	}
+	for _, key := range keys {
+		// Revokes of released locks' leases may still run: only keys count.
+		waitKeys(t, admin, key, 0)
+	}
+}
