@@ -286,12 +286,14 @@ func (g *grant) step(ev event) (out outcome) {
 			// acquisition's).
 			l.TTL, l.Validity = ev.ttl, 0
 		}
-		validity := g.validityLocked()
-		g.expiry = ev.at + int64(validity)
-		if g.d.cfg.autoRenew {
-			g.renewAt = ev.at + int64(renewInterval(validity))
+		if g.flags&kept == 0 { // a kept lock stays the store's to keep
+			validity := g.validityLocked()
+			g.expiry = ev.at + int64(validity)
+			if g.d.cfg.autoRenew {
+				g.renewAt = ev.at + int64(renewInterval(validity))
+			}
+			g.scheduleLocked()
 		}
-		g.scheduleLocked()
 		out.ok = true
 	case evRenewed, evRenewFailed:
 		g.flags &^= renewing

@@ -248,3 +248,37 @@ func (h *lossCount) Release(ctx context.Context, r *distlock.Request, next distl
 }
 
 func (h *lossCount) LockLost(*distlock.Request, error) { h.lost <- struct{}{} }
+
+// Extend of a lock the store keeps alive leaves it kept: no deadline, no
+// renewal, and a nested TryLock after the new TTL still reenters it.
+func TestExtendKeptAliveStaysKept(t *testing.T) {
+	store := &keptAlive{Store: memory.New(), lost: make(chan struct{})}
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(time.Minute))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Extend(t.Context(), 30*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	extends := store.refreshes.Load() // the Extend's own
+	if dl := lk.Deadline(); !dl.IsZero() {
+		t.Errorf("Deadline after Extend = %v; want zero (the store keeps the lock alive)", dl)
+	}
+	time.Sleep(100 * time.Millisecond) // three of the new TTLs pass: what is checked, not synchronisation
+	if n := store.refreshes.Load() - extends; n != 0 {
+		t.Errorf("%d renewals after Extend of a lock the store keeps alive", n)
+	}
+	inner, err := d.TryLock(distlock.ContextWithLock(t.Context(), lk), "k", 0)
+	if err != nil {
+		t.Fatalf("nested TryLock after the extended TTL = %v; want the kept lock", err)
+	}
+	if err := inner.Unlock(t.Context()); err != nil {
+		t.Error(err)
+	}
+	select {
+	case <-lk.Done():
+		t.Fatal("Done closed without a loss")
+	default:
+	}
+}
