@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/distlock/distlock"
 )
 
 // runConfig is a parsed `distlock run` command line.
@@ -19,17 +21,12 @@ type runConfig struct {
 	key      string
 	argv     []string      // COMMAND and its ARGS
 	path     string        // COMMAND found in PATH
-	wait     time.Duration // forever unless --wait was given
+	wait     time.Duration // distlock.WaitForever unless --wait was given
 	ttl      time.Duration
 	grace    time.Duration
 	conflict int
 	verbose  bool
 }
-
-// forever is the wait when --wait is not given: until acquired or
-// interrupted (a signal ends the wait). It is a duration, as TryLock takes
-// one; about a century.
-const forever = 100 * 365 * 24 * time.Hour
 
 // Defaults of run's flags: the help text says them too.
 const (
@@ -60,7 +57,9 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if len(rest) == 0 {
 		return nil, usageErrorf("run: missing KEY and COMMAND")
 	}
-	cfg := &runConfig{key: rest[0], wait: forever, ttl: defaultTTL, grace: defaultGrace,
+	// Without --wait, until acquired or interrupted (a signal ends the
+	// acquisition's context).
+	cfg := &runConfig{key: rest[0], wait: distlock.WaitForever, ttl: defaultTTL, grace: defaultGrace,
 		conflict: *conflict, verbose: verbose}
 	rest = rest[1:]
 	switch {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // forwarded are the signals distlock passes to COMMAND's process group.
@@ -97,7 +98,7 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 	defer closeClients()
 	note := &lossNote{}
 	d, err := distlock.New(observe(res, note, r.sayV), distlock.WithAutoRenew(), distlock.WithDefaultTTL(cfg.ttl),
-		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout))
+		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout), distlock.WithLabel(holderLabel()))
 	if err != nil {
 		stopWatching()
 		if c, ok := res.(io.Closer); ok {
@@ -167,7 +168,7 @@ func waitText(wait time.Duration) string {
 	switch wait {
 	case 0:
 		return "one attempt"
-	case forever:
+	case distlock.WaitForever:
 		return "until acquired"
 	}
 	return "waiting up to " + wait.String()
@@ -296,6 +297,21 @@ func (r *runner) release(lk *distlock.Lock, lost bool) bool {
 		r.say("releasing %s: %v; the store frees it when its TTL (%v) runs out", key, err, r.cfg.ttl)
 	}
 	return true
+}
+
+// holderLabel is the label stored with distlock's grants, which `distlock
+// status` shows: HOST:PID, the host name cut short to fit the store's
+// bound on labels.
+func holderLabel() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	pid := ":" + strconv.Itoa(os.Getpid())
+	if len(host)+len(pid) > backend.MaxLabelLen {
+		host = host[:backend.MaxLabelLen-len(pid)]
+	}
+	return host + pid
 }
 
 // lossMargin is how long before the lock's validity ends distlock stops
