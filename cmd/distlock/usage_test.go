@@ -81,7 +81,6 @@ func TestBadCommandLines(t *testing.T) {
 		{"long etcd key", run("etcd://"+addr, long, "--", "true"), nil, 2, "is longer than"},
 		{"long zk key", run("zk://"+addr, long, "--", "true"), nil, 2, "is longer than"},
 		{"long postgres key", run("postgres://"+addr+"/db", long, "--", "true"), nil, 2, "characters long"},
-		{"postgres key not UTF-8", run("postgres://"+addr+"/db", "k\xff", "--", "true"), nil, 2, "not valid UTF-8"},
 		{"long mysql key", run("mysql://root@"+addr+"/db", long, "--", "true"), nil, 2, "bytes long"},
 		{"command not found", run(redisURL, "k", "--", "distlock-no-such-command"), nil, 127, "executable file not found"},
 		{"command not executable", run(redisURL, "k", "--", noExec), nil, 126, "permission denied"},
