@@ -26,6 +26,8 @@ type runConfig struct {
 	grace    time.Duration
 	conflict int
 	verbose  bool
+	kind     distlock.Kind // KindMutex, or KindSemaphore (--limit), KindRead (--shared), KindWrite (--exclusive)
+	limit    int           // KindSemaphore: --limit
 }
 
 // Defaults of run's flags: the help text says them too.
@@ -50,7 +52,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	var verbose bool
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verbose, "verbose", false, "")
-	if err := parseFlags(fs, args); err != nil {
+	err := parseFlags(fs, args)
+	if err != nil {
 		return nil, err
 	}
 	rest := fs.Args()
@@ -90,17 +93,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if *conflict < 0 || *conflict > 255 {
 		return nil, usageErrorf("run: --conflict-exit-code %d: want 0 to 255", *conflict)
 	}
-	modes := 0
-	for _, on := range []bool{isSet(fs, "limit"), *shared, *exclusive} {
-		if on {
-			modes++
-		}
-	}
-	if modes > 1 {
-		return nil, usageErrorf("run: --limit, --shared and --exclusive exclude each other")
-	}
-	if isSet(fs, "limit") && *limit < 1 {
-		return nil, usageErrorf("run: --limit %d: want 1 or more", *limit)
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, *shared, *exclusive); err != nil {
+		return nil, err
 	}
 	s, err := storeFrom(*storeURL, getenv)
 	if err != nil {
@@ -110,13 +104,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if err := s.validateKey(cfg.key); err != nil {
 		return nil, fmt.Errorf("run: KEY %s: %w", quoteKey(cfg.key), err)
 	}
-	// What the facade cannot do yet comes last, so that the rest of the
-	// command line is checked first.
-	switch {
-	case isSet(fs, "limit"):
-		return nil, errors.New("run: --limit is not supported yet: semaphores come in a later version of distlock")
-	case *shared || *exclusive:
-		return nil, errors.New("run: --shared and --exclusive are not supported yet: read/write locks come in a later version of distlock")
+	if err := supports(s, cfg.kind, false); err != nil {
+		return nil, fmt.Errorf("run: %s: %w", kindFlag(cfg.kind), err)
 	}
 	path, err := lookPath(cfg.argv[0])
 	if err != nil {
@@ -151,6 +140,44 @@ func parseStatus(args []string, getenv func(string) string) error {
 		return fmt.Errorf("status: KEY %s: %w", quoteKey(fs.Arg(0)), err)
 	}
 	return errors.New("status is not supported yet: distlock cannot inspect a key without acquiring it yet")
+}
+
+// kindFlags reads the kind of lock from --limit, --shared and --exclusive,
+// which exclude each other: the mutex when none is given.
+func kindFlags(fs *flag.FlagSet, cmd string, limit int, shared, exclusive bool) (distlock.Kind, int, error) {
+	semaphore := isSet(fs, "limit")
+	modes := 0
+	for _, on := range []bool{semaphore, shared, exclusive} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return 0, 0, usageErrorf("%s: --limit, --shared and --exclusive exclude each other", cmd)
+	case semaphore && limit < 1:
+		return 0, 0, usageErrorf("%s: --limit %d: want 1 or more", cmd, limit)
+	case semaphore:
+		return distlock.KindSemaphore, limit, nil
+	case shared:
+		return distlock.KindRead, 0, nil
+	case exclusive:
+		return distlock.KindWrite, 0, nil
+	}
+	return distlock.KindMutex, 0, nil
+}
+
+// kindFlag names the flag that asked for kind, for messages.
+func kindFlag(kind distlock.Kind) string {
+	switch kind {
+	case distlock.KindSemaphore:
+		return "--limit"
+	case distlock.KindRead:
+		return "--shared"
+	case distlock.KindWrite:
+		return "--exclusive"
+	}
+	return "the mutex"
 }
 
 // storeFrom parses --store, or DISTLOCK_STORE when it is not given.

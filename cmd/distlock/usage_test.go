@@ -18,6 +18,7 @@ func TestBadCommandLines(t *testing.T) {
 	ln := listen(t)
 	addr := ln.Addr().String()
 	redisURL := "redis://" + addr
+	redlockURL := "redlock:" + redisURL + "," + redisURL + "," + redisURL
 	noExec := filepath.Join(t.TempDir(), "script")
 	if err := os.WriteFile(noExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -49,9 +50,12 @@ func TestBadCommandLines(t *testing.T) {
 		{"limit 0", run(redisURL, "--limit", "0", "k", "--", "true"), nil, 2, "--limit 0: want 1 or more"},
 		{"limit and shared", run(redisURL, "--limit", "2", "--shared", "k", "--", "true"), nil, 2, "exclude each other"},
 		{"shared and exclusive", run(redisURL, "--shared", "--exclusive", "k", "--", "true"), nil, 2, "exclude each other"},
-		{"limit", run(redisURL, "--limit", "3", "k", "--", "true"), nil, 2, "--limit is not supported yet"},
-		{"shared", run(redisURL, "--shared", "k", "--", "true"), nil, 2, "--shared and --exclusive are not supported yet"},
-		{"exclusive", run(redisURL, "--exclusive", "k", "--", "true"), nil, 2, "not supported yet"},
+		{"limit and exclusive", run(redisURL, "--exclusive", "--limit", "1", "k", "--", "true"), nil, 2, "exclude each other"},
+		{"limit on redlock", run(redlockURL, "--limit", "3", "k", "--", "true"), nil, 2, "--limit: store redlock:redis://"},
+		{"shared on redlock", run(redlockURL, "--shared", "k", "--", "true"), nil, 2, "redlock holds mutexes only"},
+		{"exclusive on redlock", run(redlockURL, "--exclusive", "k", "--", "true"), nil, 2, "cannot hold a read/write lock"},
+		{"limit, command not found", run(redisURL, "--limit", "2", "k", "--", "distlock-no-such-command"), nil, 127, "executable file not found"},
+		{"shared, command not found", run(redisURL, "--shared", "k", "--", "distlock-no-such-command"), nil, 127, "executable file not found"},
 		{"no store", []string{"run", "k", "--", "true"}, []string{"DISTLOCK_STORE="}, 2, "no store: give --store URL or set DISTLOCK_STORE"},
 		{"store from the environment", []string{"run", "k", "--", "true"}, []string{"DISTLOCK_STORE=memory://"}, 2, "cannot lock across processes"},
 		{"memory", run("memory://", "k", "--", "true"), nil, 2, "cannot lock across processes"},
