@@ -115,31 +115,53 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	return cfg, nil
 }
 
-// parseStatus parses the arguments of `distlock status`, which is not
-// supported yet: with a good command line it says so (exit status 2).
-func parseStatus(args []string, getenv func(string) string) error {
+// statusConfig is a parsed `distlock status` command line.
+type statusConfig struct {
+	store store
+	key   string
+	kind  distlock.Kind // KindMutex, KindSemaphore, or KindWrite for the read/write lock
+	limit int           // KindSemaphore: --limit, which names the semaphore as run's does
+	json  bool
+}
+
+// parseStatus parses the arguments of `distlock status`. All its errors
+// mean exit status 2; it does no I/O.
+func parseStatus(args []string, getenv func(string) string) (*statusConfig, error) {
 	fs := newFlagSet("status")
 	storeURL := fs.String("store", "", "")
-	fs.Bool("json", false, "")
+	asJSON := fs.Bool("json", false, "")
+	limit := fs.Int("limit", 0, "")
+	shared := fs.Bool("shared", false, "")
+	exclusive := fs.Bool("exclusive", false, "")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	switch rest := fs.Args(); {
 	case len(rest) == 0:
-		return usageErrorf("status: missing KEY")
+		return nil, usageErrorf("status: missing KEY")
 	case len(rest) > 1:
-		return usageErrorf("status: %q after KEY: status takes one KEY, flags before it", rest[1])
+		return nil, usageErrorf("status: %q after KEY: status takes one KEY, flags before it", rest[1])
 	case rest[0] == "":
-		return usageErrorf("status: empty KEY")
+		return nil, usageErrorf("status: empty KEY")
 	}
-	s, err := storeFrom(*storeURL, getenv)
-	if err != nil {
-		return err
+	cfg := &statusConfig{key: fs.Arg(0), json: *asJSON}
+	var err error
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, *shared, *exclusive); err != nil {
+		return nil, err
 	}
-	if err := s.validateKey(fs.Arg(0)); err != nil {
-		return fmt.Errorf("status: KEY %s: %w", quoteKey(fs.Arg(0)), err)
+	if cfg.kind == distlock.KindRead { // --shared and --exclusive name one read/write lock
+		cfg.kind = distlock.KindWrite
 	}
-	return errors.New("status is not supported yet: distlock cannot inspect a key without acquiring it yet")
+	if cfg.store, err = storeFrom(*storeURL, getenv); err != nil {
+		return nil, err
+	}
+	if err := cfg.store.validateKey(cfg.key); err != nil {
+		return nil, fmt.Errorf("status: KEY %s: %w", quoteKey(cfg.key), err)
+	}
+	if err := supports(cfg.store, cfg.kind, true); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return cfg, nil
 }
 
 // kindFlags reads the kind of lock from --limit, --shared and --exclusive,

@@ -36,6 +36,9 @@ func testSemaphoreLimit(t *testing.T, k storeKind, url string) {
 	const runs, limit = 5, 2
 	key := uniqueKey(t)
 	file := filepath.Join(t.TempDir(), "runs")
+	if code, st := statusOf(t, url, key, "--limit", "2"); code != exitFree || st.Kind != "semaphore" {
+		t.Errorf("status before the runs: %d, kind %q; want %d, semaphore", code, st.Kind, exitFree)
+	}
 	byPid := map[int]*proc{}
 	for range runs {
 		p := start(t, nil, append([]string{"run", "--store", url, "--limit", "2", "--wait", "2m", key},
@@ -44,6 +47,16 @@ func testSemaphoreLimit(t *testing.T, k storeKind, url string) {
 	}
 	for ended := 0; ended < runs; ended++ {
 		running := waitRunning(t, file, min(limit, runs-ended), limit)
+		if ended == 0 { // status shows the two holders
+			code, st := statusOf(t, url, key, "--limit", "2")
+			if code != 0 || st.Limit != limit {
+				t.Errorf("status while two hold: %d, limit %d; want 0, %d", code, st.Limit, limit)
+			}
+			checkHolders(t, k, st, "semaphore", running)
+			if code, out := statusText(t, url, key, "--limit", "2"); code != 0 || !strings.Contains(out, "(semaphore, limit 2): 2 of 2 permits held") {
+				t.Errorf("status while two hold: %d, output:\n%s", code, out)
+			}
+		}
 		p := byPid[running[0].ppid]
 		if p == nil {
 			t.Fatalf("a run of distlock pid %d, which the test did not start", running[0].ppid)
@@ -128,7 +141,15 @@ func testReadWrite(t *testing.T, k storeKind, url string) {
 	readers, writer, other := filepath.Join(dir, "readers"), filepath.Join(dir, "writer"), filepath.Join(dir, "other")
 	r1 := start(t, nil, append([]string{"run", "--store", url, "--shared", key}, childCmd("-file", readers, "-hold", "stdin")...)...)
 	r2 := start(t, nil, append([]string{"run", "--store", url, "--shared", key}, childCmd("-file", readers, "-hold", "stdin")...)...)
-	waitRunning(t, readers, 2, 2) // both hold the read side at once
+	holding := waitRunning(t, readers, 2, 2) // both hold the read side at once
+	code, st := statusOf(t, url, key, "--shared")
+	if code != 0 || st.Kind != "rwlock" {
+		t.Errorf("status --shared while two readers hold: %d, kind %q; want 0, rwlock", code, st.Kind)
+	}
+	checkHolders(t, k, st, "read", holding)
+	if code, out := statusText(t, url, key, "--exclusive"); code != 0 || !strings.Contains(out, "(read/write lock): held by 2 readers") {
+		t.Errorf("status --exclusive while two readers hold: %d, output:\n%s", code, out)
+	}
 	for _, c := range []struct {
 		flags []string
 		code  int
@@ -155,6 +176,8 @@ func testReadWrite(t *testing.T, k storeKind, url string) {
 		}
 	}
 	ws := waitRecord(t, writer, "start")
+	code, st = statusOf(t, url, key, "--exclusive")
+	checkHolders(t, k, st, "write", []record{ws})
 	if code, stderr := runDistlock(t, nil, append([]string{"run", "--store", url, "--shared", "--wait", "0", key},
 		childCmd("-file", other)...)...); code != exitNotAcquired {
 		t.Errorf("--shared --wait 0 while the writer holds: status %d; want %d; stderr:\n%s", code, exitNotAcquired, stderr)

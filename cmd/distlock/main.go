@@ -30,7 +30,7 @@ import (
 	"os"
 )
 
-// Exit statuses of distlock's own; otherwise it exits with the command's.
+// Exit statuses of distlock's own; otherwise run exits with the command's.
 // The help text and the README list them: keep the three together.
 const (
 	// exitUsage: bad usage, flag, key or store URL; nothing was sent to
@@ -42,6 +42,8 @@ const (
 	// exitNotAcquired: another owner held the key for the whole wait
 	// (sysexits' EX_TEMPFAIL); --conflict-exit-code changes it.
 	exitNotAcquired = 75
+	// exitFree: `distlock status` found the lock free (0: held).
+	exitFree = 1
 	// exitLost: the lock was lost while the command ran; the command was
 	// stopped.
 	exitLost = 79
@@ -70,7 +72,10 @@ func mainStatus(args []string, getenv func(string) string, stdout, stderr io.Wri
 			return runCommand(cfg, stderr)
 		}
 	case "status":
-		err = parseStatus(args[1:], getenv)
+		var cfg *statusConfig
+		if cfg, err = parseStatus(args[1:], getenv); err == nil {
+			return statusCommand(cfg, stdout, stderr)
+		}
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -57,10 +57,10 @@ func supports(s store, kind backend.Kind, inspect bool) error {
 	if kind != backend.KindMutex {
 		kc, ok := res.(backend.KindChecker)
 		if !ok {
-			return fmt.Errorf("store %s holds mutexes only, not a %v lock (distlock.ErrUnsupported)", s, kindName(kind))
+			return fmt.Errorf("store %s holds mutexes only, not a %s (distlock.ErrUnsupported)", s, kindName(kind))
 		}
 		if err := kc.CheckKind(kind); err != nil {
-			return fmt.Errorf("store %s cannot hold a %v lock: %w", s, kindName(kind), err)
+			return fmt.Errorf("store %s cannot hold a %s: %w", s, kindName(kind), err)
 		}
 	}
 	if _, ok := res.(backend.Inspector); inspect && !ok {
@@ -70,10 +70,10 @@ func supports(s store, kind backend.Kind, inspect bool) error {
 }
 
 // kindName names a kind of lock for messages: "mutex", "semaphore", and
-// "read/write" for both sides of a read/write lock.
+// "read/write lock" for both sides of a read/write lock.
 func kindName(kind backend.Kind) string {
 	if kind == backend.KindRead || kind == backend.KindWrite {
-		return "read/write"
+		return "read/write lock"
 	}
 	return kind.String()
 }
