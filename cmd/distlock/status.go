@@ -99,9 +99,7 @@ func writeJSON(w io.Writer, store string, info distlock.Info) error {
 		}
 		out.Holders = append(out.Holders, hj)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return json.NewEncoder(w).Encode(out) // one line, as jq and scripts like it
 }
 
 // writeText writes a line that says whether the lock is held, then a

@@ -129,12 +129,12 @@ func TestHelp(t *testing.T) {
 		p.mu.Unlock()
 		for _, want := range []string{"redis://", "rediss://", "redis+sentinel://", "redis+cluster://", "redlock:redis://",
 			"etcd://", "zk://", "postgres://", "mysql://", "memory://", "--conflict-exit-code", "--grace", "DISTLOCK_TOKEN",
-			"Exit status of run"} {
+			"Exit status of run", "Exit status of status", "--limit N", "--shared", "--exclusive", "--json", "HOST:PID"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("distlock %q: the help does not say %q", args, want)
 			}
 		}
-		for _, code := range []int{exitUsage, exitUnavailable, exitNotAcquired, exitLost, exitCannotRun, exitNotFound} {
+		for _, code := range []int{exitFree, exitUsage, exitUnavailable, exitNotAcquired, exitLost, exitCannotRun, exitNotFound} {
 			if !strings.Contains(out, fmt.Sprintf("\n  %d  ", code)) {
 				t.Errorf("distlock %q: the help does not list exit status %d", args, code)
 			}
