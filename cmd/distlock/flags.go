@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/distlock/distlock"
 )
 
 // runConfig is a parsed `distlock run` command line.
@@ -19,17 +21,14 @@ type runConfig struct {
 	key      string
 	argv     []string      // COMMAND and its ARGS
 	path     string        // COMMAND found in PATH
-	wait     time.Duration // forever unless --wait was given
+	wait     time.Duration // distlock.WaitForever unless --wait was given
 	ttl      time.Duration
 	grace    time.Duration
 	conflict int
 	verbose  bool
+	kind     distlock.Kind // KindMutex, or KindSemaphore (--limit), KindRead (--shared), KindWrite (--exclusive)
+	limit    int           // KindSemaphore: --limit
 }
-
-// forever is the wait when --wait is not given: until acquired or
-// interrupted (a signal ends the wait). It is a duration, as TryLock takes
-// one; about a century.
-const forever = 100 * 365 * 24 * time.Hour
 
 // Defaults of run's flags: the help text says them too.
 const (
@@ -53,14 +52,17 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	var verbose bool
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verbose, "verbose", false, "")
-	if err := parseFlags(fs, args); err != nil {
+	err := parseFlags(fs, args)
+	if err != nil {
 		return nil, err
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
 		return nil, usageErrorf("run: missing KEY and COMMAND")
 	}
-	cfg := &runConfig{key: rest[0], wait: forever, ttl: defaultTTL, grace: defaultGrace,
+	// Without --wait, until acquired or interrupted (a signal ends the
+	// acquisition's context).
+	cfg := &runConfig{key: rest[0], wait: distlock.WaitForever, ttl: defaultTTL, grace: defaultGrace,
 		conflict: *conflict, verbose: verbose}
 	rest = rest[1:]
 	switch {
@@ -91,17 +93,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if *conflict < 0 || *conflict > 255 {
 		return nil, usageErrorf("run: --conflict-exit-code %d: want 0 to 255", *conflict)
 	}
-	modes := 0
-	for _, on := range []bool{isSet(fs, "limit"), *shared, *exclusive} {
-		if on {
-			modes++
-		}
-	}
-	if modes > 1 {
-		return nil, usageErrorf("run: --limit, --shared and --exclusive exclude each other")
-	}
-	if isSet(fs, "limit") && *limit < 1 {
-		return nil, usageErrorf("run: --limit %d: want 1 or more", *limit)
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, *shared, *exclusive); err != nil {
+		return nil, err
 	}
 	s, err := storeFrom(*storeURL, getenv)
 	if err != nil {
@@ -111,13 +104,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if err := s.validateKey(cfg.key); err != nil {
 		return nil, fmt.Errorf("run: KEY %s: %w", quoteKey(cfg.key), err)
 	}
-	// What the facade cannot do yet comes last, so that the rest of the
-	// command line is checked first.
-	switch {
-	case isSet(fs, "limit"):
-		return nil, errors.New("run: --limit is not supported yet: semaphores come in a later version of distlock")
-	case *shared || *exclusive:
-		return nil, errors.New("run: --shared and --exclusive are not supported yet: read/write locks come in a later version of distlock")
+	if err := supports(s, cfg.kind, false); err != nil {
+		return nil, fmt.Errorf("run: %s: %w", kindFlag(cfg.kind), err)
 	}
 	path, err := lookPath(cfg.argv[0])
 	if err != nil {
@@ -127,31 +115,91 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	return cfg, nil
 }
 
-// parseStatus parses the arguments of `distlock status`, which is not
-// supported yet: with a good command line it says so (exit status 2).
-func parseStatus(args []string, getenv func(string) string) error {
+// statusConfig is a parsed `distlock status` command line.
+type statusConfig struct {
+	store store
+	key   string
+	kind  distlock.Kind // KindMutex, KindSemaphore, or KindWrite for the read/write lock
+	limit int           // KindSemaphore: --limit, which names the semaphore as run's does
+	json  bool
+}
+
+// parseStatus parses the arguments of `distlock status`. All its errors
+// mean exit status 2; it does no I/O.
+func parseStatus(args []string, getenv func(string) string) (*statusConfig, error) {
 	fs := newFlagSet("status")
 	storeURL := fs.String("store", "", "")
-	fs.Bool("json", false, "")
+	asJSON := fs.Bool("json", false, "")
+	limit := fs.Int("limit", 0, "")
+	shared := fs.Bool("shared", false, "")
+	exclusive := fs.Bool("exclusive", false, "")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	switch rest := fs.Args(); {
 	case len(rest) == 0:
-		return usageErrorf("status: missing KEY")
+		return nil, usageErrorf("status: missing KEY")
 	case len(rest) > 1:
-		return usageErrorf("status: %q after KEY: status takes one KEY, flags before it", rest[1])
+		return nil, usageErrorf("status: %q after KEY: status takes one KEY, flags before it", rest[1])
 	case rest[0] == "":
-		return usageErrorf("status: empty KEY")
+		return nil, usageErrorf("status: empty KEY")
 	}
-	s, err := storeFrom(*storeURL, getenv)
-	if err != nil {
-		return err
+	cfg := &statusConfig{key: fs.Arg(0), json: *asJSON}
+	var err error
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, *shared, *exclusive); err != nil {
+		return nil, err
 	}
-	if err := s.validateKey(fs.Arg(0)); err != nil {
-		return fmt.Errorf("status: KEY %s: %w", quoteKey(fs.Arg(0)), err)
+	if cfg.kind == distlock.KindRead { // --shared and --exclusive name one read/write lock
+		cfg.kind = distlock.KindWrite
 	}
-	return errors.New("status is not supported yet: distlock cannot inspect a key without acquiring it yet")
+	if cfg.store, err = storeFrom(*storeURL, getenv); err != nil {
+		return nil, err
+	}
+	if err := cfg.store.validateKey(cfg.key); err != nil {
+		return nil, fmt.Errorf("status: KEY %s: %w", quoteKey(cfg.key), err)
+	}
+	if err := supports(cfg.store, cfg.kind, true); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return cfg, nil
+}
+
+// kindFlags reads the kind of lock from --limit, --shared and --exclusive,
+// which exclude each other: the mutex when none is given.
+func kindFlags(fs *flag.FlagSet, cmd string, limit int, shared, exclusive bool) (distlock.Kind, int, error) {
+	semaphore := isSet(fs, "limit")
+	modes := 0
+	for _, on := range []bool{semaphore, shared, exclusive} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return 0, 0, usageErrorf("%s: --limit, --shared and --exclusive exclude each other", cmd)
+	case semaphore && limit < 1:
+		return 0, 0, usageErrorf("%s: --limit %d: want 1 or more", cmd, limit)
+	case semaphore:
+		return distlock.KindSemaphore, limit, nil
+	case shared:
+		return distlock.KindRead, 0, nil
+	case exclusive:
+		return distlock.KindWrite, 0, nil
+	}
+	return distlock.KindMutex, 0, nil
+}
+
+// kindFlag names the flag that asked for kind, for messages.
+func kindFlag(kind distlock.Kind) string {
+	switch kind {
+	case distlock.KindSemaphore:
+		return "--limit"
+	case distlock.KindRead:
+		return "--shared"
+	case distlock.KindWrite:
+		return "--exclusive"
+	}
+	return "the mutex"
 }
 
 // storeFrom parses --store, or DISTLOCK_STORE when it is not given.

@@ -11,9 +11,17 @@
 // its environment (DISTLOCK_TOKEN), renews the lock while the command
 // runs, and releases it when the command exits, exiting with its status.
 // When the lock is lost the command is stopped (SIGTERM, then SIGKILL) and
-// distlock exits with a status of its own. `distlock --help` lists the
-// flags, the store URLs and the exit statuses; the README has a cron
-// example.
+// distlock exits with a status of its own. With --limit N the command runs
+// under a permit of the semaphore KEY (at most N runs at once), with
+// --shared or --exclusive under the read or write side of the read/write
+// lock KEY.
+//
+//	distlock status --store redis://127.0.0.1:6379 --json nightly-report
+//
+// prints who holds a lock (each grant is labelled with distlock's
+// HOST:PID), its tokens and time left, and exits 0 when it is held, 1 when
+// free. `distlock --help` lists the flags, the store URLs and the exit
+// statuses; the README has a cron example.
 //
 // Install it with
 //
@@ -30,11 +38,13 @@ import (
 	"os"
 )
 
-// Exit statuses of distlock's own; otherwise it exits with the command's.
+// Exit statuses of distlock's own; otherwise run exits with the command's.
 // The help text and the README list them: keep the three together.
 const (
-	// exitUsage: bad usage, flag, key or store URL; nothing was sent to
-	// the store.
+	// exitUsage: bad usage, flag, key or store URL, or a kind of lock (or
+	// an inspection) the store cannot do: nothing was sent to the store.
+	// Also a --limit that differs from the semaphore's holders' (the store
+	// said so; nothing was written).
 	exitUsage = 2
 	// exitUnavailable: the store could not be reached, or failed, before
 	// the command started (sysexits' EX_UNAVAILABLE).
@@ -42,6 +52,8 @@ const (
 	// exitNotAcquired: another owner held the key for the whole wait
 	// (sysexits' EX_TEMPFAIL); --conflict-exit-code changes it.
 	exitNotAcquired = 75
+	// exitFree: `distlock status` found the lock free (0: held).
+	exitFree = 1
 	// exitLost: the lock was lost while the command ran; the command was
 	// stopped.
 	exitLost = 79
@@ -70,7 +82,10 @@ func mainStatus(args []string, getenv func(string) string, stdout, stderr io.Wri
 			return runCommand(cfg, stderr)
 		}
 	case "status":
-		err = parseStatus(args[1:], getenv)
+		var cfg *statusConfig
+		if cfg, err = parseStatus(args[1:], getenv); err == nil {
+			return statusCommand(cfg, stdout, stderr)
+		}
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -4,12 +4,18 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"time"
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
+)
+
+var (
+	_ backend.KindChecker = (*observed)(nil)
+	_ backend.Withdrawer  = (*observed)(nil)
 )
 
 // lossNote is a handler that keeps why the lock was lost, for the message
@@ -94,6 +100,29 @@ func (o *observed) ValidateKey(key string) error {
 	return nil
 }
 
+// CheckKind asks the store, which holds mutexes only if it cannot say:
+// the facade finds the store's kinds through the wrapper.
+func (o *observed) CheckKind(k backend.Kind) error {
+	if kc, ok := o.RemoteResource.(backend.KindChecker); ok {
+		return kc.CheckKind(k)
+	}
+	if k == backend.KindMutex {
+		return nil
+	}
+	return fmt.Errorf("%T holds mutexes only", o.RemoteResource)
+}
+
+// Withdraw withdraws a waiting reader's or writer's intent through the
+// store, if it records them (the facade calls it only for the kinds
+// CheckKind allows): without it, an intent would stay until its TTL and
+// hold other waiters back.
+func (o *observed) Withdraw(ctx context.Context, l *backend.Lease) error {
+	if w, ok := o.RemoteResource.(backend.Withdrawer); ok {
+		return w.Withdraw(ctx, l)
+	}
+	return nil
+}
+
 // Close closes the store, if it closes.
 func (o *observed) Close() error {
 	if c, ok := o.RemoteResource.(io.Closer); ok {
@@ -132,7 +161,9 @@ func (o observedNotifier) Subscribe(key string) (<-chan struct{}, func()) {
 // observe wraps res so that say and note hear of every renewal. A store that
 // cannot renew is returned as it is (distlock.New then refuses
 // WithAutoRenew). The wrapper is a Waiter or a Spinner as res is, and a
-// Notifier only if res is one.
+// Notifier only if res is one; it always has CheckKind and Withdraw, which
+// answer as res would without them. The abilities a single lock does not
+// use (Inspector, BatchRefresher, MultiSpinner) it does not pass on.
 func observe(res backend.RemoteResource, note *lossNote, say func(format string, args ...any)) backend.RemoteResource {
 	ref, ok := res.(backend.Refresher)
 	if !ok {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // forwarded are the signals distlock passes to COMMAND's process group.
@@ -97,7 +98,7 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 	defer closeClients()
 	note := &lossNote{}
 	d, err := distlock.New(observe(res, note, r.sayV), distlock.WithAutoRenew(), distlock.WithDefaultTTL(cfg.ttl),
-		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout))
+		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout), distlock.WithLabel(holderLabel()))
 	if err != nil {
 		stopWatching()
 		if c, ok := res.(io.Closer); ok {
@@ -116,8 +117,9 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 		}
 	}()
 
-	r.sayV("waiting for %s on %s (%s)", key, cfg.store, waitText(cfg.wait))
-	lk, err := d.TryLock(ctx, cfg.key, cfg.wait)
+	what := lockText(cfg.key, cfg.kind, cfg.limit)
+	r.sayV("waiting for %s on %s (%s)", what, cfg.store, waitText(cfg.wait))
+	lk, err := acquire(ctx, d, cfg)
 	stopWatching()
 	if code, ok := interrupted(); ok {
 		if lk != nil { // acquired as the signal came: give it back
@@ -129,15 +131,52 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 	case errors.Is(err, distlock.ErrInvalid):
 		r.say("%v", err)
 		return exitUsage
+	case errors.Is(err, distlock.ErrUnsupported):
+		// supports checked it before connecting; a store may still
+		// refuse a kind only once open (it did not say so then).
+		r.say("%s: the store %s cannot hold it: %v", kindFlag(cfg.kind), cfg.store, err)
+		return exitUsage
+	case errors.Is(err, distlock.ErrLimitMismatch):
+		r.say("--limit %d: the holders of the semaphore %s took it with another limit (distlock status shows it); every run of one semaphore must give the same --limit: %v",
+			cfg.limit, key, err)
+		return exitUsage
 	case errors.Is(err, distlock.ErrNotAcquired):
-		r.sayV("%s is held by another owner: not acquired (%s)", key, waitText(cfg.wait))
+		r.sayV("%s is held by another owner: not acquired (%s)", what, waitText(cfg.wait))
 		return cfg.conflict
 	case err != nil:
-		r.say("acquiring %s on %s: %v", key, cfg.store, err)
+		r.say("acquiring %s on %s: %v", what, cfg.store, err)
 		return exitUnavailable
 	}
-	r.sayV("acquired %s with token %d (TTL %v, renewed every third of it)", key, lk.Token(), cfg.ttl)
+	r.sayV("acquired %s with token %d (TTL %v, renewed every third of it)", what, lk.Token(), cfg.ttl)
 	return r.child(lk, note, sigs)
+}
+
+// acquire takes the lock of cfg's kind: the mutex, a permit of the
+// semaphore, or a side of the read/write lock.
+func acquire(ctx context.Context, d *distlock.DistributeLock, cfg *runConfig) (*distlock.Lock, error) {
+	switch cfg.kind {
+	case distlock.KindSemaphore:
+		return d.Semaphore(cfg.key, cfg.limit).TryAcquire(ctx, cfg.wait)
+	case distlock.KindRead:
+		return d.RWMutex(cfg.key).TryRLock(ctx, cfg.wait)
+	case distlock.KindWrite:
+		return d.RWMutex(cfg.key).TryLock(ctx, cfg.wait)
+	}
+	return d.TryLock(ctx, cfg.key, cfg.wait)
+}
+
+// lockText names the lock for messages: the quoted key, and its kind
+// unless it is the mutex.
+func lockText(key string, kind distlock.Kind, limit int) string {
+	switch kind {
+	case distlock.KindSemaphore:
+		return fmt.Sprintf("%s (a permit of the semaphore of %d)", quoteKey(key), limit)
+	case distlock.KindRead:
+		return quoteKey(key) + " (the read side of the read/write lock)"
+	case distlock.KindWrite:
+		return quoteKey(key) + " (the write side of the read/write lock)"
+	}
+	return quoteKey(key)
 }
 
 // watch turns the first terminating signal on sigs into the end of the
@@ -167,7 +206,7 @@ func waitText(wait time.Duration) string {
 	switch wait {
 	case 0:
 		return "one attempt"
-	case forever:
+	case distlock.WaitForever:
 		return "until acquired"
 	}
 	return "waiting up to " + wait.String()
@@ -296,6 +335,21 @@ func (r *runner) release(lk *distlock.Lock, lost bool) bool {
 		r.say("releasing %s: %v; the store frees it when its TTL (%v) runs out", key, err, r.cfg.ttl)
 	}
 	return true
+}
+
+// holderLabel is the label stored with distlock's grants, which `distlock
+// status` shows: HOST:PID, the host name cut short to fit the store's
+// bound on labels.
+func holderLabel() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	pid := ":" + strconv.Itoa(os.Getpid())
+	if len(host)+len(pid) > backend.MaxLabelLen {
+		host = host[:backend.MaxLabelLen-len(pid)]
+	}
+	return host + pid
 }
 
 // lossMargin is how long before the lock's validity ends distlock stops

@@ -26,19 +26,26 @@ type storeKind struct {
 	// latest, for a TTL of ttl.
 	freed func(ttl time.Duration) time.Duration
 	url   func(t *testing.T) string
+	// noKinds says why the store holds no semaphores or read/write locks
+	// ("" when it holds them): distlock refuses --limit, --shared and
+	// --exclusive on it with exit status 2.
+	noKinds string
+	// noInspect says why the store cannot tell who holds a lock ("" when
+	// it can): distlock status exits 2 on it.
+	noInspect string
 }
 
 func ttlFreed(ttl time.Duration) time.Duration { return ttl }
 
 var storeKinds = []storeKind{
-	{"redis", true, ttlFreed, func(t *testing.T) string { return "redis://" + testserver.Redis(t).Addr }},
+	{"redis", true, ttlFreed, func(t *testing.T) string { return "redis://" + testserver.Redis(t).Addr }, "", ""},
 	{"redlock", false, ttlFreed, func(t *testing.T) string {
 		var urls []string
 		for _, s := range testserver.RedisNodes(t, 3) {
 			urls = append(urls, "redis://"+s.Addr)
 		}
 		return "redlock:" + strings.Join(urls, ",")
-	}},
+	}, "majorities cannot bound them", ""},
 	// A renewed etcd lock lives on a lease shared by the locks of its TTL,
 	// which outlives them by max(TTL/3, 1s) (etcd's package doc).
 	{"etcd", true, func(ttl time.Duration) time.Duration { return ttl + max(ttl/3, time.Second) }, func(t *testing.T) string {
@@ -47,12 +54,15 @@ var storeKinds = []storeKind{
 			hosts = append(hosts, strings.TrimPrefix(ep, "http://"))
 		}
 		return "etcd://" + strings.Join(hosts, ",")
-	}},
+	}, "issue 24: etcd's kinds are not on main yet (their branch empties this)",
+		"issue 25: etcd's inspection is not on main yet (its branch empties this)"},
 	// ZooKeeper frees the key when the session, asked for with the TTL,
 	// expires.
-	{"zookeeper", true, ttlFreed, func(t *testing.T) string { return "zk://" + testserver.ZooKeeper(t).Addr }},
-	{"postgres", true, ttlFreed, func(t *testing.T) string { return testserver.Postgres(t).DSN }},
-	{"mariadb", true, ttlFreed, func(t *testing.T) string { return "mysql://" + testserver.MariaDB(t).DSN }},
+	{"zookeeper", true, ttlFreed, func(t *testing.T) string { return "zk://" + testserver.ZooKeeper(t).Addr },
+		"issue 24: ZooKeeper's kinds are not on main yet (their branch empties this)",
+		"issue 25: ZooKeeper's inspection is not on main yet (its branch empties this)"},
+	{"postgres", true, ttlFreed, func(t *testing.T) string { return testserver.Postgres(t).DSN }, "", ""},
+	{"mariadb", true, ttlFreed, func(t *testing.T) string { return "mysql://" + testserver.MariaDB(t).DSN }, "", ""},
 }
 
 // TestStores runs the mutex behaviours on every store, against a real
@@ -64,6 +74,7 @@ func TestStores(t *testing.T) {
 			t.Run("RunsNeverOverlap", func(t *testing.T) { testNoOverlap(t, k, url) })
 			t.Run("WaitZeroWhileHeld", func(t *testing.T) { testConflict(t, url) })
 			t.Run("KillFreesKey", func(t *testing.T) { testKill(t, k, url) })
+			t.Run("Status", func(t *testing.T) { testStatus(t, k, url) })
 		})
 	}
 }

@@ -42,6 +42,40 @@ type store interface {
 	open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error)
 	// String is the URL with any password hidden.
 	String() string
+	// proto is the store's backend as open would make it, or one over a
+	// client that never connects, for checks with no I/O: the kinds of
+	// lock it holds and whether it can inspect them (see supports).
+	proto() backend.RemoteResource
+}
+
+// supports reports, with no I/O, whether s holds locks of kind and, with
+// inspect, whether it can tell who holds them: nil, or an error that says
+// why not. The facade checks the same before I/O (ErrUnsupported); asking
+// first keeps distlock from connecting at all.
+func supports(s store, kind backend.Kind, inspect bool) error {
+	res := s.proto()
+	if kind != backend.KindMutex {
+		kc, ok := res.(backend.KindChecker)
+		if !ok {
+			return fmt.Errorf("store %s holds mutexes only, not a %s (distlock.ErrUnsupported)", s, kindName(kind))
+		}
+		if err := kc.CheckKind(kind); err != nil {
+			return fmt.Errorf("store %s cannot hold a %s: %w", s, kindName(kind), err)
+		}
+	}
+	if _, ok := res.(backend.Inspector); inspect && !ok {
+		return fmt.Errorf("store %s cannot tell who holds a lock (distlock.ErrUnsupported)", s)
+	}
+	return nil
+}
+
+// kindName names a kind of lock for messages: "mutex", "semaphore", and
+// "read/write lock" for both sides of a read/write lock.
+func kindName(kind backend.Kind) string {
+	if kind == backend.KindRead || kind == backend.KindWrite {
+		return "read/write lock"
+	}
+	return kind.String()
 }
 
 // defaultDialTimeout bounds connecting to etcd and ZooKeeper unless the
@@ -177,6 +211,8 @@ func (s *redisStore) String() string { return s.name }
 
 func (s *redisStore) validateKey(key string) error { return s.res.ValidateKey(key) }
 
+func (s *redisStore) proto() backend.RemoteResource { return s.res }
+
 func (s *redisStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	closeAll := func() { s.client.Close() }
 	// A PING, so that an unreachable server is reported now, whatever the
@@ -241,6 +277,8 @@ func (s *redlockStore) closeClients() {
 func (s *redlockStore) String() string { return s.name }
 
 func (s *redlockStore) validateKey(key string) error { return s.res.ValidateKey(key) }
+
+func (s *redlockStore) proto() backend.RemoteResource { return s.res }
 
 func (s *redlockStore) open(context.Context, time.Duration) (backend.RemoteResource, func(), error) {
 	return s.res, s.closeClients, nil
@@ -376,6 +414,9 @@ func (s *etcdStore) validateKey(key string) error {
 	return etcd.New(new(clientv3.Client)).ValidateKey(key)
 }
 
+// proto is a Resource over a client that was never connected.
+func (s *etcdStore) proto() backend.RemoteResource { return etcd.New(new(clientv3.Client)) }
+
 func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	c, err := clientv3.New(s.cfg)
 	if err != nil {
@@ -435,6 +476,9 @@ func (s *zkStore) validateKey(key string) error {
 	return zookeeper.New(new(zk.Conn), s.opts...).ValidateKey(key)
 }
 
+// proto is a Resource over a connection that was never opened.
+func (s *zkStore) proto() backend.RemoteResource { return zookeeper.New(new(zk.Conn), s.opts...) }
+
 func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
 	session := s.session
 	if session == 0 {
@@ -481,6 +525,9 @@ func (s *postgresStore) String() string { return s.name }
 // validateKey asks the PostgreSQL store's own ValidateKey, which reads
 // nothing of the store.
 func (s *postgresStore) validateKey(key string) error { return new(sqldb.Postgres).ValidateKey(key) }
+
+// proto is a zero Postgres: it answers CheckKind without its database.
+func (s *postgresStore) proto() backend.RemoteResource { return new(sqldb.Postgres) }
 
 func (s *postgresStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	pool, err := pgxpool.NewWithConfig(ctx, s.cfg)
@@ -558,6 +605,9 @@ func (s *mysqlStore) String() string { return s.name }
 // validateKey asks the MySQL store's own ValidateKey, which reads nothing
 // of the store.
 func (s *mysqlStore) validateKey(key string) error { return new(sqldb.MySQL).ValidateKey(key) }
+
+// proto is a zero MySQL: it answers CheckKind without its database.
+func (s *mysqlStore) proto() backend.RemoteResource { return new(sqldb.MySQL) }
 
 func (s *mysqlStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	conn, err := mysql.NewConnector(s.cfg)

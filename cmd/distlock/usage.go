@@ -14,7 +14,7 @@ Redlock, etcd, ZooKeeper, PostgreSQL or MySQL/MariaDB.
 
 Usage:
   distlock run [flags] KEY -- COMMAND [ARGS...]
-  distlock status [flags] KEY      (not supported yet)
+  distlock status [flags] KEY
   distlock help
 
 distlock run acquires the lock KEY, runs COMMAND while holding it,
@@ -52,20 +52,36 @@ Flags of run:
                      the exit status when KEY stayed held for the whole wait,
                      0 to 255 (default 75), like flock -E
   --limit N          a semaphore: at most N runs hold KEY at once, like
-                     consul lock -n (not supported yet)
+                     consul lock -n; every run of KEY must give the same N
   --shared           the read side of the read/write lock KEY: runs with
-                     --shared hold it together (not supported yet)
+                     --shared hold it together
   --exclusive        the write side of the read/write lock KEY: excludes
-                     --shared and other --exclusive runs (not supported yet)
+                     --shared and other --exclusive runs; a waiting
+                     --exclusive run keeps later --shared runs out
   -v, --verbose      say on stderr when distlock waits, acquires (with the
                      token), renews, loses and releases KEY
 DURATION is a number of seconds (1.5) or a Go duration (1m30s, 250ms).
 A plain run (no --limit, --shared or --exclusive) takes the mutex KEY: the
 lock distlock.TryLock takes in Go, so programs and jobs can share it.
+--limit, --shared and --exclusive exclude each other; the mutex, the
+semaphore and the read/write lock of one KEY are three distinct locks (as
+DistributeLock.Semaphore and RWMutex in Go). Redlock holds mutexes only
+(majorities cannot bound a semaphore); etcd and ZooKeeper hold mutexes only
+in this version. Every grant is labelled HOST:PID (distlock's), which
+status shows.
 
-distlock status [--store URL] [--json] KEY (not supported yet) will print
-whether KEY is held, its holders, their remaining TTL and token, and exit
-with 0 when KEY is held, 1 when it is not.
+distlock status [--store URL] [--json] [--limit N | --shared | --exclusive] KEY
+prints whether the lock KEY is held, and for each holder its label, kind,
+fencing token and time left by the store's clock; it takes nothing and
+writes nothing. Without a kind flag it reads the mutex KEY; --limit N
+(any N: the output shows the holders' limit) the semaphore KEY; --shared or
+--exclusive the read/write lock KEY, readers and writers. --json prints
+one line:
+  {"store": URL, "key": KEY, "kind": "mutex"|"semaphore"|"rwlock",
+   "held": BOOL, "limit": N (a held semaphore's),
+   "holders": [{"label": L, "kind": "mutex"|"semaphore"|"read"|"write",
+                "token": T, "ttl_ms": MS (null if unknown)}]}
+Redlock can inspect mutexes (token 0); etcd and ZooKeeper cannot yet.
 
 Store URLs (--store, or the environment variable DISTLOCK_STORE):
   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
@@ -102,7 +118,10 @@ prefer DISTLOCK_STORE.
 Exit status of run:
   COMMAND's   COMMAND ran, holding the lock until it exited; 128+N if a
               signal N ended it
-  2           bad usage, flag, key or store URL; nothing was sent to the store
+  2           bad usage, flag, key or store URL, or a kind of lock the store
+              cannot hold (--limit on Redlock): nothing was sent to the
+              store; or --limit N differs from the limit the semaphore's
+              holders took it with (the store said so; nothing was written)
   69          the store could not be reached or failed before COMMAND started
   75          KEY stayed held by another owner for the whole wait
               (--conflict-exit-code changes it)
@@ -110,4 +129,12 @@ Exit status of run:
   126         COMMAND could not be started
   127         COMMAND was not found
   128+N       distlock got signal N while it waited for KEY
+
+Exit status of status:
+  0           KEY is held
+  1           KEY is free
+  2           bad usage, flag, key or store URL, or the store cannot tell
+              who holds a lock of that kind (etcd, ZooKeeper; semaphores and
+              read/write locks on Redlock): nothing was sent to the store
+  69          the store could not be reached or failed
 `
