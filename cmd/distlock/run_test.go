@@ -54,13 +54,10 @@ var storeKinds = []storeKind{
 			hosts = append(hosts, strings.TrimPrefix(ep, "http://"))
 		}
 		return "etcd://" + strings.Join(hosts, ",")
-	}, "issue 24: etcd's kinds are not on main yet (their branch empties this)",
-		"issue 25: etcd's inspection is not on main yet (its branch empties this)"},
+	}, "", ""},
 	// ZooKeeper frees the key when the session, asked for with the TTL,
 	// expires.
-	{"zookeeper", true, ttlFreed, func(t *testing.T) string { return "zk://" + testserver.ZooKeeper(t).Addr },
-		"issue 24: ZooKeeper's kinds are not on main yet (their branch empties this)",
-		"issue 25: ZooKeeper's inspection is not on main yet (its branch empties this)"},
+	{"zookeeper", true, ttlFreed, func(t *testing.T) string { return "zk://" + testserver.ZooKeeper(t).Addr }, "", ""},
 	{"postgres", true, ttlFreed, func(t *testing.T) string { return testserver.Postgres(t).DSN }, "", ""},
 	{"mariadb", true, ttlFreed, func(t *testing.T) string { return "mysql://" + testserver.MariaDB(t).DSN }, "", ""},
 }

@@ -97,8 +97,6 @@ func TestBadCommandLines(t *testing.T) {
 		{"status flag after key", []string{"status", "--store", redisURL, "k", "--json"}, nil, 2, "status takes one KEY, flags before it"},
 		{"status long key", []string{"status", "--store", redisURL, long}, nil, 2, "is longer than 65536"},
 		{"status of a semaphore on redlock", []string{"status", "--store", redlockURL, "--limit", "2", "k"}, nil, 2, "redlock holds mutexes only"},
-		// issue 25: etcd cannot inspect on main yet; its branch changes this case.
-		{"status on etcd", []string{"status", "--store", "etcd://" + addr, "k"}, nil, 2, "cannot tell who holds a lock"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
