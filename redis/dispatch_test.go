@@ -128,20 +128,25 @@ func TestLoneCallSentAlone(t *testing.T) {
 	}
 }
 
-// pauseWithCallInFlight freezes srv and sends a call (an acquire of a key
-// of its own) that will wait for it: the calls made next find a batch in
-// flight. It returns the call's result channel.
-func pauseWithCallInFlight(t *testing.T, srv *testserver.RedisServer, r *redis.Resource, log *sentLog) (<-chan error, *backend.Lease) {
+// pauseWithCallsInFlight freezes srv and sends as many calls as the
+// Resource keeps in flight (acquires of keys of their own), which will
+// wait for it: the calls made next find every batch busy. It returns the
+// calls' results and leases.
+func pauseWithCallsInFlight(t *testing.T, srv *testserver.RedisServer, r *redis.Resource, log *sentLog) (<-chan error, []*backend.Lease) {
 	t.Helper()
 	srv.Pause()
-	first := newLease(uniqueKey(t)+"-first", time.Minute)
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := r.TryAcquire(context.Background(), first)
-		done <- err
-	}()
-	waitFor(t, "the first call sent", func() bool { return len(log.find(lockKey(first.Key))) == 1 })
-	return done, first
+	done := make(chan error, redis.MaxInFlight)
+	var ls []*backend.Lease
+	for i := range redis.MaxInFlight {
+		l := newLease(uniqueKey(t)+"-first"+strconv.Itoa(i), time.Minute)
+		ls = append(ls, l)
+		go func() {
+			_, _, err := r.TryAcquire(context.Background(), l)
+			done <- err
+		}()
+		waitFor(t, "a first call sent", func() bool { return len(log.find(lockKey(l.Key))) == 1 })
+	}
+	return done, ls
 }
 
 // TestOverlappingCallsShareAPipeline: calls made while a batch is in
@@ -176,7 +181,7 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	firstDone, first := pauseWithCallInFlight(t, srv, r, &log)
+	firstDone, firsts := pauseWithCallsInFlight(t, srv, r, &log)
 	type res struct {
 		ok  bool
 		ttl time.Duration
@@ -194,8 +199,10 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 	waitFor(t, "six calls queued", func() bool { return redis.Queued(r) == 6 })
 	srv.Resume()
 	wg.Wait()
-	if err := <-firstDone; err != nil {
-		t.Fatalf("first call: %v", err)
+	for range firsts {
+		if err := <-firstDone; err != nil {
+			t.Fatalf("first call: %v", err)
+		}
 	}
 
 	if !rFree.ok || rFree.err != nil || free.Token == 0 {
@@ -217,7 +224,7 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 		rInspect.ins.Holders[0].Token != held.Token {
 		t.Errorf("Inspect(held) = %+v, %v; want the held lease (token %d)", rInspect.ins, rInspect.err, held.Token)
 	}
-	// The six went in one request, after the first call's.
+	// The six went in one request, after the first calls'.
 	reqs := log.find(lockKey(free.Key))
 	if len(reqs) == 0 {
 		t.Fatal("the free key's acquire was never sent")
@@ -225,9 +232,11 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 	if n := len(reqs[0]); n != 6 {
 		t.Errorf("the free key's acquire went in a request of %d commands (%v); want the 6 calls together", n, reqs[0])
 	}
-	for _, rq := range log.find(lockKey(first.Key)) {
-		if len(rq) != 1 {
-			t.Errorf("the first call went in a request of %d commands: %v", len(rq), rq)
+	for _, first := range firsts {
+		for _, rq := range log.find(lockKey(first.Key)) {
+			if len(rq) != 1 {
+				t.Errorf("a first call went in a request of %d commands: %v", len(rq), rq)
+			}
 		}
 	}
 	// The release's script was not cached: EVALSHA, then EVAL, each in a
@@ -235,7 +244,7 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 	if reqs := log.find(lockKey(never.Key)); len(reqs) != 2 || len(reqs[1]) < 2 {
 		t.Errorf("the release went in %v; want the batch, then a pipeline of the NOSCRIPT retries", reqs)
 	}
-	for _, l := range []*backend.Lease{held, free, first} {
+	for _, l := range append([]*backend.Lease{held, free}, firsts...) {
 		if err := r.Release(ctx, l); err != nil {
 			t.Errorf("Release(%s): %v", l.Key, err)
 		}
@@ -243,10 +252,10 @@ func TestOverlappingCallsShareAPipeline(t *testing.T) {
 	_ = direct.Del(ctx, lockKey(wrong.Key))
 }
 
-// TestQueuedCallNeverSent: a call queued behind a batch in flight whose
-// context ends returns at once and is never sent; a call made after the
-// batch's only caller gave up goes at once, on another connection, while
-// that batch is still stuck.
+// TestQueuedCallNeverSent: a call queued behind the batches in flight
+// whose context ends returns at once and is never sent; a call made after
+// those batches' callers gave up goes at once, on another connection,
+// while they are still stuck.
 func TestQueuedCallNeverSent(t *testing.T) {
 	srv := testserver.Redis(t)
 	var log sentLog
@@ -265,16 +274,21 @@ func TestQueuedCallNeverSent(t *testing.T) {
 			srv.Resume()
 		}
 	}()
-	// The first call: its caller gives up after 100ms.
-	first := newLease(base+"-first", time.Minute)
+	// The first calls, one per batch the Resource keeps in flight: their
+	// callers give up after 100ms.
 	ctx1, cancel1 := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel1()
-	firstDone := make(chan error, 1)
-	go func() {
-		_, _, err := r.TryAcquire(ctx1, first)
-		firstDone <- err
-	}()
-	waitFor(t, "the first call sent", func() bool { return len(log.find(lockKey(first.Key))) == 1 })
+	firstDone := make(chan error, redis.MaxInFlight)
+	var firsts []*backend.Lease
+	for i := range redis.MaxInFlight {
+		first := newLease(base+"-first"+strconv.Itoa(i), time.Minute)
+		firsts = append(firsts, first)
+		go func() {
+			_, _, err := r.TryAcquire(ctx1, first)
+			firstDone <- err
+		}()
+		waitFor(t, "a first call sent", func() bool { return len(log.find(lockKey(first.Key))) == 1 })
+	}
 	// A queued call whose context ends before the first's.
 	queued := newLease(base+"-queued", time.Minute)
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -288,19 +302,23 @@ func TestQueuedCallNeverSent(t *testing.T) {
 	if err := <-queuedDone; !errors.Is(err, context.Canceled) {
 		t.Errorf("queued call = %v; want an error wrapping context.Canceled", err)
 	}
-	var ab *backend.AbandonedError
-	if err := <-firstDone; !errors.As(err, &ab) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("first call = %v; want an AbandonedError wrapping DeadlineExceeded", err)
+	var abs []*backend.AbandonedError
+	for range firsts {
+		var ab *backend.AbandonedError
+		if err := <-firstDone; !errors.As(err, &ab) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("first call = %v; want an AbandonedError wrapping DeadlineExceeded", err)
+		}
+		abs = append(abs, ab)
 	}
-	// The first batch is stuck, and nobody waits for it: the next call
-	// is sent at once.
+	// The first batches are stuck, and nobody waits for them: the next
+	// call is sent at once.
 	next := newLease(base+"-next", time.Minute)
 	nextDone := make(chan error, 1)
 	go func() {
 		_, _, err := r.TryAcquire(context.Background(), next)
 		nextDone <- err
 	}()
-	waitFor(t, "the next call sent while the first batch is stuck", func() bool {
+	waitFor(t, "the next call sent while the first batches are stuck", func() bool {
 		return len(log.find(lockKey(next.Key))) == 1
 	})
 	srv.Resume()
@@ -309,8 +327,10 @@ func TestQueuedCallNeverSent(t *testing.T) {
 		t.Errorf("next call = %v", err)
 	}
 	ctx := context.Background()
-	if err := ab.Cleanup(ctx); err != nil {
-		t.Errorf("Cleanup of the first call: %v", err)
+	for _, ab := range abs {
+		if err := ab.Cleanup(ctx); err != nil {
+			t.Errorf("Cleanup of a first call: %v", err)
+		}
 	}
 	if err := r.Release(ctx, next); err != nil {
 		t.Errorf("Release(next): %v", err)
@@ -322,7 +342,7 @@ func TestQueuedCallNeverSent(t *testing.T) {
 	}
 	direct := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = direct.Close() })
-	for _, l := range []*backend.Lease{first, queued, next} {
+	for _, l := range append([]*backend.Lease{queued, next}, firsts...) {
 		if n := direct.Exists(ctx, lockKey(l.Key)).Val(); n != 0 {
 			t.Errorf("%s left behind", l.Key)
 		}

@@ -143,11 +143,12 @@
 // The acquires, releases, refreshes and inspections of one Resource that
 // overlap in time share round trips. A call that finds no request of the
 // Resource in flight is sent at once, alone, as it would be without
-// batching: a lone caller waits for nothing. Calls made while a request
-// is in flight wait for it to return, and then go together in one
+// batching: a lone caller waits for nothing. Up to four requests of the
+// Resource are in flight at once, each on its own connection; calls made
+// while four are wait for one to return, and then go together in one
 // pipeline (EVALSHA each; those whose script the server had not cached
 // again, with EVAL, in a second pipeline): under load each request
-// carries every call made during the previous one's round trip. Each call
+// carries every call made while the others were in flight. Each call
 // keeps its own reply and error: a script that fails fails only its call,
 // and a reply lost after sending is the error of each call of the
 // pipeline, handled by each as when sent alone (an acquire cleans up, see
@@ -170,8 +171,8 @@
 // ReadTimeout, 5s by default, or the context's deadline with
 // ContextTimeoutEnabled: for a batch, the latest of its calls'
 // deadlines), holding one of the client's connections; a request whose
-// callers all stopped waiting no longer holds back the next batch, which
-// goes on another connection.
+// callers all stopped waiting no longer counts among the four in flight:
+// the next batch goes on another connection.
 //
 // # Keys
 //

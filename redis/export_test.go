@@ -6,3 +6,6 @@ func Queued(r *Resource) int {
 	defer r.mu.Unlock()
 	return len(r.queue)
 }
+
+// MaxInFlight is how many batches a Resource keeps in flight at once.
+const MaxInFlight = maxInFlight
