@@ -595,3 +595,66 @@ func isReply(err error) bool {
 	var re goredis.Error
 	return errors.Is(err, backend.ErrNotHeld) || errors.As(err, &re)
 }
+
+// TestClusterBatches: on Cluster, calls that overlap go in pipelines that
+// go-redis splits by node, and each call still gets its own reply: 32
+// goroutines acquire, inspect, refresh and release keys of their own,
+// spread over the slots, and check every reply.
+func TestClusterBatches(t *testing.T) {
+	const goroutines, rounds = 32, 15
+	srv := testserver.RedisCluster(t)
+	var log sentLog
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
+	c.AddHook(&log)
+	t.Cleanup(func() { _ = c.Close() })
+	r := newResource(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	base := uniqueKey(t)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range rounds {
+				l := newLease(base+"-"+strconv.Itoa(g), time.Minute)
+				l.Label = "g" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+				ok, _, err := r.TryAcquire(ctx, l)
+				if err != nil || !ok || l.Token == 0 {
+					t.Errorf("%s: TryAcquire = %v, %v, token %d", l.Label, ok, err, l.Token)
+					return
+				}
+				ins, err := r.Inspect(ctx, l.Key, backend.KindMutex)
+				if err != nil || len(ins.Holders) != 1 || ins.Holders[0].Label != l.Label || ins.Holders[0].Token != l.Token {
+					t.Errorf("%s: Inspect = %+v, %v; want this lease, token %d", l.Label, ins, err, l.Token)
+				}
+				if err := r.Refresh(ctx, l); err != nil {
+					t.Errorf("%s: Refresh = %v", l.Label, err)
+				}
+				if err := r.Refresh(ctx, newLease(l.Key, time.Minute)); !errors.Is(err, backend.ErrNotHeld) {
+					t.Errorf("%s: Refresh of a lease never acquired = %v; want ErrNotHeld", l.Label, err)
+				}
+				if err := r.Release(ctx, l); err != nil {
+					t.Errorf("%s: Release = %v", l.Label, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	batched := 0
+	log.mu.Lock()
+	for _, rq := range log.reqs {
+		if len(rq) > 1 {
+			batched++
+		}
+	}
+	n := len(log.reqs)
+	log.mu.Unlock()
+	t.Logf("%d requests for %d calls, %d of them carrying several", n, goroutines*rounds*5, batched)
+	if batched == 0 {
+		t.Errorf("no request carried more than one call: nothing was batched")
+	}
+	for g := range goroutines {
+		if n := c.Exists(ctx, lockKey(base+"-"+strconv.Itoa(g))).Val(); n != 0 {
+			t.Errorf("key %d left", g)
+		}
+	}
+}
