@@ -223,3 +223,62 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCycleParallel is BenchmarkCycle from 16 goroutines of one
+// process, each on its own key: the calls that overlap share pipelines
+// (natural batching); round-trips/op says how many.
+//
+//	go test -run '^$' -bench CycleParallel -cpu 1 ./redis
+func BenchmarkCycleParallel(b *testing.B) {
+	c := standalone(b)
+	var pipes atomic.Int64
+	c.AddHook(pipeCounter{&pipes})
+	d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	base := uniqueKey(b)
+	var id atomic.Int64
+	before, usec := commandStats(b, c), commandUsec(b, c)
+	pipes.Store(0)
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		key := base + strconv.FormatInt(id.Add(1), 10)
+		for pb.Next() {
+			lk, err := d.TryLock(ctx, key, 0)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(pipes.Load())/float64(b.N), "round-trips/op")
+	reportCommands(b, c, before, "evalsha", "eval")
+	reportScriptTime(b, c, usec)
+}
+
+// pipeCounter counts the commands and pipelines a client sends.
+type pipeCounter struct{ n *atomic.Int64 }
+
+func (pipeCounter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h pipeCounter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h pipeCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}

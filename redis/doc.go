@@ -138,17 +138,41 @@
 // WithAutoRenew then costs about one request per 500 locks per renewal
 // interval (a third of the TTL) instead of one per lock.
 //
+// # Natural batching
+//
+// The acquires, releases, refreshes and inspections of one Resource that
+// overlap in time share round trips. A call that finds no request of the
+// Resource in flight is sent at once, alone, as it would be without
+// batching: a lone caller waits for nothing. Up to four requests of the
+// Resource are in flight at once, each on its own connection; calls made
+// while four are wait for one to return, and then go together in one
+// pipeline (EVALSHA each; those whose script the server had not cached
+// again, with EVAL, in a second pipeline): under load each request
+// carries every call made while the others were in flight. Each call
+// keeps its own reply and error: a script that fails fails only its call,
+// and a reply lost after sending is the error of each call of the
+// pipeline, handled by each as when sent alone (an acquire cleans up, see
+// Round trips). On Cluster and over a Ring, go-redis splits a pipeline by
+// node and sends the parts concurrently, each on its node's connection;
+// the next batch waits for the slowest node. Acquires under
+// [WithWaitReplicas] (the WAIT must follow the script on its connection)
+// and [Resource.RefreshAll] (a pipeline already) are not batched.
+//
 // # Contexts
 //
 // Every call returns when its context ends, whatever the server does. A
 // go-redis client stops at a context's deadline only when created with
 // ContextTimeoutEnabled, and never at a cancellation without a deadline, so
-// the Resource runs a request whose context can end in a goroutine of its
-// own and stops waiting for it when the context ends (a request with a
+// the Resource runs a request whose context can end on a worker goroutine
+// and stops waiting for it when the context ends (a call alone with a
 // context that cannot end, context.Background(), runs in the caller's).
-// The request itself runs on until the client gives up on it (its
+// A call still waiting for the next batch when its context ends is never
+// sent. One sent runs on until the client gives up on it (its
 // ReadTimeout, 5s by default, or the context's deadline with
-// ContextTimeoutEnabled), holding one of the client's connections.
+// ContextTimeoutEnabled: for a batch, the latest of its calls'
+// deadlines), holding one of the client's connections; a request whose
+// callers all stopped waiting no longer counts among the four in flight:
+// the next batch goes on another connection.
 //
 // # Keys
 //

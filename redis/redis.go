@@ -58,8 +58,11 @@ type Resource struct {
 
 	hub *hub
 
-	// Requests whose context can end run on worker goroutines (see run).
-	tasks     chan *call // hands a request to an idle worker; unbuffered
+	// Requests run on worker goroutines in batches (see dispatch.go).
+	mu        sync.Mutex
+	queue     []*call     // the calls waiting for the next batch, under mu
+	live      int         // batches in flight that a caller waits for, under mu
+	tasks     chan *batch // hands a batch to an idle worker; unbuffered
 	quit      chan struct{}
 	closeOnce sync.Once
 }
@@ -108,7 +111,7 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // returns an error.
 func New(c goredis.UniversalClient, opts ...Option) *Resource {
 	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
-		tasks: make(chan *call), quit: make(chan struct{})}
+		tasks: make(chan *batch), quit: make(chan struct{})}
 	if cc, ok := c.(*goredis.ClusterClient); ok {
 		r.cluster = cc
 		r.publish = redisscript.ShardedPublish
@@ -189,133 +192,6 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 		return h
 	}
 	return r.newHandle(l)
-}
-
-// run sends cmd, a prebuilt EVALSHA of s with keys, and falls back to EVAL
-// once when the server does not have the script cached (as Script.Run).
-// It returns when the reply came or ctx ended, whichever is first: a
-// client honours a context's deadline only when built with
-// ContextTimeoutEnabled, and its cancellation never, so the request runs
-// on a worker goroutine whenever ctx can end. A request cut short that
-// way runs on until the client gives up on it (its ReadTimeout, or ctx's
-// deadline under ContextTimeoutEnabled), and may still reach the server:
-// the caller decides what that means (see TryAcquire).
-func (r *Resource) run(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
-	v, _, err := r.runCall(ctx, s, keys, cmd, false)
-	return v, err
-}
-
-// runValue is run for a script whose reply is not an integer: it returns
-// the reply as go-redis reads it (an []any for an array).
-func (r *Resource) runValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
-	_, val, err := r.runCall(ctx, s, keys, cmd, true)
-	return val, err
-}
-
-func (r *Resource) runCall(ctx context.Context, s *goredis.Script, keys []string, cmd []any, value bool) (int64, any, error) {
-	done := ctx.Done()
-	if done == nil {
-		if value {
-			val, err := r.runNowValue(ctx, s, keys, cmd)
-			return 0, val, err
-		}
-		v, err := r.runNow(ctx, s, keys, cmd)
-		return v, nil, err
-	}
-	c := calls.Get().(*call)
-	c.r, c.ctx, c.s, c.keys, c.cmd, c.value = r, ctx, s, keys, cmd, value
-	r.submit(c)
-	select {
-	case <-c.done:
-	case <-done:
-		select {
-		case <-c.done: // the reply came with the end: take it
-		default:
-			// c is the request's now: it is not reused.
-			return 0, nil, ctx.Err()
-		}
-	}
-	v, val, err := c.v, c.val, c.err
-	*c = call{done: c.done}
-	calls.Put(c)
-	return v, val, err
-}
-
-// submit runs c on an idle worker, or on a new one. Workers stay idle for
-// workerIdle, so a steady load reuses them (a handoff to a parked
-// goroutine costs less than starting one), and a burst, or requests
-// stuck on a server that stopped answering, get as many as they need.
-func (r *Resource) submit(c *call) {
-	select {
-	case r.tasks <- c:
-	default:
-		go r.work(c)
-	}
-}
-
-func (r *Resource) work(c *call) {
-	c.run()
-	idle := time.NewTimer(workerIdle)
-	defer idle.Stop()
-	for {
-		select {
-		case c = <-r.tasks:
-			c.run()
-			idle.Reset(workerIdle)
-		case <-idle.C:
-			return
-		case <-r.quit:
-			return
-		}
-	}
-}
-
-// runNow is run in the caller's goroutine.
-func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
-	c := goredis.NewCmd(ctx, cmd...)
-	_ = r.c.Process(ctx, c)
-	v, err := c.Int64()
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Int64()
-	}
-	return v, err
-}
-
-// runNowValue is runValue in the caller's goroutine.
-func (r *Resource) runNowValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
-	c := goredis.NewCmd(ctx, cmd...)
-	_ = r.c.Process(ctx, c)
-	val, err := c.Result()
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Result()
-	}
-	return val, err
-}
-
-// call is one request of run, made on a worker. Calls are reused, except
-// one whose caller stopped waiting.
-type call struct {
-	r     *Resource
-	ctx   context.Context
-	s     *goredis.Script
-	keys  []string
-	cmd   []any
-	value bool // the reply goes to val, not v
-	v     int64
-	val   any
-	err   error
-	done  chan struct{} // buffered 1: the request's goroutine never blocks
-}
-
-var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
-
-func (c *call) run() {
-	if c.value {
-		c.val, c.err = c.r.runNowValue(c.ctx, c.s, c.keys, c.cmd)
-	} else {
-		c.v, c.err = c.r.runNow(c.ctx, c.s, c.keys, c.cmd)
-	}
-	c.done <- struct{}{}
 }
 
 // await runs f in a goroutine of its own and returns true when it
