@@ -522,18 +522,34 @@ func (d *DistributeLock) renewGrants(gs []*grant) {
 	}
 	// Batches of at most MaxRefreshBatch leases; a lock's leases stay in
 	// one batch.
+	var parts [][]renewal
 	var part []renewal
 	n := 0
 	for _, rn := range rns {
 		if n > 0 && n+len(rn.leases) > backend.MaxRefreshBatch {
-			go refreshBatch(br, part)
+			parts = append(parts, part)
 			part, n = nil, 0
 		}
 		part = append(part, rn)
 		n += len(rn.leases)
 	}
-	go refreshBatch(br, part)
+	parts = append(parts, part)
+	// A few batches in flight at once, not all: each takes a connection
+	// of the client's pool, and a burst of hundreds dials connections the
+	// pool then holds (go-redis, pgx), besides flooding the server.
+	var next atomic.Int64
+	for range min(len(parts), maxBatchesInFlight) {
+		go func() {
+			for i := next.Add(1) - 1; i < int64(len(parts)); i = next.Add(1) - 1 {
+				refreshBatch(br, parts[i])
+			}
+		}()
+	}
 }
+
+// maxBatchesInFlight is how many batch renewals of one scheduler run are
+// sent at once.
+const maxBatchesInFlight = 4
 
 // refreshBatch renews rns in one request and reports each result.
 func refreshBatch(br backend.BatchRefresher, rns []renewal) {

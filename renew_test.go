@@ -20,10 +20,19 @@ type batchCounter struct {
 	*memory.Store
 	requests, leases atomic.Int64
 	largest          atomic.Int64
-	fail             sync.Map // keys whose renewal fails with a store error
+	inFlight, most   atomic.Int64 // RefreshAll calls running, and the most at once
+	fail             sync.Map     // keys whose renewal fails with a store error
 }
 
 func (b *batchCounter) RefreshAll(ctx context.Context, ls []*backend.Lease) []error {
+	for n := b.inFlight.Add(1); ; {
+		m := b.most.Load()
+		if n <= m || b.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	defer b.inFlight.Add(-1)
+	time.Sleep(time.Millisecond) // a store's round trip, so that batches can overlap
 	b.requests.Add(1)
 	b.leases.Add(int64(len(ls)))
 	for n := int64(len(ls)); ; {
@@ -49,7 +58,7 @@ func (b *batchCounter) Refresh(context.Context, *backend.Lease) error {
 // is lost; a lock whose renewal fails in a batch is lost on its own.
 func TestRenewalBatches(t *testing.T) {
 	store := &batchCounter{Store: memory.New()}
-	const n, ttl = 2000, 600 * time.Millisecond
+	const n, ttl = 3000, 600 * time.Millisecond
 	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(ttl))
 	ctx := t.Context()
 	locks := make([]*distlock.Lock, n)
@@ -82,6 +91,11 @@ func TestRenewalBatches(t *testing.T) {
 	}
 	if store.largest.Load() > backend.MaxRefreshBatch {
 		t.Errorf("a batch of %d leases; at most %d", store.largest.Load(), backend.MaxRefreshBatch)
+	}
+	// 3000 locks due together make 6 batches or more: a few at once,
+	// not a connection's worth each.
+	if m := store.most.Load(); m > 4 {
+		t.Errorf("%d batch renewals in flight at once; want at most 4", m)
 	}
 	for _, lk := range locks {
 		lk.Unlock(ctx)
