@@ -30,6 +30,8 @@
 //
 //	distlock.key              the lock's key
 //	distlock.store            the store's name, from WithStore (absent without it)
+//	distlock.mode             mutex, semaphore, read or write (a side of a read/write lock)
+//	distlock.limit            a semaphore's limit (absent for the other modes)
 //	distlock.wait             the wait TryLock was given, in seconds (0: one attempt)
 //	distlock.ttl              the lease time, in seconds
 //	distlock.remote_attempts  calls that reached the store's acquire
@@ -43,8 +45,8 @@
 // [distlock.Lock.Deadline] counts it), so it may overlap the end of the
 // acquisition span by that attempt's round trip, and it ends when the lock
 // ends: when the store confirmed the release, or when the lock was known
-// lost. Its attributes are distlock.key, distlock.store, distlock.ttl,
-// distlock.token, and at the end distlock.outcome (released, not_held,
+// lost. Its attributes are distlock.key, distlock.store, distlock.mode,
+// distlock.limit, distlock.ttl, distlock.token, and at the end distlock.outcome (released, not_held,
 // lost) and error.type. A release that failed with a store error leaves
 // the lock held (Unlock may be retried): the span stays open and records
 // the error as an "exception" event. Renewals make neither spans nor

@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/distlock/distlock"
@@ -52,6 +53,7 @@ func runOutcomes(t *testing.T, k kit) {
 	t.Run("Close", func(t *testing.T) { testClose(t, k) })
 	t.Run("Reentrant", func(t *testing.T) { testReentrant(t, k) })
 	t.Run("RolledBack", func(t *testing.T) { testRolledBack(t, k) })
+	t.Run("Modes", func(t *testing.T) { testModes(t, k) })
 }
 
 func testHeldReleased(t *testing.T, k kit) {
@@ -85,6 +87,8 @@ func testHeldReleased(t *testing.T, k kit) {
 		tracing.KeyStore:          k.name,
 		tracing.KeyWait:           1.0,
 		tracing.KeyTTL:            5.0,
+		tracing.KeyMode:           "mutex",
+		tracing.KeyLimit:          nil,
 		tracing.KeyRemoteAttempts: 1,
 		tracing.KeyOutcome:        tracing.OutcomeHeld,
 		tracing.KeyToken:          lk.Token(),
@@ -453,5 +457,37 @@ func waitDone(t *testing.T, lk *distlock.Lock) {
 	case <-lk.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Done not closed")
+	}
+}
+
+// testModes: a semaphore's permit and the two sides of a read/write lock
+// have their mode on both spans, and a semaphore its limit.
+func testModes(t *testing.T, k kit) {
+	f := newFixture(t, tracing.WithStore(k.name))
+	res, _ := k.open(t)
+	d := newLock(t, res, distlock.WithHandlers(f.h))
+	ctx := t.Context()
+	key := uniqueKey(t)
+	take := []struct {
+		mode  string
+		limit any
+		lock  func() (*distlock.Lock, error)
+	}{
+		{"semaphore", 2, func() (*distlock.Lock, error) { return d.Semaphore(key, 2).TryAcquire(ctx, 0) }},
+		{"read", nil, func() (*distlock.Lock, error) { return d.RWMutex(key).TryRLock(ctx, 0) }},
+		{"write", nil, func() (*distlock.Lock, error) { return d.RWMutex(key+"-w").TryLock(ctx, 0) }},
+	}
+	for _, c := range take {
+		lk, err := c.lock()
+		if err != nil {
+			t.Fatalf("%s: %v", c.mode, err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatalf("%s: Unlock: %v", c.mode, err)
+		}
+		acqs, holds := f.ended(tracing.SpanAcquire), f.ended(tracing.SpanHold)
+		for _, s := range []sdktrace.ReadOnlySpan{acqs[len(acqs)-1], holds[len(holds)-1]} {
+			checkAttrs(t, s, want{tracing.KeyMode: c.mode, tracing.KeyLimit: c.limit})
+		}
 	}
 }

@@ -43,6 +43,8 @@ const (
 	KeyStore          = attribute.Key("distlock.store")
 	KeyWait           = attribute.Key("distlock.wait")
 	KeyTTL            = attribute.Key("distlock.ttl")
+	KeyMode           = attribute.Key("distlock.mode")  // mutex, semaphore, read or write
+	KeyLimit          = attribute.Key("distlock.limit") // a semaphore's limit
 	KeyRemoteAttempts = attribute.Key("distlock.remote_attempts")
 	KeyToken          = attribute.Key("distlock.token")
 	KeyOutcome        = attribute.Key("distlock.outcome")
@@ -248,14 +250,15 @@ func endedByWait(ctx context.Context, r *distlock.Request, cerr error) bool {
 
 // requestAttrs are the attributes of r known before the outcome.
 func (h *Handler) requestAttrs(r *distlock.Request, acquire bool) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs := make([]attribute.KeyValue, 0, 7)
 	attrs = append(attrs, KeyKey.String(r.Key))
 	if h.store.Key != "" {
 		attrs = append(attrs, h.store)
 	}
-	// The lock's mode and limit (issue 24: read/write locks, semaphores)
-	// go here once the Request carries them: distlock.mode and
-	// distlock.limit, the latter only where a limit applies.
+	attrs = append(attrs, KeyMode.String(r.Kind.String()))
+	if r.Kind == distlock.KindSemaphore {
+		attrs = append(attrs, KeyLimit.Int(r.Limit))
+	}
 	if acquire {
 		attrs = append(attrs, KeyWait.Float64(r.Wait.Seconds()))
 	}
