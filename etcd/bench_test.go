@@ -204,15 +204,10 @@ func BenchmarkAcquireHeldVsMutex(b *testing.B) {
 func BenchmarkHandoff(b *testing.B) {
 	endpoints := testserver.Etcd(b).Endpoints
 	for _, m := range modes {
-		for _, atRead := range []bool{false, true} {
-			name := "distlock-" + m.name
-			if atRead {
-				name += "-watch-at-read"
-			}
-			b.Run(name, func(b *testing.B) {
+		{
+			b.Run("distlock-"+m.name, func(b *testing.B) {
 				ra := New(newClient(b, endpoints), m.opts...)
 				rb := New(newClient(b, endpoints), m.opts...)
-				rb.watchAtRead = atRead
 				da, _ := distlock.New(ra, distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 				db, _ := distlock.New(rb, distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 				defer da.Close()

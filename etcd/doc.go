@@ -30,15 +30,18 @@
 // names that never repeat (such as lease IDs) make acquires of a busy lock
 // slower and slower until the next compaction. The holder is the key with the lowest create
 // revision in that directory; the same transaction tells whether that is
-// ours. A waiter watches only the key created just before its own and,
+// ours. A waiter waits only for the key created just before its own and,
 // when that one is deleted, reads again (its predecessor, and its own key:
 // a waiter whose lease ended while it queued gets an error wrapping
 // rpctypes.ErrLeaseNotFound, never the lock; see etcd issue 11456). While it
-// waits it keeps its lease alive. The watch starts at the revision after the
-// one just read, so the server serves it at once instead of from its 100 ms
-// catch-up loop for watchers that start in the past, as
-// concurrency.Mutex's do: a handoff takes about a millisecond instead of
-// about 100.
+// waits it keeps its lease alive. Its watch, one for the whole wait, is on
+// its queue's directory, starts "now" and is made before the read that
+// decides whether it waits; the waiter ignores every event but the one it
+// waits for. The server serves such a watch at once, where a watch that
+// starts at a revision already written (concurrency.Mutex's, or one from
+// the revision after the read once anything else was written, as under
+// contention it always is) is served from the server's 100 ms catch-up
+// loop: a handoff takes about a millisecond instead of up to 100.
 //
 // Release deletes our key in a transaction that compares its create
 // revision with the token, then revokes the lease, which holds nothing
@@ -121,7 +124,7 @@
 // a writer's when no key precedes it; a reader's when no writer's key
 // precedes it. The transaction that makes the key also reads what decides
 // that, so an uncontended acquire is one transaction, as for a mutex. A
-// waiter watches only what it waits for: a writer the key just before
+// waiter is woken only by what it waits for: a writer the key just before
 // its own, a reader the newest writer's key before its own (as etcd's
 // recipe RWMutex does). A semaphore's waiter cannot: a permit frees when
 // any of the Limit holders leaves, in any order. So the first waiter

@@ -71,10 +71,6 @@ type Resource struct {
 	watch   keyWatch     // deletions of keys on leases of their own
 	wakeups atomic.Int64 // predecessor deletions seen by waiters
 
-	// watchAtRead starts predecessor watches at the revision read, as
-	// concurrency.Mutex does, instead of the one after; only benchmarks
-	// set it, to show what that costs.
-	watchAtRead bool
 	// hook, set only by tests before any use, is called at the named
 	// points, so that a test can force an interleaving that timers and
 	// the scheduler give only now and then.
@@ -451,13 +447,23 @@ func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*cli
 	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()
 }
 
-// await blocks until h holds its lock (see standing). It watches only
-// what it waits for, so one release wakes one waiter. After every wake
-// it reads again, in one transaction, what it waits for and our own key:
-// a waiter whose key vanished (its lease expired or was revoked) gets an
-// error, never the lock. renew, when set, keeps our lease alive every
-// ttl/3 and once more with every re-check; lost, when closed, means our
-// lease is gone.
+// await blocks until h holds its lock (see standing). It watches h's
+// queue directory, with a watch made before the read that decides
+// whether h waits and kept for the whole wait, and is woken only by what
+// it waits for (standing's target), so one release wakes one waiter.
+// After every wake it reads again, in one transaction, what it waits for
+// and our own key: a waiter whose key vanished (its lease expired or was
+// revoked) gets an error, never the lock. renew, when set, keeps our
+// lease alive every ttl/3 and once more with every re-check; lost, when
+// closed, means our lease is gone.
+//
+// The watch starts "now", and the read follows its creation: etcd serves
+// such a watch as synced, sending each event as it happens. A watch made
+// after the read, from the revision after it, is served that way only if
+// nothing was written in between; under contention something always is
+// (a release, another waiter's key), and etcd then serves the watch from
+// its catch-up loop, which runs every 100 ms: each hand-off waited up to
+// 100 ms for it.
 func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 	ttl time.Duration, renew func(context.Context) error, lost <-chan struct{}) error {
 	// Requests here must not outlive the deadline.
@@ -478,8 +484,26 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 		defer t.Stop()
 		tick = t.C
 	}
+	var (
+		wch     clientv3.WatchChan // nil: no watch in place
+		wcancel = func() {}
+	)
+	defer func() { wcancel() }()
 	woke := false
 	for {
+		if wch == nil {
+			c, wc, err := r.watchQueue(dctx, h, lost)
+			if errors.Is(err, errNoWatch) {
+				if err := pause(dctx, lost); err != nil { // no leader, the client closing: do not spin
+					return stop(err)
+				}
+				continue
+			}
+			if err != nil {
+				return stop(err)
+			}
+			wch, wcancel = c, wc
+		}
 		var renewed chan error
 		if woke && renew != nil {
 			renewed = make(chan error, 1)
@@ -507,57 +531,79 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 			}
 			return nil
 		}
-		// Start just after the revision we read: the server then serves
-		// the watch as synced (at once) instead of from its 100 ms
-		// catch-up loop, and still sends any change after that read.
-		from := rev + 1
-		if r.watchAtRead {
-			from = rev
-		}
-		opts := []clientv3.OpOption{clientv3.WithRev(from)}
-		if w.dir {
-			opts = append(opts, clientv3.WithPrefix())
-		}
-		if !w.puts {
-			opts = append(opts, clientv3.WithFilterPut())
-		}
-		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(dctx))
-		wch := r.c.Watch(wctx, w.key, opts...)
 		woke = false
 	watch:
 		for {
 			select {
 			case wr, ok := <-wch:
 				if !ok || wr.Canceled || wr.Err() != nil {
-					break watch // re-check; the watch is made again
+					wcancel()
+					wch = nil
+					break watch // re-check once a new watch is in place
 				}
-				if len(wr.Events) > 0 {
+				for _, ev := range wr.Events {
+					if ev.Kv.ModRevision > rev && w.wakes(ev) {
+						woke = true
+					}
+				}
+				if woke {
 					r.wakeups.Add(1)
-					woke = true
 					break watch
 				}
 			case <-tick:
 				if err := renew(dctx); err != nil {
 					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-						wcancel()
 						return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), err))
 					}
 				}
 			case <-lost:
-				wcancel()
 				return stop(fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
 			case <-dctx.Done():
-				wcancel()
 				return stop(nil)
 			}
 		}
-		wcancel()
 		if !woke {
 			// The watch ended without news (no leader, compaction):
 			// do not spin.
 			if err := pause(dctx, lost); err != nil {
 				return stop(err)
 			}
+		}
+	}
+}
+
+// errNoWatch: a waiter's watch ended before the server made it.
+var errNoWatch = errors.New("queue watch not made")
+
+// watchQueue opens a watch on h's queue directory from now on, and
+// returns once the server made it (so that a read after it sees every
+// change the watch does not send), with the function that ends it. It
+// fails with errNoWatch when the watch ends first (no leader, the
+// client closing), and with ctx's error or rpctypes.ErrLeaseNotFound
+// (lost closed) when it cannot wait any longer.
+func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct{}) (clientv3.WatchChan, context.CancelFunc, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
+	if h.kind != backend.KindSemaphore {
+		opts = append(opts, clientv3.WithFilterPut()) // only a semaphore waiter wakes on a put (touch)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := r.c.Watch(wctx, h.dir(), opts...)
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				cancel()
+				return nil, nil, errNoWatch
+			}
+			if wr.Created {
+				return wch, cancel, nil
+			}
+		case <-lost:
+			cancel()
+			return nil, nil, fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
+		case <-ctx.Done():
+			cancel()
+			return nil, nil, ctx.Err()
 		}
 	}
 }

@@ -152,6 +152,16 @@ type target struct {
 	dir  bool // key is the queue's directory: wake on any deletion in it
 }
 
+// wakes reports whether ev, an event of the waiter's queue directory, is
+// what t waits for.
+func (t target) wakes(ev *clientv3.Event) bool {
+	del := ev.Type == clientv3.EventTypeDelete
+	if t.dir {
+		return del
+	}
+	return string(ev.Kv.Key) == t.key && (del || t.puts)
+}
+
 // standing reads, at one revision, our own key and what decides whether
 // we hold, and returns what to wait for (nothing when we hold) and the
 // revision read. A waiter whose key is gone gets an error wrapping
