@@ -105,13 +105,13 @@ func TestKeptAliveNoRequests(t *testing.T) {
 		locks = append(locks, lk)
 	}
 	unary, keepAlives, msgs := cc.unary.Load(), cc.keepAlives.Load(), cc.keepAliveMsgs.Load()
-	const hold = 3 * time.Second // the lease lives 3s, renewed every 0.5s
+	const hold = 3 * time.Second // the lease lives 2s, renewed every 667ms
 	time.Sleep(hold)             // the hold: the measurement window, not synchronisation
 	if n := cc.unary.Load() - unary; n != 0 {
 		t.Errorf("%d requests while 200 locks were held; want none (no refresh, no read per lock)", n)
 	}
 	if n := cc.keepAliveMsgs.Load() - msgs; n < 2 || n > int64(hold/(500*time.Millisecond))+2 {
-		t.Errorf("%d keep-alives in %v; want about one per 500ms, for all the locks", n, hold)
+		t.Errorf("%d keep-alives in %v; want about one per 667ms, for all the locks", n, hold)
 	}
 	if n := cc.keepAlives.Load() - keepAlives; n > 1 {
 		t.Errorf("%d keep-alive streams opened in %v; want the one stream kept open", n, hold)
@@ -242,4 +242,43 @@ func TestKeptAliveLostBeforeExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitKeys(t, next, key, 0)
+}
+
+// TestKeptAliveLeaseLivesTTL: without WithSharedLease the shared lease
+// carries only locks it keeps alive, so it lives their TTL, as a
+// concurrency.Session's (a lock of a process that died stays no longer),
+// and is renewed every third of it; with WithSharedLease it lives a
+// margin longer, for the locks its keep-alive does not keep.
+func TestKeptAliveLeaseLivesTTL(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	ctx := t.Context()
+	for _, c := range []struct {
+		name string
+		opts []Option
+		want int64
+	}{{"own", nil, 3}, {"shared", []Option{WithSharedLease()}, 4}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResource(t, endpoints, c.opts...)
+			l := lease(uniqueKey(t), 3*time.Second)
+			l.AutoRenew = true
+			if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			s := l.Handle.(*handle).sess
+			resp, err := admin.TimeToLive(ctx, s.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GrantedTTL != c.want {
+				t.Errorf("shared lease granted for %ds; want %ds", resp.GrantedTTL, c.want)
+			}
+			if s.period <= 0 || s.period > time.Duration(resp.GrantedTTL)*time.Second/3 {
+				t.Errorf("renewed every %v; want at most a third of the lease's life", s.period)
+			}
+			if err := r.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

@@ -20,7 +20,9 @@ import (
 // Its lease lives ttl+margin and is renewed every margin/2, so that at any
 // moment while renewals succeed it is known to live at least ttl more: a
 // lock taken on it is valid for its full TTL without a round trip of its
-// own. A lock that distlock renews (AutoRenew) lives as long as the lease
+// own. Without WithSharedLease a session carries only locks that distlock
+// renews: its lease lives ttl and is renewed every ttl/3, as a
+// concurrency.Session's. A lock that distlock renews (AutoRenew) lives as long as the lease
 // (backend.Lease.KeptAlive); any other lock's TTL is kept by a local timer
 // that deletes the lock's key unless Refresh pushed the deadline on. When
 // the lease is lost, or renewals failed until it may expire, done closes
@@ -115,6 +117,13 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 func (s *session) start(ctx context.Context) {
 	defer close(s.ready)
 	margin := max(s.ttl/3, time.Second).Round(time.Second)
+	if !s.r.shared {
+		// Only locks that the lease alone keeps alive (AutoRenew): their
+		// validity is the lease's life, so it needs no margin beyond
+		// their TTL, and is renewed every third of it, as a
+		// concurrency.Session's.
+		margin = 0
+	}
 	sent := time.Now()
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
@@ -128,6 +137,9 @@ func (s *session) start(ctx context.Context) {
 	s.id, s.life, s.lastSent = id, life, sent
 	s.fences = fmt.Sprintf("%s!fence/%x/", s.r.prefix, int64(id))
 	s.period = (life - s.ttl) / 2
+	if margin == 0 {
+		s.period = life / 3
+	}
 	kctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.keepAlive(kctx)
