@@ -239,7 +239,10 @@
 // nor times it. Holding it costs no request of its own: the lease's one
 // keep-alive is every such lock's renewal (100,000 locks held by one
 // process cost one keep-alive per renewal period, as concurrency.Session
-// does), and the lease's loss is every such lock's loss. The Resource
+// does), and the lease's loss is every such lock's loss. Without
+// [WithSharedLease] the lease carries only such locks: it lives their TTL
+// and is renewed every third of it, over one open stream, as a
+// concurrency.Session's. The Resource
 // gives the lease up, and closes its locks' Lost, when renewals have
 // failed until the lease's life after the last renewal's send, less 1%
 // and 2ms, is over: before the server can expire the lease and let

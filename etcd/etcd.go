@@ -213,13 +213,13 @@ type handle struct {
 	wcheck bool          // the key needs a read once its revision is known
 	wrel   bool          // our release is deleting the key
 	wlost  bool          // lost is closed
+	state  uint8         // held, released, expired (guarded by mu)
 
 	// Only for a lock on a shared lease: the lease, and, unless the lease
 	// alone keeps the lock alive (KeptAlive), the timer that expires it.
-	sess  *session
-	mu    sync.Mutex
-	state int     // held, released, expired
-	exp   *expiry // nil when the lease alone keeps the lock alive
+	sess *session
+	mu   sync.Mutex
+	exp  *expiry // nil when the lease alone keeps the lock alive
 }
 
 // expiry is the TTL timer of a lock on a shared lease that the lease alone

@@ -18,14 +18,31 @@ import (
 )
 
 // countedClient counts the requests a client sends: unary calls (reads,
-// transactions, grants, revokes) and keep-alive streams (one per
-// KeepAliveOnce), and holds keep-alives while stallKeepAlives is set, as
-// a connection that stopped forwarding them would: the fault a real
-// server cannot give to one client alone.
+// transactions, grants, revokes), keep-alive streams opened, and the
+// keep-alive requests sent on them; it holds keep-alives (new streams and
+// requests on open ones) while stallKeepAlives is set, as a connection
+// that stopped forwarding them would: the fault a real server cannot give
+// to one client alone.
 type countedClient struct {
 	*clientv3.Client
-	unary, keepAlives atomic.Int64
-	stallKeepAlives   atomic.Bool
+	unary, keepAlives, keepAliveMsgs atomic.Int64
+	stallKeepAlives                  atomic.Bool
+}
+
+// stalledStream is a keep-alive stream of a countedClient.
+type stalledStream struct {
+	grpc.ClientStream
+	ctx context.Context
+	cc  *countedClient
+}
+
+func (s stalledStream) SendMsg(m any) error {
+	s.cc.keepAliveMsgs.Add(1)
+	if s.cc.stallKeepAlives.Load() {
+		<-s.ctx.Done()
+		return s.ctx.Err()
+	}
+	return s.ClientStream.SendMsg(m)
 }
 
 func newCountedClient(t testing.TB, endpoints []string) *countedClient {
@@ -42,7 +59,11 @@ func newCountedClient(t testing.TB, endpoints []string) *countedClient {
 				return nil, ctx.Err()
 			}
 		}
-		return streamer(ctx, desc, conn, method, opts...)
+		st, err := streamer(ctx, desc, conn, method, opts...)
+		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+			return st, err
+		}
+		return stalledStream{ClientStream: st, ctx: ctx, cc: cc}, nil
 	}
 	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}})
@@ -59,7 +80,9 @@ func newCountedClient(t testing.TB, endpoints []string) *countedClient {
 // they are held for a few renewal periods, the Resource sends no request
 // but the lease's keep-alives (no refresh, no read per lock), and the
 // facade sees them kept alive (Deadline zero). Before issue 18 each lock
-// was refreshed, with a read of its key, every TTL/3.
+// was refreshed, with a read of its key, every TTL/3. The keep-alives go
+// over one stream that stays open (one message per renewal), not a
+// stream per renewal, which the server counts as two messages.
 func TestKeptAliveNoRequests(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
 	cc := newCountedClient(t, endpoints)
@@ -81,14 +104,17 @@ func TestKeptAliveNoRequests(t *testing.T) {
 		}
 		locks = append(locks, lk)
 	}
-	unary, keepAlives := cc.unary.Load(), cc.keepAlives.Load()
-	const hold = 3 * time.Second // the lease lives 3s, renewed every 0.5s
+	unary, keepAlives, msgs := cc.unary.Load(), cc.keepAlives.Load(), cc.keepAliveMsgs.Load()
+	const hold = 3 * time.Second // the lease lives 2s, renewed every 667ms
 	time.Sleep(hold)             // the hold: the measurement window, not synchronisation
 	if n := cc.unary.Load() - unary; n != 0 {
 		t.Errorf("%d requests while 200 locks were held; want none (no refresh, no read per lock)", n)
 	}
-	if n := cc.keepAlives.Load() - keepAlives; n > int64(hold/(500*time.Millisecond))+2 {
-		t.Errorf("%d keep-alives in %v; want about one per 500ms, for all the locks", n, hold)
+	if n := cc.keepAliveMsgs.Load() - msgs; n < 2 || n > int64(hold/(500*time.Millisecond))+2 {
+		t.Errorf("%d keep-alives in %v; want about one per 667ms, for all the locks", n, hold)
+	}
+	if n := cc.keepAlives.Load() - keepAlives; n > 1 {
+		t.Errorf("%d keep-alive streams opened in %v; want the one stream kept open", n, hold)
 	}
 	for i, lk := range locks {
 		select {
@@ -216,4 +242,43 @@ func TestKeptAliveLostBeforeExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitKeys(t, next, key, 0)
+}
+
+// TestKeptAliveLeaseLivesTTL: without WithSharedLease the shared lease
+// carries only locks it keeps alive, so it lives their TTL, as a
+// concurrency.Session's (a lock of a process that died stays no longer),
+// and is renewed every third of it; with WithSharedLease it lives a
+// margin longer, for the locks its keep-alive does not keep.
+func TestKeptAliveLeaseLivesTTL(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	ctx := t.Context()
+	for _, c := range []struct {
+		name string
+		opts []Option
+		want int64
+	}{{"own", nil, 3}, {"shared", []Option{WithSharedLease()}, 4}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newResource(t, endpoints, c.opts...)
+			l := lease(uniqueKey(t), 3*time.Second)
+			l.AutoRenew = true
+			if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			s := l.Handle.(*handle).sess
+			resp, err := admin.TimeToLive(ctx, s.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GrantedTTL != c.want {
+				t.Errorf("shared lease granted for %ds; want %ds", resp.GrantedTTL, c.want)
+			}
+			if s.period <= 0 || s.period > time.Duration(resp.GrantedTTL)*time.Second/3 {
+				t.Errorf("renewed every %v; want at most a third of the lease's life", s.period)
+			}
+			if err := r.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

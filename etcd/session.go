@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -19,7 +20,9 @@ import (
 // Its lease lives ttl+margin and is renewed every margin/2, so that at any
 // moment while renewals succeed it is known to live at least ttl more: a
 // lock taken on it is valid for its full TTL without a round trip of its
-// own. A lock that distlock renews (AutoRenew) lives as long as the lease
+// own. Without WithSharedLease a session carries only locks that distlock
+// renews: its lease lives ttl and is renewed every ttl/3, as a
+// concurrency.Session's. A lock that distlock renews (AutoRenew) lives as long as the lease
 // (backend.Lease.KeptAlive); any other lock's TTL is kept by a local timer
 // that deletes the lock's key unless Refresh pushed the deadline on. When
 // the lease is lost, or renewals failed until it may expire, done closes
@@ -114,6 +117,13 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 func (s *session) start(ctx context.Context) {
 	defer close(s.ready)
 	margin := max(s.ttl/3, time.Second).Round(time.Second)
+	if !s.r.shared {
+		// Only locks that the lease alone keeps alive (AutoRenew): their
+		// validity is the lease's life, so it needs no margin beyond
+		// their TTL, and is renewed every third of it, as a
+		// concurrency.Session's.
+		margin = 0
+	}
 	sent := time.Now()
 	id, life, err := s.r.grant(ctx, s.ttl+margin)
 	if err != nil {
@@ -127,6 +137,9 @@ func (s *session) start(ctx context.Context) {
 	s.id, s.life, s.lastSent = id, life, sent
 	s.fences = fmt.Sprintf("%s!fence/%x/", s.r.prefix, int64(id))
 	s.period = (life - s.ttl) / 2
+	if margin == 0 {
+		s.period = life / 3
+	}
 	kctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go s.keepAlive(kctx)
@@ -170,6 +183,8 @@ func (s *session) fenced(name string, rev int64, learnt bool) {
 func (s *session) keepAlive(ctx context.Context) {
 	defer s.r.sessionLost(s)
 	defer close(s.done)
+	var ka keepAliveStream
+	defer ka.reset()
 	t := time.NewTimer(s.period)
 	defer t.Stop()
 	lose := time.NewTimer(time.Until(s.loseAt()))
@@ -192,7 +207,7 @@ func (s *session) keepAlive(ctx context.Context) {
 			until = l
 		}
 		kctx, cancel := context.WithDeadline(ctx, until)
-		_, err := s.r.c.KeepAliveOnce(kctx, s.id)
+		err := ka.once(kctx, s.r, s.id)
 		cancel()
 		switch {
 		case err == nil:
@@ -206,6 +221,86 @@ func (s *session) keepAlive(ctx context.Context) {
 		}
 		t.Reset(s.period)
 	}
+}
+
+// keepAliveStream is a lease keep-alive stream that stays open between
+// renewals: a renewal then costs the server one message. KeepAliveOnce
+// opens a stream per renewal, which the server counts as two messages (the
+// request and the end of the stream). One request at most is in flight:
+// a renewal that fails or runs out of time drops the stream, and the next
+// one opens another.
+type keepAliveStream struct {
+	stream  pb.Lease_LeaseKeepAliveClient
+	cancel  context.CancelFunc
+	replies chan keepAliveReply
+}
+
+type keepAliveReply struct {
+	resp *pb.LeaseKeepAliveResponse
+	err  error
+}
+
+// once renews lease id, within ctx, over the stream (opened if needed).
+// A lease the server no longer has gives rpctypes.ErrLeaseNotFound.
+func (k *keepAliveStream) once(ctx context.Context, r *Resource, id clientv3.LeaseID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if k.stream == nil {
+		sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+		stop := context.AfterFunc(ctx, cancel) // opening the stream may wait for a connection
+		stream, err := r.leases.LeaseKeepAlive(sctx)
+		if !stop() || err != nil {
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		replies := make(chan keepAliveReply, 1)
+		go func() {
+			for {
+				resp, err := stream.Recv()
+				select {
+				case replies <- keepAliveReply{resp, err}:
+				case <-sctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		k.stream, k.cancel, k.replies = stream, cancel, replies
+	}
+	// Send may block on flow control: ctx ends it by ending the stream.
+	stop := context.AfterFunc(ctx, k.cancel)
+	var rep keepAliveReply
+	if rep.err = k.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); rep.err == nil {
+		select {
+		case rep = <-k.replies:
+		case <-ctx.Done():
+			rep.err = ctx.Err()
+		}
+	}
+	if !stop() || rep.err != nil { // the stream was, or is to be, ended
+		k.reset()
+	}
+	switch {
+	case rep.err != nil:
+		return clientv3.ContextError(ctx, rep.err)
+	case rep.resp.TTL <= 0:
+		return rpctypes.ErrLeaseNotFound
+	}
+	return nil
+}
+
+// reset drops the stream, if any.
+func (k *keepAliveStream) reset() {
+	if k.cancel != nil {
+		k.cancel()
+	}
+	*k = keepAliveStream{}
 }
 
 // loseAt is when the lease may expire on the server unless renewed: its
