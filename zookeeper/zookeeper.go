@@ -138,7 +138,11 @@ type Resource struct {
 	// held.at: a slice, not a map by path, because it is what a held
 	// lock costs the resource (8 bytes), and the lease's Handle finds
 	// its lock without a lookup.
-	held    []*held
+	held []*held
+	// timers are the TTL timers of the held locks that are not kept
+	// alive by the session (each deletes its znode when it fires): a
+	// lock the session keeps, the many, has no field for one.
+	timers  map[*held]*time.Timer
 	polling bool
 	closed  bool
 	stop    chan struct{} // closed by Close: waits and the session watcher end
@@ -170,8 +174,9 @@ type armed struct {
 
 // held is one granted lock, and the lease's Handle. It is what a held
 // lock costs the resource besides its Lost channel and its watch, so it
-// is kept small (64 bytes): the key is not kept (the path says it, see
-// inQueue), and the resource's mu guards the fields that change.
+// is kept small (48 bytes): the key is not kept (the path says it, see
+// inQueue), a TTL timer is in the resource's timers, and the resource's
+// mu guards the fields that change.
 type held struct {
 	path string        // the znode's; also the key of its watch in the client
 	lost chan struct{} // Lease.Lost
@@ -183,12 +188,11 @@ type held struct {
 	// the first change of the queue. nil while a request arms it.
 	// Guarded by the resource's mu: the session watcher looks at it.
 	watch <-chan zk.Event
-	timer *time.Timer // TTL: deletes the znode when it fires; nil when kept
-	sid   int64       // session that owns the znode
+	sid   int64 // session that owns the znode
 	// at is the lock's index in the resource's held, or -1 once it is
 	// done with (released, expired or lost: nothing more to do).
 	// Guarded by the resource's mu.
-	at   int
+	at   int32
 	kind backend.Kind // the lease's
 	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 }
@@ -294,8 +298,8 @@ func newGUID() string {
 // Acquire queues for l's lock with an ephemeral sequential znode and waits
 // until the queue grants it (see judge for each kind's rule), watching
 // only what it waits for. On success l.Token is the znode's czxid (see
-// "Fencing token" in the package doc), l.Handle the lock (its znode's path and state) and
-// l.Lost a channel closed when the lock is lost: its session lost, its
+// "Fencing token" in the package doc), l.Handle the lock (its znode's
+// path and state) and l.Lost a channel closed when the lock is lost: its session lost, its
 // TTL run out (deleted), or, for a lock the session keeps alive (l.AutoRenew:
 // then l.KeptAlive is set and no TTL runs), its znode deleted by another
 // client.
@@ -924,9 +928,12 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 		}
 	} else {
 		// Under r.mu, once h is in r.held: expire waits for it.
-		h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
+		if r.timers == nil {
+			r.timers = make(map[*held]*time.Timer)
+		}
+		r.timers[h] = time.AfterFunc(l.TTL, func() { r.expire(h) })
 	}
-	h.at = len(r.held)
+	h.at = int32(len(r.held))
 	r.held = append(r.held, h)
 	if h.sid != r.sidSeen {
 		r.recheck = true
@@ -965,7 +972,7 @@ func (r *Resource) finishLocked(h *held) bool {
 	if h.at < 0 {
 		return false
 	}
-	last := len(r.held) - 1
+	last := int32(len(r.held) - 1)
 	r.held[h.at] = r.held[last]
 	r.held[h.at].at = h.at
 	r.held[last] = nil
@@ -975,8 +982,9 @@ func (r *Resource) finishLocked(h *held) bool {
 		r.held = slices.Clone(r.held)
 	}
 	h.at = -1
-	if h.timer != nil {
-		h.timer.Stop()
+	if !h.kept {
+		r.timers[h].Stop()
+		delete(r.timers, h)
 	}
 	return true
 }
@@ -985,7 +993,7 @@ func (r *Resource) finishLocked(h *held) bool {
 func (r *Resource) tracked(h *held) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return h.at >= 0 && h.at < len(r.held) && r.held[h.at] == h
+	return h.at >= 0 && int(h.at) < len(r.held) && r.held[h.at] == h
 }
 
 // expire runs when a lock's TTL ran out without Refresh: it deletes the
@@ -1275,10 +1283,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if h.kept {
 		return nil
 	}
-	if !h.timer.Stop() {
+	t := r.timers[h]
+	if !t.Stop() {
 		return backend.ErrNotHeld // the TTL ran out meanwhile: expire runs
 	}
-	h.timer.Reset(l.TTL)
+	t.Reset(l.TTL)
 	return nil
 }
 
@@ -1300,10 +1309,11 @@ func (r *Resource) Close() error {
 	r.held = nil
 	for _, h := range hs {
 		h.at = -1
-		if h.timer != nil {
-			h.timer.Stop()
-		}
 	}
+	for _, t := range r.timers {
+		t.Stop()
+	}
+	r.timers = nil
 	r.mu.Unlock()
 	r.wmu.Lock()
 	r.watches = nil // the watches fire or end with the connection
