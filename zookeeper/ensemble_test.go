@@ -56,7 +56,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 				}
 				mu.Lock()
 				if owner != nil && !closed(owner.Lost) {
-					failures = append(failures, "double grant: "+l.Handle.(string)+" while "+owner.Handle.(string)+" held")
+					failures = append(failures, "double grant: "+pathOf(l)+" while "+pathOf(owner)+" held")
 				}
 				if l.Token <= lastToken {
 					failures = append(failures, "token did not rise")

@@ -72,8 +72,8 @@ func testCreateReplyLost(t *testing.T, addrs []string) {
 			t.Fatal("the create reply was not dropped: the test proves nothing")
 		}
 		got := mustChildren(t, admin, r, key)
-		if len(got) != 1 || r.parentPath(key)+"/"+got[0] != l.Handle {
-			t.Fatalf("children = %v; want exactly our %v", got, l.Handle)
+		if len(got) != 1 || r.parentPath(key)+"/"+got[0] != pathOf(l) {
+			t.Fatalf("children = %v; want exactly our %v", got, pathOf(l))
 		}
 		if err := r.Release(t.Context(), l); err != nil {
 			t.Fatal(err)
@@ -97,8 +97,8 @@ func testCreateReplyLost(t *testing.T, addrs []string) {
 		if fd.dropped.Load() != before+1 {
 			t.Fatal("the create reply was not dropped: the test proves nothing")
 		}
-		if got := mustChildren(t, admin, r, key); len(got) != 1 || r.parentPath(key)+"/"+got[0] != holder.Handle {
-			t.Errorf("children = %v; want only the holder's %v", got, holder.Handle)
+		if got := mustChildren(t, admin, r, key); len(got) != 1 || r.parentPath(key)+"/"+got[0] != pathOf(holder) {
+			t.Errorf("children = %v; want only the holder's %v", got, pathOf(holder))
 		}
 		if err := other.Release(t.Context(), holder); err != nil {
 			t.Fatal(err)
@@ -325,8 +325,8 @@ func testCreateRequestLandsLate(t *testing.T, addrs []string) {
 			got := mustChildren(t, admin, r, key)
 			switch mode {
 			case "Free":
-				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != l.Handle {
-					t.Fatalf("children = %v; want only our %v", got, l.Handle)
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != pathOf(l) {
+					t.Fatalf("children = %v; want only our %v", got, pathOf(l))
 				}
 				if err := r.Release(t.Context(), l); err != nil {
 					t.Fatal(err)
@@ -335,8 +335,8 @@ func testCreateRequestLandsLate(t *testing.T, addrs []string) {
 					t.Errorf("children after release = %v; want none", got)
 				}
 			case "Held":
-				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != holder.Handle {
-					t.Errorf("children = %v; want only the holder's %v", got, holder.Handle)
+				if len(got) != 1 || r.parentPath(key)+"/"+got[0] != pathOf(holder) {
+					t.Errorf("children = %v; want only the holder's %v", got, pathOf(holder))
 				}
 				if err := other.Release(t.Context(), holder); err != nil {
 					t.Fatal(err)

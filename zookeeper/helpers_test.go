@@ -105,6 +105,14 @@ func uniqueKey(t testing.TB) string {
 	return t.Name() + "/" + hex.EncodeToString(b[:])
 }
 
+// pathOf is the znode path of the lock l holds ("" if none).
+func pathOf(l *backend.Lease) string {
+	if h, ok := l.Handle.(*held); ok && h != nil {
+		return h.path
+	}
+	return ""
+}
+
 func lease(key string, ttl time.Duration) *backend.Lease {
 	var b [16]byte
 	_, _ = rand.Read(b[:])

@@ -51,6 +51,27 @@ func encodeKey(key string) string {
 	return b.String()
 }
 
+// cutEncodedKey returns what follows encodeKey(key) in s, and whether s
+// starts with it, with no allocation.
+func cutEncodedKey(s, key string) (string, bool) {
+	dots := key == "." || key == ".."
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if keySafe(c) && (i > 0 || !dots) {
+			if s == "" || s[0] != c {
+				return "", false
+			}
+			s = s[1:]
+			continue
+		}
+		if len(s) < 3 || s[0] != '%' || s[1] != hexDigits[c>>4] || s[2] != hexDigits[c&15] {
+			return "", false
+		}
+		s = s[3:]
+	}
+	return s, true
+}
+
 // validName reports why name is not a legal znode name (one path segment),
 // following org.apache.zookeeper.common.PathUtils.
 func validName(name string) error {

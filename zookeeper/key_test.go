@@ -3,7 +3,10 @@ package zookeeper
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // decodeKey inverts encodeKey; it fails on a name encodeKey cannot produce.
@@ -73,4 +76,35 @@ func FuzzEncodeKey(f *testing.F) {
 			t.Fatalf("keys %q and %q share the name %q", a, b, ea)
 		}
 	})
+}
+
+// TestInQueue checks inQueue against what it stands for,
+// strings.HasPrefix(path, r.kindParent(key, kind)+"/"), on paths made
+// for nearby keys and kinds, and that it allocates nothing.
+func TestInQueue(t *testing.T) {
+	r := New(nil, WithRoot("/a/root"))
+	keys := []string{"k", "k/", "k%", "k%2F", "kk", ".", "..", "...", "%2E", "a/b", "a%2Fb", "é", "k%sem", "k%rw", ""}
+	kinds := []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindRead, backend.KindWrite}
+	var paths []string
+	for _, k := range keys {
+		for _, kind := range kinds {
+			p := r.kindParent(k, kind)
+			paths = append(paths, p, p+"/", p+"/_c_x-0000000001", p+"x/_c_x", strings.TrimSuffix(p, "m")+"/_c_x")
+		}
+	}
+	paths = append(paths, "", "/", "/a", "/a/root", "/a/root/", "/a/rootk/_c_x", "/b/root/k/_c_x")
+	for _, k := range keys {
+		for _, kind := range kinds {
+			for _, p := range paths {
+				want := strings.HasPrefix(p, r.kindParent(k, kind)+"/")
+				if got := r.inQueue(p, k, kind); got != want {
+					t.Errorf("inQueue(%q, %q, %v) = %v; want %v", p, k, kind, got, want)
+				}
+			}
+		}
+	}
+	p := r.kindParent("a/b", backend.KindRead) + "/_c_x-r-0000000001"
+	if n := testing.AllocsPerRun(100, func() { r.inQueue(p, "a/b", backend.KindRead) }); n != 0 {
+		t.Errorf("inQueue allocates %v times; want 0", n)
+	}
 }

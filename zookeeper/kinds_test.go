@@ -150,7 +150,7 @@ func testSemaphoreMismatchLeavesNothing(t *testing.T, addrs []string) {
 		t.Errorf("the mutex queue of the key = %v; want it empty (kinds apart)", cs)
 	}
 	cs, _, err := conn.Children(r.kindParent(key, backend.KindSemaphore))
-	if err != nil || len(cs) != 1 || r.kindParent(key, backend.KindSemaphore)+"/"+cs[0] != h.Handle {
+	if err != nil || len(cs) != 1 || r.kindParent(key, backend.KindSemaphore)+"/"+cs[0] != pathOf(h) {
 		t.Errorf("the semaphore's children = %v, %v; want only the holder's", cs, err)
 	}
 	mustRelease(t, r, h)
@@ -208,7 +208,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 				mustRelease(t, r, other)
 			}
 			// The child watch fired: a watch on the znode replaces it.
-			path := l.Handle.(string)
+			path := pathOf(l)
 			waitFor(t, 5*time.Second, "a watch on the znode", func() bool { return pathWatchers(t, conn, path) == 1 })
 			time.Sleep(5 * l.TTL) // past the TTL: a check of the TTL, not synchronisation
 			if closed(l.Lost) {

@@ -119,7 +119,7 @@ func TestRandomized(t *testing.T) {
 					mu.Lock()
 					if o := owner[key]; o != nil && !closed(o.Lost) {
 						failures = append(failures, fmt.Sprintf("double grant of %s: %s (client %d/%d) while %s held",
-							key, l.Handle, ci, g, o.Handle))
+							key, pathOf(l), ci, g, pathOf(o)))
 					}
 					if l.Token <= lastToken[key] {
 						failures = append(failures, fmt.Sprintf("token of %s did not rise: %d after %d", key, l.Token, lastToken[key]))

@@ -138,7 +138,7 @@ func TestRandomizedStalls(t *testing.T) {
 					grants.Add(1)
 					mu.Lock()
 					if o := owner[key]; o != nil && !closed(o.Lost) {
-						fail("double grant of %s: %s (client %d/%d) while %s held", key, l.Handle, ci, g, o.Handle)
+						fail("double grant of %s: %s (client %d/%d) while %s held", key, pathOf(l), ci, g, pathOf(o))
 					}
 					if l.Token <= lastToken[key] {
 						fail("token of %s did not rise: %d after %d", key, l.Token, lastToken[key])

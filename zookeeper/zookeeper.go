@@ -133,8 +133,16 @@ type Resource struct {
 	epoch time.Time
 	heard atomic.Int64
 
-	mu      sync.Mutex
-	held    map[string]*held // znode path -> lock held through this resource
+	mu sync.Mutex
+	// held lists the locks held through this resource, each at its
+	// held.at: a slice, not a map by path, because it is what a held
+	// lock costs the resource (8 bytes), and the lease's Handle finds
+	// its lock without a lookup.
+	held []*held
+	// timers are the TTL timers of the held locks that are not kept
+	// alive by the session (each deletes its znode when it fires): a
+	// lock the session keeps, the many, has no field for one.
+	timers  map[*held]*time.Timer
 	polling bool
 	closed  bool
 	stop    chan struct{} // closed by Close: waits and the session watcher end
@@ -164,14 +172,14 @@ type armed struct {
 	version int32
 }
 
-// held is one granted lock.
+// held is one granted lock, and the lease's Handle. It is what a held
+// lock costs the resource besides its Lost channel and its watch, so it
+// is kept small (48 bytes): the key is not kept (the path says it, see
+// inQueue), a TTL timer is in the resource's timers, and the resource's
+// mu guards the fields that change.
 type held struct {
-	path string
-	key  string       // the lease's, checked by Release and Refresh
-	kind backend.Kind // the lease's
-	sid  int64        // session that owns the znode
-	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
-	lost chan struct{}
+	path string        // the znode's; also the key of its watch in the client
+	lost chan struct{} // Lease.Lost
 
 	// watch, for a lock the session keeps alive, fires when its znode
 	// may have gone: a data watch on the znode (set while it waited, or
@@ -180,10 +188,13 @@ type held struct {
 	// the first change of the queue. nil while a request arms it.
 	// Guarded by the resource's mu: the session watcher looks at it.
 	watch <-chan zk.Event
-
-	mu    sync.Mutex
-	done  bool        // released, expired or lost: nothing more to do
-	timer *time.Timer // TTL: deletes the znode when it fires; nil when kept
+	sid   int64 // session that owns the znode
+	// at is the lock's index in the resource's held, or -1 once it is
+	// done with (released, expired or lost: nothing more to do).
+	// Guarded by the resource's mu.
+	at   int32
+	kind backend.Kind // the lease's
+	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 }
 
 // New returns a Resource that keeps its locks on conn. The caller owns conn
@@ -205,7 +216,6 @@ func New(conn *zk.Conn, opts ...Option) *Resource {
 		conn:    conn,
 		cfg:     cfg,
 		epoch:   time.Now(),
-		held:    make(map[string]*held),
 		stop:    make(chan struct{}),
 		watches: make(map[string]armed),
 	}
@@ -288,8 +298,8 @@ func newGUID() string {
 // Acquire queues for l's lock with an ephemeral sequential znode and waits
 // until the queue grants it (see judge for each kind's rule), watching
 // only what it waits for. On success l.Token is the znode's czxid (see
-// "Fencing token" in the package doc), l.Handle the znode's path and
-// l.Lost a channel closed when the lock is lost: its session lost, its
+// "Fencing token" in the package doc), l.Handle the lock (its znode's
+// path and state) and l.Lost a channel closed when the lock is lost: its session lost, its
 // TTL run out (deleted), or, for a lock the session keeps alive (l.AutoRenew:
 // then l.KeptAlive is set and no TTL runs), its znode deleted by another
 // client.
@@ -905,9 +915,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 	}
 	// Before the lock is in r.held, where poll reads heard.
 	r.hear(g.heard)
-	h := &held{path: path, key: l.Key, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h := &held{path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -918,8 +926,15 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 		if h.watch == nil { // no child watch: arm one on the znode at once
 			h.watch = rearmNow
 		}
+	} else {
+		// Under r.mu, once h is in r.held: expire waits for it.
+		if r.timers == nil {
+			r.timers = make(map[*held]*time.Timer)
+		}
+		r.timers[h] = time.AfterFunc(l.TTL, func() { r.expire(h) })
 	}
-	r.held[path] = h
+	h.at = int32(len(r.held))
+	r.held = append(r.held, h)
 	if h.sid != r.sidSeen {
 		r.recheck = true
 	}
@@ -929,11 +944,8 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 		go r.poll()
 	}
 	r.mu.Unlock()
-	if !h.kept {
-		h.timer = time.AfterFunc(l.TTL, func() { r.expire(h) })
-	}
 	l.Token = uint64(g.token)
-	l.Handle = path
+	l.Handle = h
 	l.Lost = h.lost
 	l.KeptAlive = h.kept
 	return nil
@@ -947,36 +959,49 @@ var rearmNow = func() <-chan zk.Event {
 	return ch
 }()
 
-// forget drops h from the held locks.
-func (r *Resource) forget(h *held) {
+// finish drops h from the held locks and marks it done (stopping its TTL
+// timer); false if it already was.
+func (r *Resource) finish(h *held) bool {
 	r.mu.Lock()
-	if r.held[h.path] == h {
-		delete(r.held, h.path)
-	}
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	return r.finishLocked(h)
 }
 
-// finish marks h done; false if it already was.
-func (h *held) finish() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.done {
+// finishLocked is finish with r.mu held.
+func (r *Resource) finishLocked(h *held) bool {
+	if h.at < 0 {
 		return false
 	}
-	h.done = true
-	if h.timer != nil {
-		h.timer.Stop()
+	last := int32(len(r.held) - 1)
+	r.held[h.at] = r.held[last]
+	r.held[h.at].at = h.at
+	r.held[last] = nil
+	r.held = r.held[:last]
+	if c := cap(r.held); c > 1024 && len(r.held) < c/4 {
+		// Give back what a crowd of locks, now released, made grow.
+		r.held = slices.Clone(r.held)
+	}
+	h.at = -1
+	if !h.kept {
+		r.timers[h].Stop()
+		delete(r.timers, h)
 	}
 	return true
+}
+
+// tracked reports whether h is held through r.
+func (r *Resource) tracked(h *held) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return h.at >= 0 && int(h.at) < len(r.held) && r.held[h.at] == h
 }
 
 // expire runs when a lock's TTL ran out without Refresh: it deletes the
 // znode, so the next waiter gets the lock, and reports the loss.
 func (r *Resource) expire(h *held) {
-	if !h.finish() {
+	if !r.finish(h) {
 		return
 	}
-	r.forget(h)
 	close(h.lost)
 	r.later(cleanup{path: h.path})
 }
@@ -984,8 +1009,7 @@ func (r *Resource) expire(h *held) {
 // lose reports the loss of h, whose znode is gone already (deleted by
 // another client, or with its session).
 func (r *Resource) lose(h *held) {
-	if h.finish() {
-		r.forget(h)
+	if r.finish(h) {
 		close(h.lost)
 	}
 }
@@ -1031,10 +1055,12 @@ func (r *Resource) poll() {
 			down = !now.Before(r.lossDeadline())
 		}
 		if down || sid != r.sidSeen || r.recheck {
-			for p, h := range r.held {
-				if down || h.sid != sid {
+			// Backwards: finishLocked moves the last lock, already
+			// seen, into the place of the one it drops.
+			for i := len(r.held) - 1; i >= 0; i-- {
+				if h := r.held[i]; down || h.sid != sid {
+					r.finishLocked(h)
 					lost = append(lost, h)
-					delete(r.held, p)
 				}
 			}
 			r.sidSeen, r.recheck = sid, false
@@ -1058,12 +1084,10 @@ func (r *Resource) poll() {
 		}
 		r.mu.Unlock()
 		for _, h := range lost {
-			if h.finish() {
-				close(h.lost)
-				if h.sid == sid {
-					// The session may live on: free the lock for others.
-					r.later(cleanup{path: h.path})
-				}
+			close(h.lost)
+			if h.sid == sid {
+				// The session may live on: free the lock for others.
+				r.later(cleanup{path: h.path})
 			}
 		}
 		for _, e := range events {
@@ -1108,7 +1132,7 @@ func (r *Resource) rearm(h *held) {
 		}
 	}
 	r.mu.Lock()
-	if r.held[h.path] == h {
+	if h.at >= 0 {
 		h.watch = ch
 	} // else released or lost: a data watch fires with the deletion
 	r.mu.Unlock()
@@ -1129,25 +1153,41 @@ func (r *Resource) probe(done chan struct{}) {
 	}
 }
 
-// handle returns the znode path in l.Handle, checked to be one of ours,
-// and the lock held through r at that path (nil if none).
+// handle returns the znode path of the lock in l.Handle, checked to be
+// one of ours for l's key and kind, and that lock if it is still held
+// through r (nil once released, expired or lost).
 func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
 	if r.cfg.err != nil {
 		return "", nil, r.cfg.err
 	}
-	path, ok := l.Handle.(string)
-	if ok {
-		r.mu.Lock()
-		h := r.held[path]
-		r.mu.Unlock()
-		if h != nil && h.key == l.Key && h.kind == l.Kind {
-			return path, h, nil
-		}
-	}
-	if !ok || !strings.HasPrefix(path, r.kindParent(l.Key, l.Kind)+"/") {
+	h, ok := l.Handle.(*held)
+	if !ok || h == nil || h.kind != l.Kind || !r.inQueue(h.path, l.Key, l.Kind) {
 		return "", nil, fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
 	}
-	return path, nil, nil
+	if r.tracked(h) {
+		return h.path, h, nil
+	}
+	return h.path, nil, nil
+}
+
+// inQueue reports whether path is a child of kindParent(key, kind), as
+// strings.HasPrefix(path, r.kindParent(key, kind)+"/") does, with no
+// allocation: Release and Refresh check every lease's handle with it.
+func (r *Resource) inQueue(path, key string, kind backend.Kind) bool {
+	rest, ok := strings.CutPrefix(path, r.cfg.root)
+	if !ok || !strings.HasPrefix(rest, "/") {
+		return false
+	}
+	if rest, ok = cutEncodedKey(rest[1:], key); !ok {
+		return false
+	}
+	switch kind {
+	case backend.KindSemaphore:
+		rest, ok = strings.CutPrefix(rest, semSuffix)
+	case backend.KindRead, backend.KindWrite:
+		rest, ok = strings.CutPrefix(rest, rwSuffix)
+	}
+	return ok && strings.HasPrefix(rest, "/")
 }
 
 // Release deletes the lock's znode. It returns [backend.ErrNotHeld], with
@@ -1167,11 +1207,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if isClosedChan(l.Lost) {
 		return backend.ErrNotHeld
 	}
-	if h != nil {
-		r.forget(h)
-		if !h.finish() {
-			return backend.ErrNotHeld
-		}
+	if h != nil && !r.finish(h) {
+		return backend.ErrNotHeld
 	}
 	// The delete is sent even when ctx has ended, because a release left
 	// undone would hold the lock for others.
@@ -1238,18 +1275,19 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		r.lose(h)
 		return backend.ErrNotHeld
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h.at < 0 {
+		return backend.ErrNotHeld
+	}
 	if h.kept {
-		if h.done {
-			return backend.ErrNotHeld
-		}
 		return nil
 	}
-	if h.done || !h.timer.Stop() {
-		return backend.ErrNotHeld // the TTL ran out meanwhile
+	t := r.timers[h]
+	if !t.Stop() {
+		return backend.ErrNotHeld // the TTL ran out meanwhile: expire runs
 	}
-	h.timer.Reset(l.TTL)
+	t.Reset(l.TTL)
 	return nil
 }
 
@@ -1267,11 +1305,15 @@ func (r *Resource) Close() error {
 		return nil
 	}
 	r.closed = true
-	hs := make([]*held, 0, len(r.held))
-	for _, h := range r.held {
-		hs = append(hs, h)
+	hs := r.held
+	r.held = nil
+	for _, h := range hs {
+		h.at = -1
 	}
-	clear(r.held)
+	for _, t := range r.timers {
+		t.Stop()
+	}
+	r.timers = nil
 	r.mu.Unlock()
 	r.wmu.Lock()
 	r.watches = nil // the watches fire or end with the connection
@@ -1284,9 +1326,6 @@ func (r *Resource) Close() error {
 	}
 	var ds []deletion
 	for _, h := range hs {
-		if !h.finish() {
-			continue
-		}
 		close(h.lost)
 		ds = append(ds, deletion{h.path, r.later(cleanup{path: h.path})})
 	}

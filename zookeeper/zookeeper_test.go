@@ -45,9 +45,9 @@ func testAcquireRelease(t *testing.T, addrs []string) {
 	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	path, _ := l.Handle.(string)
+	path := pathOf(l)
 	if !strings.HasPrefix(path, r.parentPath(key)+"/_c_") {
-		t.Errorf("Handle = %v; want a child of %s", l.Handle, r.parentPath(key))
+		t.Errorf("Handle = %q; want a child of %s", path, r.parentPath(key))
 	}
 	_, stat, err := conn.Exists(path)
 	if err != nil {
@@ -135,8 +135,8 @@ func testZeroDeadlineUnderContention(t *testing.T, addrs []string) {
 	if err := r2.Acquire(ctx, l, time.Now().Add(100*time.Millisecond)); !errors.Is(err, backend.ErrNotAcquired) {
 		t.Fatalf("Acquire with a short wait = %v; want ErrNotAcquired", err)
 	}
-	if got := mustChildren(t, conn, r1, key); len(got) != 1 || got[0] != holder.Handle.(string)[len(r1.parentPath(key))+1:] {
-		t.Errorf("children = %v; want only the holder's %s", got, holder.Handle)
+	if got := mustChildren(t, conn, r1, key); len(got) != 1 || got[0] != pathOf(holder)[len(r1.parentPath(key))+1:] {
+		t.Errorf("children = %v; want only the holder's %s", got, pathOf(holder))
 	}
 }
 
@@ -280,7 +280,7 @@ func testTTLDeletesNode(t *testing.T, addrs []string) {
 	if !closed(l.Lost) {
 		t.Error("Lost still open after the TTL deleted the znode")
 	}
-	if ok, _, err := conn.Exists(l.Handle.(string)); ok || err != nil {
+	if ok, _, err := conn.Exists(pathOf(l)); ok || err != nil {
 		t.Errorf("expired znode exists = %v, %v; want deleted", ok, err)
 	}
 	if err := r1.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
@@ -317,7 +317,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 		case <-time.After(short / 4):
 		}
 	}
-	if ok, _, err := conn.Exists(l.Handle.(string)); !ok || err != nil {
+	if ok, _, err := conn.Exists(pathOf(l)); !ok || err != nil {
 		t.Fatalf("refreshed znode exists = %v, %v; want it there", ok, err)
 	}
 	// Without refreshes the TTL runs out.
@@ -333,7 +333,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.Delete(l2.Handle.(string), -1); err != nil {
+	if err := conn.Delete(pathOf(l2), -1); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Refresh(t.Context(), l2); !errors.Is(err, backend.ErrNotHeld) {
@@ -403,7 +403,9 @@ func TestBadInputNoIO(t *testing.T) {
 	if err := r.ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
 		t.Errorf("ValidateKey of %d bytes = %v; want nil", MaxKeyLen, err)
 	}
-	for _, h := range []any{nil, 42, "/elsewhere/x", DefaultRoot + "/other/_c_x"} {
+	for _, h := range []any{nil, 42, "/elsewhere/x", DefaultRoot + "/k/_c_x", (*held)(nil),
+		&held{path: "/elsewhere/x"}, &held{path: DefaultRoot + "/other/_c_x"},
+		&held{path: DefaultRoot + "/k%sem/_c_x"}, &held{path: DefaultRoot + "/k/_c_x", kind: backend.KindRead}} {
 		l := lease("k", ttl)
 		l.Handle = h
 		if err := r.Release(ctx, l); err == nil || errors.Is(err, backend.ErrNotHeld) {
@@ -422,7 +424,7 @@ func testRootOption(t *testing.T, addrs []string) {
 	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if p := l.Handle.(string); !strings.HasPrefix(p, root+"/k/") {
+	if p := pathOf(l); !strings.HasPrefix(p, root+"/k/") {
 		t.Errorf("znode %s not under %s/k", p, root)
 	}
 	_, stat, err := conn.Exists(root)
@@ -466,7 +468,7 @@ func testFreshConnection(t *testing.T, addrs []string) {
 		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 			t.Fatalf("try %d: Acquire on a fresh connection: %v", i, err)
 		}
-		_, stat, err := conn.Exists(l.Handle.(string))
+		_, stat, err := conn.Exists(pathOf(l))
 		if err != nil || stat.EphemeralOwner != conn.SessionID() {
 			t.Errorf("try %d: znode owner %x, %v; want our session %x", i, stat.EphemeralOwner, err, conn.SessionID())
 		}
