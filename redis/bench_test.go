@@ -303,6 +303,15 @@ func BenchmarkHeld(b *testing.B) {
 		ls[i] = newLease(base+"-"+strconv.Itoa(i), time.Minute)
 	}
 	ctx := context.Background()
+	// Warm up: the client's connections (a buffer each) and the pools are
+	// the Resource's, not the locks'.
+	parallel(b, 4*workers, workers, func(i int) error {
+		l := newLease(base+"-warm-"+strconv.Itoa(i), time.Minute)
+		if _, _, err := r.TryAcquire(ctx, l); err != nil {
+			return err
+		}
+		return r.Release(ctx, l)
+	})
 	var m0, m1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
