@@ -75,22 +75,23 @@ func (r *Resource) batch(ls []*backend.Lease) *refreshBatch {
 				args: []any{h.value, ms}, idx: []int{i}})
 			continue
 		}
-		h := r.handleOf(l)
+		lock := r.lockKey(l)
+		labeled := l.Label != ""
 		var flag any = ""
-		if h.labeled {
+		if labeled {
 			flag = labelFlag
 		}
 		if ring {
-			args := []any{h.value, ms}
-			if h.labeled {
+			args := []any{l.Value, ms}
+			if labeled {
 				args = append(args, labelFlag)
 			}
-			b.reqs = append(b.reqs, &refreshReq{s: redisscript.Extend, keys: h.keys[:1], args: args, idx: []int{i}})
+			b.reqs = append(b.reqs, &refreshReq{s: redisscript.Extend, keys: []string{lock}, args: args, idx: []int{i}})
 			continue
 		}
 		var slot uint16
 		if r.cluster != nil {
-			slot = redisscript.Slot(h.keys[0])
+			slot = redisscript.Slot(lock)
 		}
 		rq := bySlot[slot]
 		if rq == nil {
@@ -98,8 +99,8 @@ func (r *Resource) batch(ls []*backend.Lease) *refreshBatch {
 			bySlot[slot] = rq
 			b.reqs = append(b.reqs, rq)
 		}
-		rq.keys = append(rq.keys, h.keys[0])
-		rq.args = append(rq.args, h.value, ms, flag)
+		rq.keys = append(rq.keys, lock)
+		rq.args = append(rq.args, l.Value, ms, flag)
 		rq.idx = append(rq.idx, i)
 	}
 	return b

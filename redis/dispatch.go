@@ -59,10 +59,14 @@ const (
 // call is one request of run. Calls are reused, except one whose caller
 // stopped waiting after it was sent (its batch may still write to it).
 type call struct {
-	ctx   context.Context
-	s     *goredis.Script
-	keys  []string
-	cmd   []any
+	ctx  context.Context
+	s    *goredis.Script
+	keys []string
+	cmd  []any
+	// Room for a command and its keys built per call (see newCall), so
+	// that nothing needs to be kept per lock between calls.
+	args  [8]any
+	key   [1]string
 	value bool // the reply goes to val, not v
 	v     int64
 	val   any
@@ -107,9 +111,32 @@ func (r *Resource) runValue(ctx context.Context, s *goredis.Script, keys []strin
 }
 
 func (r *Resource) runCall(ctx context.Context, s *goredis.Script, keys []string, cmd []any, value bool) (int64, any, error) {
+	c := newCall()
+	c.s, c.keys, c.cmd, c.value = s, keys, cmd, value
+	return r.send(ctx, c)
+}
+
+// newCall returns a call from the pool, whose s, keys and cmd the caller
+// sets before send. Its command and key may be built in its own args and
+// key arrays: they live as long as the call, which is not reused while a
+// batch may still read them.
+func newCall() *call { return calls.Get().(*call) }
+
+// scriptCall returns a call of s on the one key lock, with the arguments
+// args (the call's ARGV), built in the call's own arrays.
+func scriptCall(s *goredis.Script, sha any, lock string, args ...any) *call {
+	c := newCall()
+	c.key[0] = lock
+	c.s, c.keys = s, c.key[:]
+	c.cmd = append(append(c.args[:0], "evalsha", sha, 1, lock), args...)
+	return c
+}
+
+// send runs c, from newCall, as run does, and gives it back to the pool
+// (unless a batch may still read it).
+func (r *Resource) send(ctx context.Context, c *call) (int64, any, error) {
 	done := ctx.Done()
-	c := calls.Get().(*call)
-	c.ctx, c.s, c.keys, c.cmd, c.value = ctx, s, keys, cmd, value
+	c.ctx = ctx
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
 	c.state = callQueued

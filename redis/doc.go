@@ -138,6 +138,11 @@
 // WithAutoRenew then costs about one request per 500 locks per renewal
 // interval (a third of the TTL) instead of one per lock.
 //
+// A held mutex keeps nothing of the Resource's in its lease: the key
+// names and commands an acquisition builds are given up once it
+// acquires, and a release or refresh builds its own. Memory per held
+// lock is then the facade's alone.
+//
 // # Natural batching
 //
 // The acquires, releases, refreshes and inspections of one Resource that

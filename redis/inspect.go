@@ -209,8 +209,6 @@ func (r *Resource) TryAcquireAll(ctx context.Context, ls []*backend.Lease) (bool
 			if ms <= math.MaxInt64/int64(time.Millisecond) {
 				ls[i].TTL = time.Duration(ms) * time.Millisecond
 			}
-			hs[i].ms = ms
-			ls[i].Handle = hs[i]
 		}
 		return true, 0, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -55,6 +56,8 @@ type Resource struct {
 
 	waitReplicas int
 	waitTimeout  time.Duration
+
+	ttl atomic.Value // the last TTL in milliseconds, boxed (see boxMillis)
 
 	hub *hub
 
@@ -128,9 +131,14 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 	return r
 }
 
-// handle is the per-lease state kept in backend.Lease.Handle: the key names
-// and the script commands, built and boxed once per acquisition and reused
-// by every attempt, refresh and release (go-redis only reads them).
+// handle is an acquisition's state, kept in backend.Lease.Handle from an
+// attempt to the next one (the facade's spin loop makes many with one
+// lease): the key names and the acquire command, built and boxed once
+// and reused by every attempt (go-redis only reads them). A held lock
+// keeps none of it: TryAcquire drops the handle when it acquires, and
+// Release and Refresh build their command per call (in the call's own
+// arrays, see scriptCall), so that a process holding many locks pays
+// only for the leases themselves.
 type handle struct {
 	key     string    // the user's key, to detect a foreign Handle
 	value   string    // the owner value the commands were built from
@@ -138,22 +146,18 @@ type handle struct {
 	labeled bool      // acq carries a label, and the lock a label key
 	keys    [2]string // lock, fence
 	acq     [8]any    // EVALSHA acquire 2 lock fence value ms [label]
-	rel     [7]any    // EVALSHA release 1 lock value publish ["1"]
 }
 
-// acqCmd and relCmd return the acquire and release commands.
+// handles are reused: a handle goes back when its acquisition ends
+// with the lock taken, when nothing refers to it any longer.
+var handles = sync.Pool{New: func() any { return new(handle) }}
+
+// acqCmd returns the acquire command.
 func (h *handle) acqCmd() []any {
 	if h.labeled {
 		return h.acq[:]
 	}
 	return h.acq[:7]
-}
-
-func (h *handle) relCmd() []any {
-	if h.labeled {
-		return h.rel[:]
-	}
-	return h.rel[:6]
 }
 
 // Script digests, boxed once.
@@ -176,22 +180,37 @@ var (
 // labelFlag is the scripts' argument that says a lock has a label key.
 var labelFlag any = "1"
 
+// boxMillis returns ms as a command argument. A process usually locks
+// with one TTL: the last one is kept boxed, and reused while it does not
+// change (an int64 over 255 costs an allocation to box).
+func (r *Resource) boxMillis(ms int64) any {
+	if v := r.ttl.Load(); v != nil && v.(int64) == ms {
+		return v
+	}
+	v := any(ms)
+	r.ttl.Store(v)
+	return v
+}
+
 func (r *Resource) newHandle(l *backend.Lease) *handle {
-	h := &handle{key: l.Key, value: l.Value, ms: redisscript.Millis(l.TTL), labeled: l.Label != ""}
+	h := handles.Get().(*handle)
+	h.key, h.value, h.ms, h.labeled = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != ""
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	var lock, value, ms any = h.keys[0], l.Value, h.ms
-	h.acq = [8]any{"evalsha", acquireSHA, 2, lock, h.keys[1], value, ms, l.Label}
-	h.rel = [7]any{"evalsha", releaseSHA, 1, lock, value, r.publish, labelFlag}
+	h.acq = [8]any{"evalsha", acquireSHA, 2, h.keys[0], h.keys[1], l.Value, r.boxMillis(h.ms), l.Label}
 	return h
 }
 
-// handleOf returns the lease's handle, or a fresh one (not stored: the
-// lease may be in use by another goroutine) when it has none of ours.
-func (r *Resource) handleOf(l *backend.Lease) *handle {
-	if h, ok := l.Handle.(*handle); ok && h.key == l.Key && h.value == l.Value {
-		return h
-	}
-	return r.newHandle(l)
+// free gives h back for reuse. Nothing may refer to it any longer: no
+// lease, no clean-up, no request in flight.
+func (h *handle) free() {
+	*h = handle{}
+	handles.Put(h)
+}
+
+// lockKey returns the name of l's lock key.
+func (r *Resource) lockKey(l *backend.Lease) string {
+	lock, _ := redisscript.Layout(r.prefix, l.Key)
+	return lock
 }
 
 // await runs f in a goroutine of its own and returns true when it
@@ -293,7 +312,12 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
 	if acquired {
+		// The attempts are over: nothing of the handle is needed while
+		// the lock is held, and nothing refers to it but l (the request
+		// returned).
 		l.Token = token
+		l.Handle = nil
+		h.free()
 	}
 	return acquired, holderTTL, nil
 }
@@ -403,8 +427,11 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if l.Kind != backend.KindMutex {
 		return r.releaseKind(ctx, l)
 	}
-	h := r.handleOf(l)
-	n, err := r.run(ctx, redisscript.Release, h.keys[:1], h.relCmd())
+	c := scriptCall(redisscript.Release, releaseSHA, r.lockKey(l), l.Value, r.publish, labelFlag)
+	if l.Label == "" {
+		c.cmd = c.cmd[:6]
+	}
+	n, _, err := r.send(ctx, c)
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
 	}
@@ -424,16 +451,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if l.Kind != backend.KindMutex {
 		return r.refreshKind(ctx, l)
 	}
-	h := r.handleOf(l)
-	ms := h.acq[6]
-	if m := redisscript.Millis(l.TTL); m != h.ms {
-		ms = m
+	c := scriptCall(redisscript.Extend, extendSHA, r.lockKey(l), l.Value, r.boxMillis(redisscript.Millis(l.TTL)), labelFlag)
+	if l.Label == "" {
+		c.cmd = c.cmd[:6]
 	}
-	cmd := []any{"evalsha", extendSHA, 1, h.acq[3], h.acq[5], ms, labelFlag}
-	if !h.labeled {
-		cmd = cmd[:6]
-	}
-	n, err := r.run(ctx, redisscript.Extend, h.keys[:1], cmd)
+	n, _, err := r.send(ctx, c)
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)
 	}

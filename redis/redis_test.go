@@ -346,3 +346,79 @@ func TestWaitReplicasWithoutReplica(t *testing.T) {
 		t.Errorf("unreplicated lock %q left behind", lock)
 	}
 }
+
+// TestHeldKeepsNothing: a held mutex keeps nothing of the store's in its
+// lease (issue 18: a process holding many locks pays for the leases
+// alone), and Refresh, RefreshAll and Release, which then build their
+// commands per call, still act on the right keys, label key included.
+// A lease that lost an attempt keeps its handle for the next one.
+func TestHeldKeepsNothing(t *testing.T) {
+	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
+		ctx := t.Context()
+		r := newResource(t, c)
+		for _, label := range []string{"", "host:1"} {
+			t.Run("label="+label, func(t *testing.T) {
+				key := uniqueKey(t)
+				lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+				l1, l2 := newLease(key, time.Minute), newLease(key, time.Minute)
+				l1.Label, l2.Label = label, label
+				mustAcquire(t, r, l1)
+				if l1.Handle != nil {
+					t.Errorf("held lease's Handle = %T; want nil", l1.Handle)
+				}
+				if ok, _, err := r.TryAcquire(ctx, l2); ok || err != nil {
+					t.Fatalf("contended TryAcquire = %v, %v; want false, nil", ok, err)
+				}
+				if l2.Handle == nil {
+					t.Errorf("after a lost attempt Handle = nil; want the acquisition's")
+				}
+				l1.TTL = 2 * time.Minute
+				if err := r.Refresh(ctx, l1); err != nil {
+					t.Fatalf("Refresh = %v", err)
+				}
+				pttl := func(k string) time.Duration {
+					t.Helper()
+					d, err := c.PTTL(ctx, k).Result()
+					if err != nil {
+						t.Fatalf("PTTL %q: %v", k, err)
+					}
+					return d
+				}
+				if d := pttl(lock); d <= time.Minute {
+					t.Errorf("PTTL after Refresh to 2m = %v; want > 1m", d)
+				}
+				if label != "" {
+					if d := pttl(lock + redisscript.LabelSuffix); d <= time.Minute {
+						t.Errorf("label key PTTL after Refresh to 2m = %v; want > 1m", d)
+					}
+				}
+				l1.TTL = 3 * time.Minute
+				other := newLease(uniqueKey(t), time.Minute)
+				mustAcquire(t, r, other)
+				for i, err := range r.RefreshAll(ctx, []*backend.Lease{l1, other}) {
+					if err != nil {
+						t.Errorf("RefreshAll[%d] = %v", i, err)
+					}
+				}
+				if d := pttl(lock); d <= 2*time.Minute {
+					t.Errorf("PTTL after RefreshAll to 3m = %v; want > 2m", d)
+				}
+				if err := r.Release(ctx, l1); err != nil {
+					t.Fatalf("Release = %v", err)
+				}
+				if exists(t, c, lock) || exists(t, c, lock+redisscript.LabelSuffix) {
+					t.Errorf("lock or label key left after Release")
+				}
+				mustAcquire(t, r, l2)
+				if l2.Handle != nil {
+					t.Errorf("Handle after the winning attempt = %T; want nil", l2.Handle)
+				}
+				for _, l := range []*backend.Lease{l2, other} {
+					if err := r.Release(ctx, l); err != nil {
+						t.Errorf("Release(%q) = %v", l.Key, err)
+					}
+				}
+			})
+		}
+	})
+}
