@@ -154,7 +154,8 @@ func TestValidate(t *testing.T) {
 func TestSectionID(t *testing.T) {
 	for _, c := range []struct{ sec, want string }{
 		{"### Uncontended: redis (pinned: client and server threads on CPU 0, GOMAXPROCS 1)\n\nx", "uncontended/redis"},
-		{"### Parallel: etcd (16 goroutines, distinct keys, not pinned)\n", "parallel/etcd"},
+		{"### Parallel: etcd (16 goroutines, distinct keys, not pinned)\n", "parallel/etcd/16"},
+		{"### Parallel: redis (64 goroutines, distinct keys, not pinned)\n", "parallel/redis/64"},
 		{"### Contended: postgres\n", "contended/postgres"},
 		{"### Handoff: zookeeper\n", "handoff/zookeeper"},
 		{"### Scale: redis, 10000 locks held at once by one process\n", "scale/redis/held/10000"},

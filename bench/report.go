@@ -302,9 +302,10 @@ func splitSections(s string) (pre string, chunks []string) {
 }
 
 // sectionID names the table a section holds from its heading: workload
-// and store, and for the scale workload which table, with the number of
-// locks held ("scale/redis/held/10000", "scale/redis/hotkey"); "left out"
-// for the list of peers left out.
+// and store, for the parallel workload its goroutines
+// ("parallel/redis/64"), and for the scale workload which table, with the
+// number of locks held ("scale/redis/held/10000", "scale/redis/hotkey");
+// "left out" for the list of peers left out.
 func sectionID(sec string) string {
 	head, _, _ := strings.Cut(strings.TrimPrefix(sec, "### "), "\n")
 	kind, rest, ok := strings.Cut(head, ": ")
@@ -314,6 +315,12 @@ func sectionID(sec string) string {
 	store, _, _ := strings.Cut(rest, ",")
 	store, _, _ = strings.Cut(store, " ")
 	id := strings.ToLower(kind) + "/" + store
+	if kind == "Parallel" {
+		if _, n, ok := strings.Cut(rest, "("); ok {
+			n, _, _ = strings.Cut(n, " ")
+			id += "/" + n
+		}
+	}
 	if kind == "Scale" {
 		switch {
 		case strings.Contains(rest, "locks held"):
