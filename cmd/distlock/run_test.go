@@ -47,8 +47,8 @@ var storeKinds = []storeKind{
 		return "redlock:" + strings.Join(urls, ",")
 	}, "majorities cannot bound them", ""},
 	// A renewed etcd lock lives on a lease shared by the locks of its TTL,
-	// which outlives them by max(TTL/3, 1s) (etcd's package doc).
-	{"etcd", true, func(ttl time.Duration) time.Duration { return ttl + max(ttl/3, time.Second) }, func(t *testing.T) string {
+	// which lives their TTL (etcd's package doc).
+	{"etcd", true, ttlFreed, func(t *testing.T) string {
 		var hosts []string
 		for _, ep := range testserver.Etcd(t).Endpoints {
 			hosts = append(hosts, strings.TrimPrefix(ep, "http://"))
