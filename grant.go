@@ -53,7 +53,10 @@ import (
 //	releasing   release failed: a store error                  held, lost  back where it was: Unlock may be retried;
 //	                                                                       renewal stays stopped, the TTL frees it
 //	                                                                       (expiry scheduled, Lost watched if Done was
-//	                                                                       asked for meanwhile)
+//	                                                                       asked for meanwhile); a grant the store keeps
+//	                                                                       alive, which no TTL frees, is released again in
+//	                                                                       the background (releaseAgain) until the store
+//	                                                                       answers, it is lost, or Close's bound
 //
 // Every other pair is ignored: a loss or a renewal's result once a release
 // has begun, a second release, a commit of a rolled-back grant. So a grant
@@ -184,6 +187,7 @@ type outcome struct {
 	err    error           // why it did not (commit, reenter)
 	lostBy error           // the grant was just lost: tell the observers, then close Done
 	watch  <-chan struct{} // start watching Lost, until this closes
+	again  bool            // a failed release of a kept grant: release it again in the background
 }
 
 // step applies ev to g. It is the only function that writes g.state.
@@ -343,6 +347,9 @@ func (g *grant) step(ev event) (out outcome) {
 				// alive or watches it: it is lost, and the store frees
 				// it with its TTL (Unlock may still delete it).
 				out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its release failed after Close", ErrNotHeld, quote(g.lease.Key)))
+			} else if g.state == held && g.flags&kept != 0 {
+				// The store keeps it alive: no TTL would ever free it.
+				out.again = true
 			} else if g.state == held {
 				g.scheduleLocked() // expiry only: renewal stays stopped
 				if g.flags&watched != 0 {
@@ -777,7 +784,11 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 			err = g.d.chain.release(ctx, g.req)
 		}
 		if err != nil && !errors.Is(err, ErrNotHeld) {
-			g.apply(g.step(event{kind: evReleaseFailed}))
+			out := g.step(event{kind: evReleaseFailed})
+			g.apply(out)
+			if out.again && h != nil {
+				g.d.releaseAgain(g)
+			}
 			return err
 		}
 		g.apply(g.step(event{kind: evReleased}))
@@ -848,4 +859,30 @@ func safeValidity(l backend.Lease) time.Duration {
 		v = l.TTL
 	}
 	return v - min(v/100+2*time.Millisecond, v/2)
+}
+
+// releaseAgain releases g in the background after its release failed:
+// the store keeps g alive (backend.Lease.KeptAlive), so no TTL would free
+// it while this process lives. It retries with backoff, each attempt
+// bounded by the lease's TTL (at least a second), until the store answers,
+// the lock is lost (the store frees it then), or Close's bound. An Unlock
+// called meanwhile waits for the attempt in flight.
+func (d *DistributeLock) releaseAgain(g *grant) {
+	d.bg.goRun("releasing "+quote(g.lease.Key)+" again", func(ctx context.Context) error {
+		return retry(ctx, func(ctx context.Context) error {
+			if !g.keptHeld() {
+				return nil // released, or lost: the store frees it
+			}
+			ctx, cancel := context.WithTimeout(ctx, max(g.ttl(), time.Second))
+			defer cancel()
+			return g.release(ctx, nil)
+		})
+	})
+}
+
+// keptHeld reports whether g is held, kept alive by the store.
+func (g *grant) keptHeld() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state == held && g.flags&kept != 0
 }

@@ -296,3 +296,56 @@ func TestExtendKeptAliveStaysKept(t *testing.T) {
 	default:
 	}
 }
+
+// failingRelease is keptAlive whose Release fails while fail is set.
+type failingRelease struct {
+	keptAlive
+	fail     atomic.Bool
+	releases atomic.Int64
+}
+
+func (f *failingRelease) Release(ctx context.Context, l *backend.Lease) error {
+	f.releases.Add(1)
+	if f.fail.Load() {
+		return errors.New("fault: the store did not answer the release")
+	}
+	return f.keptAlive.Release(ctx, l)
+}
+
+// A lock the store keeps alive whose release fails is released again in
+// the background: no TTL would free it while the process lives (an etcd
+// shared lease's locks during a leader's failover).
+func TestFailedReleaseOfKeptLockRetried(t *testing.T) {
+	store := &failingRelease{keptAlive: keptAlive{Store: memory.New(), lost: make(chan struct{})}}
+	store.fail.Store(true)
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(time.Minute))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Unlock(t.Context()); err == nil || errors.Is(err, distlock.ErrNotHeld) {
+		t.Fatalf("Unlock with the store failing = %v; want the store's error", err)
+	}
+	select {
+	case <-lk.Done():
+		t.Fatal("Done closed although the release failed")
+	default:
+	}
+	// The retries go on while the store fails ...
+	deadline := time.Now().Add(10 * time.Second)
+	for store.releases.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d release attempts in 10s; want it released again in the background", store.releases.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// ... and end once it answers: the lock is released, the key free.
+	store.fail.Store(false)
+	within(t, lk.Done(), "Done once a background release succeeded")
+	other := mustNew(t, store.Store, distlock.WithDefaultTTL(time.Minute))
+	if lk2, err := other.TryLock(t.Context(), "k", 0); err != nil {
+		t.Errorf("TryLock after the background release = %v; want the key free", err)
+	} else {
+		_ = lk2.Unlock(t.Context())
+	}
+}
