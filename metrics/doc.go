@@ -39,7 +39,9 @@
 //	distlock.held                updowncounter {lock}      held now
 //	distlock.waiting             updowncounter {acquisition} waiting now
 //
-// Keys are not recorded as attributes: they would make the cardinality
-// unbounded. Put the handler outermost to include the hotspot handler's
+// Every measurement has the attribute mode: mutex, semaphore, read or
+// write (the sides of a read/write lock), from the Request's Kind. Keys
+// and semaphore limits are not recorded as attributes: they would make the
+// cardinality unbounded. Put the handler outermost to include the hotspot handler's
 // local wait in the wait time.
 package metrics

@@ -119,8 +119,9 @@ func (h *Handler) Stats() Stats {
 func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
 	start := time.Now()
 	h.waiting.Add(1)
+	k := mode(r)
 	if h.inst != nil {
-		h.inst.waiting.Add(ctx, 1, h.inst.base...)
+		h.inst.waiting.Add(ctx, 1, h.inst.base[k]...)
 	}
 	err := next(ctx, r)
 	h.waiting.Add(-1)
@@ -138,13 +139,13 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 		h.failed.Add(1)
 	}
 	if in := h.inst; in != nil {
-		in.waiting.Add(ctx, -1, in.base...)
-		in.acquisitions.Add(ctx, 1, in.acquireAdd[o]...)
-		in.remoteAttempts.Add(ctx, int64(r.RemoteAttempts), in.base...)
-		in.attempts.Record(ctx, int64(r.RemoteAttempts), in.acquireRec[o]...)
-		in.wait.Record(ctx, time.Since(start).Seconds(), in.acquireRec[o]...)
+		in.waiting.Add(ctx, -1, in.base[k]...)
+		in.acquisitions.Add(ctx, 1, in.acquireAdd[k][o]...)
+		in.remoteAttempts.Add(ctx, int64(r.RemoteAttempts), in.base[k]...)
+		in.attempts.Record(ctx, int64(r.RemoteAttempts), in.acquireRec[k][o]...)
+		in.wait.Record(ctx, time.Since(start).Seconds(), in.acquireRec[k][o]...)
 		if err == nil {
-			in.held.Add(ctx, 1, in.base...)
+			in.held.Add(ctx, 1, in.base[k]...)
 		}
 	}
 	return err
@@ -170,11 +171,12 @@ func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distloc
 		h.held.Add(-1)
 	}
 	if in := h.inst; in != nil {
-		in.releases.Add(ctx, 1, in.releaseAdd[o-outcomeReleased]...)
+		k := mode(r)
+		in.releases.Add(ctx, 1, in.releaseAdd[k][o-outcomeReleased]...)
 		if o != outcomeReleaseFailed {
-			in.held.Add(ctx, -1, in.base...)
+			in.held.Add(ctx, -1, in.base[k]...)
 			if !r.Acquired.IsZero() {
-				in.hold.Record(ctx, time.Since(r.Acquired).Seconds(), in.releaseRec[o-outcomeReleased]...)
+				in.hold.Record(ctx, time.Since(r.Acquired).Seconds(), in.releaseRec[k][o-outcomeReleased]...)
 			}
 		}
 	}
@@ -182,10 +184,10 @@ func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distloc
 }
 
 // LockLost implements [distlock.LossObserver].
-func (h *Handler) LockLost(_ *distlock.Request, _ error) {
+func (h *Handler) LockLost(r *distlock.Request, _ error) {
 	h.lost.Add(1)
 	if in := h.inst; in != nil {
-		in.lostCount.Add(context.Background(), 1, in.base...)
+		in.lostCount.Add(context.Background(), 1, in.base[mode(r)]...)
 	}
 }
 
@@ -219,11 +221,25 @@ type instruments struct {
 	wait, hold                                        metric.Float64Histogram
 	held, waiting                                     metric.Int64UpDownCounter
 
-	base       []metric.AddOption
-	acquireAdd [3][]metric.AddOption
-	acquireRec [3][]metric.RecordOption
-	releaseAdd [3][]metric.AddOption
-	releaseRec [3][]metric.RecordOption
+	// By mode (the Request's Kind: mutex, semaphore, read, write), then
+	// by outcome.
+	base       [modes][]metric.AddOption
+	acquireAdd [modes][3][]metric.AddOption
+	acquireRec [modes][3][]metric.RecordOption
+	releaseAdd [modes][3][]metric.AddOption
+	releaseRec [modes][3][]metric.RecordOption
+}
+
+// modes is the number of kinds of lock (distlock.KindMutex ..
+// distlock.KindWrite), each measured under its "mode" attribute.
+const modes = int(distlock.KindWrite) + 1
+
+// mode is r's index in the instruments' option arrays.
+func mode(r *distlock.Request) int {
+	if k := int(r.Kind); k < modes {
+		return k
+	}
+	return 0
 }
 
 func newInstruments(mp metric.MeterProvider, attrs []attribute.KeyValue) (*instruments, error) {
@@ -309,16 +325,19 @@ func newInstruments(mp metric.MeterProvider, attrs []attribute.KeyValue) (*instr
 		kv := append(append([]attribute.KeyValue(nil), attrs...), extra...)
 		return metric.WithAttributeSet(attribute.NewSet(kv...))
 	}
-	in.base = []metric.AddOption{set()}
-	for i, o := range []string{OutcomeAcquired, OutcomeNotAcquired, OutcomeFailed} {
-		s := set(attribute.String("outcome", o))
-		in.acquireAdd[i] = []metric.AddOption{s}
-		in.acquireRec[i] = []metric.RecordOption{s}
-	}
-	for i, o := range []string{OutcomeReleased, OutcomeNotHeld, OutcomeFailed} {
-		s := set(attribute.String("outcome", o))
-		in.releaseAdd[i] = []metric.AddOption{s}
-		in.releaseRec[i] = []metric.RecordOption{s}
+	for k := range modes {
+		m := attribute.String("mode", distlock.Kind(k).String())
+		in.base[k] = []metric.AddOption{set(m)}
+		for i, o := range []string{OutcomeAcquired, OutcomeNotAcquired, OutcomeFailed} {
+			s := set(m, attribute.String("outcome", o))
+			in.acquireAdd[k][i] = []metric.AddOption{s}
+			in.acquireRec[k][i] = []metric.RecordOption{s}
+		}
+		for i, o := range []string{OutcomeReleased, OutcomeNotHeld, OutcomeFailed} {
+			s := set(m, attribute.String("outcome", o))
+			in.releaseAdd[k][i] = []metric.AddOption{s}
+			in.releaseRec[k][i] = []metric.RecordOption{s}
+		}
 	}
 	return in, errors.Join(errs...)
 }

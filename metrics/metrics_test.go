@@ -250,3 +250,52 @@ func BenchmarkHandler(b *testing.B) {
 		})
 	}
 }
+
+// Every measurement carries the lock's mode.
+func TestModeAttribute(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	met := metrics.New(metrics.WithMeterProvider(provider))
+	d, err := distlock.New(memory.New(), distlock.WithHandlers(met))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := t.Context()
+	for _, take := range []func() (*distlock.Lock, error){
+		func() (*distlock.Lock, error) { return d.TryLock(ctx, "m", 0) },
+		func() (*distlock.Lock, error) { return d.Semaphore("s", 2).TryAcquire(ctx, 0) },
+		func() (*distlock.Lock, error) { return d.RWMutex("rw").TryRLock(ctx, 0) },
+		func() (*distlock.Lock, error) { return d.RWMutex("w").TryLock(ctx, 0) },
+	} {
+		lk, err := take()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			data, ok := m.Data.(metricdata.Sum[int64])
+			if !ok || m.Name != "distlock.acquisitions" {
+				continue
+			}
+			for _, dp := range data.DataPoints {
+				v, _ := dp.Attributes.Value("mode")
+				got[v.AsString()] += dp.Value
+			}
+		}
+	}
+	for _, mode := range []string{"mutex", "semaphore", "read", "write"} {
+		if got[mode] != 1 {
+			t.Errorf("acquisitions with mode %q: %d; want 1 (all: %v)", mode, got[mode], got)
+		}
+	}
+}
