@@ -12,9 +12,9 @@ func TestScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`distlock_acquisitions_total{backend="memory",outcome="acquired"} 41`,
-		`distlock_acquisitions_total{backend="memory",outcome="not_acquired"} 1`,
-		`distlock_remote_attempts_total{backend="memory"} 41`,
+		`distlock_acquisitions_total{backend="memory",mode="mutex",outcome="acquired"} 41`,
+		`distlock_acquisitions_total{backend="memory",mode="mutex",outcome="not_acquired"} 1`,
+		`distlock_remote_attempts_total{backend="memory",mode="mutex"} 41`,
 		"distlock_wait_duration_seconds_bucket",
 		"distlock_hold_duration_seconds_count",
 	} {
