@@ -126,7 +126,11 @@ func (l *Lock) Deadline() time.Time {
 // returns nil. An [ErrInvalid] error for a nil ctx or a Lock not
 // returned by TryLock. A store error is returned wrapped; the lock is then
 // still held: Unlock may be called again, and renewal has stopped, so the
-// TTL frees it at the latest. Unlock returns when ctx ends.
+// TTL frees it at the latest. A lock the store keeps alive itself (etcd's
+// shared lease, ZooKeeper's session: no TTL runs) is released again in the
+// background until the store answers, the lock is lost, or Close's bound;
+// Done closes then, and an Unlock called meanwhile waits for the attempt
+// in flight. Unlock returns when ctx ends.
 func (l *Lock) Unlock(ctx context.Context) error {
 	switch {
 	case ctx == nil:

@@ -148,6 +148,7 @@ func (ml *modelLock) endUnlock(overlapped bool, mark int) bool {
 func newModel(t *rapid.T) *model {
 	m := &model{store: newFaultyStore(), hot: hotspot.New(keys[0]),
 		reentries: map[uint64]int{}, reentryGen: map[uint64]int{}}
+	m.store.kept = rapid.Bool().Draw(t, "kept")
 	for i := range m.procs {
 		m.procs[i] = m.newProc(t, rapid.Bool().Draw(t, fmt.Sprintf("renew%d", i)))
 	}
@@ -702,8 +703,12 @@ type faultyStore struct {
 	slow        atomic.Int64 // the next successful acquisition's reply is this late
 	failRelease atomic.Bool
 	failRefresh atomic.Bool
-	marked      atomic.Int64 // acquisition calls whose context carries marker
-	evictMu     sync.RWMutex // an eviction excludes acquisitions
+	// kept: the store keeps renewed locks alive itself (etcd's shared
+	// lease, ZooKeeper's session): it sets Lease.KeptAlive, and the
+	// facade neither renews nor times them.
+	kept    bool
+	marked  atomic.Int64 // acquisition calls whose context carries marker
+	evictMu sync.RWMutex // an eviction excludes acquisitions
 
 	mu       sync.Mutex
 	values   map[uint64]string        // token -> owner value
@@ -728,10 +733,17 @@ func (s *faultyStore) TryAcquire(ctx context.Context, l *backend.Lease) (bool, t
 	if ctx.Value(marker{}) != nil {
 		s.marked.Add(1)
 	}
+	kept := s.kept && l.AutoRenew
+	ttl := l.TTL
+	if kept {
+		l.TTL = time.Hour // what the store keeps alive outlives the schedule
+	}
 	s.evictMu.RLock()
-	ok, ttl, err := s.Store.TryAcquire(ctx, l)
+	ok, holderTTL, err := s.Store.TryAcquire(ctx, l)
 	s.evictMu.RUnlock()
+	l.TTL = ttl
 	if ok {
+		l.KeptAlive = kept
 		ch := make(chan struct{})
 		s.mu.Lock()
 		s.values[l.Token] = l.Value
@@ -742,7 +754,7 @@ func (s *faultyStore) TryAcquire(ctx context.Context, l *backend.Lease) (bool, t
 			time.Sleep(time.Duration(d)) // the injected fault: a slow reply
 		}
 	}
-	return ok, ttl, err
+	return ok, holderTTL, err
 }
 
 func (s *faultyStore) Release(ctx context.Context, l *backend.Lease) error {
