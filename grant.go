@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -513,18 +512,15 @@ func (d *DistributeLock) renewGrants(gs []*grant) {
 	}
 	br, batch := d.res.(backend.BatchRefresher)
 	if !batch || len(rns) == 1 {
-		for chunk := range slices.Chunk(rns, 32) {
-			go func() {
-				for _, rn := range chunk {
-					start := monoNow()
-					// A renewal that answers after the validity ended is worthless.
-					ctx, cancel := context.WithDeadline(context.Background(), wallTime(rn.expiry))
-					err := refreshAll(ctx, d.refresher, rn.leases)
-					cancel()
-					rn.renewed(start, err)
-				}
-			}()
-		}
+		d.inWorkers(len(rns), func(i int) {
+			rn := rns[i]
+			start := monoNow()
+			// A renewal that answers after the validity ended is worthless.
+			ctx, cancel := context.WithDeadline(context.Background(), wallTime(rn.expiry))
+			err := refreshAll(ctx, d.refresher, rn.leases)
+			cancel()
+			rn.renewed(start, err)
+		})
 		return
 	}
 	// Batches of at most MaxRefreshBatch leases; a lock's leases stay in
@@ -541,22 +537,33 @@ func (d *DistributeLock) renewGrants(gs []*grant) {
 		n += len(rn.leases)
 	}
 	parts = append(parts, part)
-	// A few batches in flight at once, not all: each takes a connection
-	// of the client's pool, and a burst of hundreds dials connections the
-	// pool then holds (go-redis, pgx), besides flooding the server.
+	d.inWorkers(len(parts), func(i int) { refreshBatch(br, parts[i]) })
+}
+
+// How many renewal requests of a DistributeLock are in flight at once,
+// over all scheduler runs: each holds a connection of the client's pool,
+// and a burst of hundreds makes the pool dial more (go-redis, pgx) besides
+// flooding the server. A batch carries up to MaxRefreshBatch leases, so
+// fewer of them.
+const (
+	maxRenewalsInFlight = 32
+	maxBatchesInFlight  = 4
+)
+
+// inWorkers runs do(0) .. do(n-1) in the background, each holding one of
+// d's renewal slots while it runs, and returns at once.
+func (d *DistributeLock) inWorkers(n int, do func(i int)) {
 	var next atomic.Int64
-	for range min(len(parts), maxBatchesInFlight) {
+	for range min(n, cap(d.renewSlots)) {
 		go func() {
-			for i := next.Add(1) - 1; i < int64(len(parts)); i = next.Add(1) - 1 {
-				refreshBatch(br, parts[i])
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				d.renewSlots <- struct{}{}
+				do(int(i))
+				<-d.renewSlots
 			}
 		}()
 	}
 }
-
-// maxBatchesInFlight is how many batch renewals of one scheduler run are
-// sent at once.
-const maxBatchesInFlight = 4
 
 // refreshBatch renews rns in one request and reports each result.
 func refreshBatch(br backend.BatchRefresher, rns []renewal) {

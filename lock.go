@@ -41,8 +41,10 @@ type DistributeLock struct {
 	drainOnce sync.Once
 	closing   context.Context // ended by Close: ends the waits in flight
 	closeAll  context.CancelFunc
-	sched     scheduler   // the committed grants, with their renewals and expiries
-	bg        *background // rollbacks and clean-ups nobody waits for
+	sched     scheduler // the committed grants, with their renewals and expiries
+	// renewSlots bounds the renewal requests in flight (see inWorkers).
+	renewSlots chan struct{}
+	bg         *background // rollbacks and clean-ups nobody waits for
 }
 
 const closedBit = 1 << 62
@@ -100,6 +102,11 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		return nil, fmt.Errorf("%w: %T implements neither backend.Spinner nor backend.Waiter", ErrInvalid, r)
 	}
 	d.refresher, _ = r.(backend.Refresher)
+	if _, batch := r.(backend.BatchRefresher); batch {
+		d.renewSlots = make(chan struct{}, maxBatchesInFlight)
+	} else {
+		d.renewSlots = make(chan struct{}, maxRenewalsInFlight)
+	}
 	d.validator, _ = r.(backend.KeyValidator)
 	d.kinds, _ = r.(backend.KindChecker)
 	d.withdraw, _ = r.(backend.Withdrawer)

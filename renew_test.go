@@ -349,3 +349,53 @@ func TestFailedReleaseOfKeptLockRetried(t *testing.T) {
 		_ = lk2.Unlock(t.Context())
 	}
 }
+
+// unbatched is a store that renews one lease per call (no RefreshAll), and
+// counts the renewals in flight at once.
+type unbatched struct {
+	s              *memory.Store
+	inFlight, most atomic.Int64
+	renewals       atomic.Int64
+}
+
+func (o *unbatched) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	return o.s.TryAcquire(ctx, l)
+}
+
+func (o *unbatched) Release(ctx context.Context, l *backend.Lease) error { return o.s.Release(ctx, l) }
+
+func (o *unbatched) Refresh(ctx context.Context, l *backend.Lease) error {
+	for n := o.inFlight.Add(1); ; {
+		m := o.most.Load()
+		if n <= m || o.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	defer o.inFlight.Add(-1)
+	time.Sleep(time.Millisecond) // a store's round trip, so that renewals can overlap
+	o.renewals.Add(1)
+	return o.s.Refresh(ctx, l)
+}
+
+// Renewals due together on a store without batches go a few at a time,
+// not one goroutine (and connection) per 32 locks.
+func TestRenewalsOneByOneBounded(t *testing.T) {
+	store := &unbatched{s: memory.New()}
+	const n, ttl = 2000, 300 * time.Millisecond
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(ttl))
+	for i := range n {
+		if _, err := d.TryLock(t.Context(), "k"+itoa(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for store.renewals.Load() < 2*n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d renewals of %d locks in 10s", store.renewals.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m := store.most.Load(); m > 32 {
+		t.Errorf("%d renewals in flight at once; want at most 32", m)
+	}
+}
