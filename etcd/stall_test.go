@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -341,18 +340,8 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 func TestRandomizedStalls(t *testing.T) {
 	srv := testserver.Etcd(t)
 	endpoints := srv.Endpoints
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rnd := rand.New(rand.NewPCG(seed, 26))
-	var rmu sync.Mutex
-	intn := func(n int) int {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return rnd.IntN(n)
-	}
-	between := func(lo, hi time.Duration) time.Duration {
-		return lo + time.Duration(intn(int(hi-lo)))
-	}
+	rnd := newSeeded(t, 26)
+	intn, between := rnd.intn, rnd.between
 	var clients []*Resource
 	for i := range 4 {
 		clients = append(clients, newResource(t, endpoints, modes[i%2].opts...))
