@@ -320,14 +320,8 @@ func (s *session) sentAt() time.Time {
 // until is how long the lease is known to live from now.
 func (s *session) until() time.Time { return s.sentAt().Add(s.life) }
 
-func (s *session) isDone() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
+// isDone reports whether the session has ended (s.done closed).
+func (s *session) isDone() bool { return isClosed(s.done) }
 
 // abandon stops renewing: the lease and its keys expire on the server.
 func (s *session) abandon() {
