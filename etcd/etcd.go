@@ -207,12 +207,11 @@ type handle struct {
 
 	// The loss signal, and what the Resource's key watch knows of the key
 	// (guarded by its mutex).
-	lost   chan struct{} // closed when the key is seen deleted, or its shared lease lost
+	lost   chan struct{} // closed (under the watch's mutex) when the key is seen deleted, or its shared lease lost
 	wrev   int64         // the key's create revision, once known
 	wdel   int64         // the latest deletion of the name seen before
 	wcheck bool          // the key needs a read once its revision is known
 	wrel   bool          // our release is deleting the key
-	wlost  bool          // lost is closed
 	state  uint8         // held, released, expired (guarded by mu)
 
 	// Only for a lock on a shared lease: the lease, and, unless the lease
