@@ -172,7 +172,7 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 		return nil, errNilClient
 	}
 	var ops []clientv3.Op
-	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+	for _, k := range queueKinds {
 		ops = append(ops, clientv3.OpGet(r.queueDir(k, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
 	}

@@ -719,7 +719,7 @@ func TestAutoRenewTakesSharedLease(t *testing.T) {
 // would: a test's Evict.
 func (r *Resource) evict(ctx context.Context, key string) error {
 	var ops []clientv3.Op
-	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+	for _, k := range queueKinds {
 		ops = append(ops, clientv3.OpDelete(r.queueDir(k, key), clientv3.WithPrefix()))
 	}
 	_, err := r.c.Txn(ctx).Then(ops...).Commit()
