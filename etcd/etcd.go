@@ -305,17 +305,11 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
 		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
@@ -605,6 +599,15 @@ func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct
 			return nil, nil, ctx.Err()
 		}
 	}
+}
+
+// acquireErr is err as Acquire returns it: ctx's own error as it is, any
+// other wrapped with the lock key.
+func acquireErr(ctx context.Context, key string, err error) error {
+	if err == ctx.Err() {
+		return err
+	}
+	return fmt.Errorf("etcd: acquire %q: %w", key, err)
 }
 
 // pause waits a little before a retry, or returns why it cannot.
