@@ -172,7 +172,7 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 		return nil, errNilClient
 	}
 	var ops []clientv3.Op
-	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+	for _, k := range queueKinds {
 		ops = append(ops, clientv3.OpGet(r.queueDir(k, key), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
 	}
@@ -207,12 +207,11 @@ type handle struct {
 
 	// The loss signal, and what the Resource's key watch knows of the key
 	// (guarded by its mutex).
-	lost   chan struct{} // closed when the key is seen deleted, or its shared lease lost
+	lost   chan struct{} // closed (under the watch's mutex) when the key is seen deleted, or its shared lease lost
 	wrev   int64         // the key's create revision, once known
 	wdel   int64         // the latest deletion of the name seen before
 	wcheck bool          // the key needs a read once its revision is known
 	wrel   bool          // our release is deleting the key
-	wlost  bool          // lost is closed
 	state  uint8         // held, released, expired (guarded by mu)
 
 	// Only for a lock on a shared lease: the lease, and, unless the lease
@@ -306,17 +305,11 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	isHolder, err := r.enqueue(ctx, h)
 	if err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
 		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
@@ -606,6 +599,15 @@ func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct
 			return nil, nil, ctx.Err()
 		}
 	}
+}
+
+// acquireErr is err as Acquire returns it: ctx's own error as it is, any
+// other wrapped with the lock key.
+func acquireErr(ctx context.Context, key string, err error) error {
+	if err == ctx.Err() {
+		return err
+	}
+	return fmt.Errorf("etcd: acquire %q: %w", key, err)
 }
 
 // pause waits a little before a retry, or returns why it cannot.

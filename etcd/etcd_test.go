@@ -371,16 +371,9 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 // waitLeases polls until the cluster's leases are want.
 func waitLeases(t *testing.T, c *clientv3.Client, want []int64) {
 	t.Helper()
-	var got []int64
-	for end := time.Now().Add(10 * time.Second); ; {
-		if got = leases(t, c); slices.Equal(got, want) {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("leases: %v; want %v", got, want)
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("the leases to be %v", want), func() bool {
+		return slices.Equal(leases(t, c), want)
+	})
 }
 
 func leases(t *testing.T, c *clientv3.Client) []int64 {
@@ -726,7 +719,7 @@ func TestAutoRenewTakesSharedLease(t *testing.T) {
 // would: a test's Evict.
 func (r *Resource) evict(ctx context.Context, key string) error {
 	var ops []clientv3.Op
-	for _, k := range []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite} {
+	for _, k := range queueKinds {
 		ops = append(ops, clientv3.OpDelete(r.queueDir(k, key), clientv3.WithPrefix()))
 	}
 	_, err := r.c.Txn(ctx).Then(ops...).Commit()

@@ -56,6 +56,10 @@ func (r *Resource) queueDir(k backend.Kind, key string) string {
 	return r.queuePrefix(key)
 }
 
+// queueKinds has one kind per queue directory of a lock key (a read
+// lock's queue is its write lock's), in the order Leftovers lists them.
+var queueKinds = []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite}
+
 // tag is what the names of kind k's keys start with in their directory.
 func tag(k backend.Kind) string {
 	switch k {

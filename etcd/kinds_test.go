@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -268,15 +267,7 @@ func FuzzEntryValue(f *testing.F) {
 // grant's that returned before it, and nothing left. The seed is logged.
 func TestKindsRandomized(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	var rmu sync.Mutex
-	rnd := rand.New(rand.NewPCG(seed, 24))
-	intn := func(n int) int {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return rnd.IntN(n)
-	}
+	intn := newSeeded(t, 24).intn
 	var rs []*Resource
 	for i := range 4 {
 		rs = append(rs, newResource(t, endpoints, modes[i%2].opts...))

@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"math/bits"
 	"strconv"
 	"sync"
 	"time"
@@ -25,17 +26,17 @@ type names struct {
 // take returns a free slot in the name space key and marks it used. A
 // new name space is kept in the map under key, which is therefore best a
 // part of the string of the queue key (so that the map holds no copy).
-func (n *names) take(key string) (slot int, isNew bool) {
+func (n *names) take(key string) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.used == nil {
 		n.used = make(map[string]uint64)
 	}
-	bits, ok := n.used[key]
-	if free := ^bits; free != 0 {
-		slot = bits64(free)
-		n.used[key] = bits | 1<<slot
-		return slot, !ok
+	used := n.used[key]
+	if free := ^used; free != 0 {
+		slot := bits.TrailingZeros64(free)
+		n.used[key] = used | 1<<slot
+		return slot
 	}
 	if n.extra == nil {
 		n.extra = make(map[string][]bool)
@@ -44,21 +45,11 @@ func (n *names) take(key string) (slot int, isNew bool) {
 	for i, u := range s {
 		if !u {
 			s[i] = true
-			return 64 + i, false
+			return 64 + i
 		}
 	}
 	n.extra[key] = append(s, true)
-	return 64 + len(s), false
-}
-
-// bits64 is the index of the lowest set bit of x, which is not 0.
-func bits64(x uint64) int {
-	i := 0
-	for x&1 == 0 {
-		x >>= 1
-		i++
-	}
-	return i
+	return 64 + len(s)
 }
 
 // give marks slot of key free again.
@@ -79,12 +70,12 @@ func (n *names) give(key string, slot int) {
 		delete(n.extra, key)
 		return
 	}
-	bits := n.used[key] &^ (1 << slot)
-	if bits == 0 && len(n.extra[key]) == 0 {
+	used := n.used[key] &^ (1 << slot)
+	if used == 0 && len(n.extra[key]) == 0 {
 		delete(n.used, key)
 		return
 	}
-	n.used[key] = bits
+	n.used[key] = used
 }
 
 // newHandle names a queue key for l, whose lease lasts ttl: in the
@@ -96,7 +87,7 @@ func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
 	// Most acquisitions take slot 0: name it first, so that a new name
 	// space is kept under a part of the key's string.
 	key := dir + tag(l.Kind) + r.id + "-0"
-	slot, _ := r.names.take(key[:nsLen])
+	slot := r.names.take(key[:nsLen])
 	if slot != 0 {
 		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
 	}

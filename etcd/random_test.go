@@ -17,6 +17,35 @@ import (
 	"github.com/distlock/distlock/internal/testserver"
 )
 
+// seeded is the random source of a randomized test: seeded from the clock,
+// the seed logged (the timing is not replayable, the choices are), and safe
+// for the test's goroutines to share.
+type seeded struct {
+	mu  sync.Mutex
+	rnd *rand.Rand
+}
+
+// newSeeded logs a new seed and returns a source on its stream.
+func newSeeded(t *testing.T, stream uint64) *seeded {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return &seeded{rnd: rand.New(rand.NewPCG(seed, stream))}
+}
+
+// intn returns a number in [0, n).
+func (s *seeded) intn(n int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rnd.IntN(n)
+}
+
+// between returns a duration in [lo, hi].
+func (s *seeded) between(lo, hi time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return lo + time.Duration(s.rnd.Int64N(int64(hi-lo)+1))
+}
+
 // holding is one acquisition as a randomized test saw it: held from the
 // return of Acquire until the call of Release or the end of its validity,
 // whichever came first.
@@ -52,15 +81,7 @@ func checkHoldings(t *testing.T, hs []holding) {
 // The seed is logged (the timing is not replayable, the choices are).
 func TestSharedLeaseRandomized(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	var rmu sync.Mutex
-	rnd := rand.New(rand.NewPCG(seed, 23))
-	between := func(lo, hi time.Duration) time.Duration {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return lo + time.Duration(rnd.Int64N(int64(hi-lo)+1))
-	}
+	between := newSeeded(t, 23).between
 	keys := []string{uniqueKey(t) + "-0", uniqueKey(t) + "-1", uniqueKey(t) + "-2"}
 	var rs []*Resource
 	for range 2 {
@@ -152,15 +173,7 @@ func TestKeptAliveLostRandomized(t *testing.T) { testLostRandomized(t, true) }
 func testLostRandomized(t *testing.T, kept bool) {
 	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	var rmu sync.Mutex
-	rnd := rand.New(rand.NewPCG(seed, 24))
-	between := func(lo, hi time.Duration) time.Duration {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return lo + time.Duration(rnd.Int64N(int64(hi-lo)+1))
-	}
+	between := newSeeded(t, 24).between
 	keys := []string{uniqueKey(t) + "-0", uniqueKey(t) + "-1", uniqueKey(t) + "-2"}
 	rs := []*Resource{newResource(t, endpoints), newResource(t, endpoints)}
 

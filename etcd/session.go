@@ -320,14 +320,8 @@ func (s *session) sentAt() time.Time {
 // until is how long the lease is known to live from now.
 func (s *session) until() time.Time { return s.sentAt().Add(s.life) }
 
-func (s *session) isDone() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
+// isDone reports whether the session has ended (s.done closed).
+func (s *session) isDone() bool { return isClosed(s.done) }
 
 // abandon stops renewing: the lease and its keys expire on the server.
 func (s *session) abandon() {
@@ -366,10 +360,7 @@ func (s *session) close() error {
 func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
 	s, err := r.session(ctx, l.TTL)
 	if err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	start := time.Now()
 	h := r.newHandle(l, s.ttl)
@@ -389,10 +380,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	if s.isDone() { // its locks were told before h was registered
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
@@ -410,10 +398,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 				return r.acquireShared(ctx, l, deadline, true)
 			}
 		}
-		if err == ctx.Err() {
-			return err
-		}
-		return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
+		return acquireErr(ctx, l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
 		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)

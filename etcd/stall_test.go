@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,25 +112,35 @@ func TestStalledServer(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			t.Run("TryLockContext", func(t *testing.T) {
-				key := uniqueKey(t)
-				warm(t, key)
-				resume := stalled(t, srv)
-				err := timed(t, "TryLock with a 300ms context and a 5s wait", 300*time.Millisecond, func() error {
-					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					defer cancel()
-					lk, err := d.TryLock(cctx, key, 5*time.Second)
-					if lk != nil {
-						t.Errorf("TryLock on a frozen server returned a lock")
+			// A TryLock with a 300ms context and a 5s wait; on the shared
+			// lease, the first lock of a new TTL also grants the lease for it.
+			for _, c := range []struct {
+				name, what string
+				ctx        context.Context
+			}{
+				{"TryLockContext", "TryLock with a 300ms context and a 5s wait", ctx},
+				{"TryLockNewTTL", "TryLock of a new TTL with a 300ms context", distlock.ContextWithTTL(ctx, 42*time.Second)},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					key := uniqueKey(t)
+					warm(t, key)
+					resume := stalled(t, srv)
+					err := timed(t, c.what, 300*time.Millisecond, func() error {
+						cctx, cancel := context.WithTimeout(c.ctx, 300*time.Millisecond)
+						defer cancel()
+						lk, err := d.TryLock(cctx, key, 5*time.Second)
+						if lk != nil {
+							t.Errorf("TryLock on a frozen server returned a lock")
+						}
+						return err
+					})
+					resume()
+					if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
 					}
-					return err
+					settled(t, key)
 				})
-				resume()
-				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
-				}
-				settled(t, key)
-			})
+			}
 
 			t.Run("TryLockWait", func(t *testing.T) {
 				key := uniqueKey(t)
@@ -147,28 +156,6 @@ func TestStalledServer(t *testing.T) {
 				resume()
 				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNotAcquired) {
 					t.Errorf("TryLock = %v; want a store error wrapping context.DeadlineExceeded, not ErrNotAcquired", err)
-				}
-				settled(t, key)
-			})
-
-			t.Run("TryLockNewTTL", func(t *testing.T) {
-				// On the shared lease, the first lock of a TTL grants
-				// the lease for it.
-				key := uniqueKey(t)
-				warm(t, key)
-				resume := stalled(t, srv)
-				err := timed(t, "TryLock of a new TTL with a 300ms context", 300*time.Millisecond, func() error {
-					cctx, cancel := context.WithTimeout(distlock.ContextWithTTL(ctx, 42*time.Second), 300*time.Millisecond)
-					defer cancel()
-					lk, err := d.TryLock(cctx, key, 5*time.Second)
-					if lk != nil {
-						t.Errorf("TryLock on a frozen server returned a lock")
-					}
-					return err
-				})
-				resume()
-				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
 				}
 				settled(t, key)
 			})
@@ -341,18 +328,8 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 func TestRandomizedStalls(t *testing.T) {
 	srv := testserver.Etcd(t)
 	endpoints := srv.Endpoints
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rnd := rand.New(rand.NewPCG(seed, 26))
-	var rmu sync.Mutex
-	intn := func(n int) int {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return rnd.IntN(n)
-	}
-	between := func(lo, hi time.Duration) time.Duration {
-		return lo + time.Duration(intn(int(hi-lo)))
-	}
+	rnd := newSeeded(t, 26)
+	intn, between := rnd.intn, rnd.between
 	var clients []*Resource
 	for i := range 4 {
 		clients = append(clients, newResource(t, endpoints, modes[i%2].opts...))

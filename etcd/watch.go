@@ -63,7 +63,7 @@ func (r *Resource) watchKey(ctx context.Context, h *handle) error {
 		return w.err
 	}
 	h.lost = make(chan struct{})
-	h.wrev, h.wdel, h.wcheck, h.wrel, h.wlost = 0, 0, false, false, false
+	h.wrev, h.wdel, h.wcheck, h.wrel = 0, 0, false, false
 	w.keys[h.key] = h
 	return nil
 }
@@ -122,7 +122,7 @@ func (r *Resource) deleted(key string, rev int64) {
 	h := w.keys[key]
 	switch {
 	case h == nil:
-	case h.wlost && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
+	case isClosed(h.lost) && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
 		delete(w.keys, h.key)
 		r.free(h)
 	case h.wrev == 0 || h.wrel: // being made (an older key of the name, or ours), or released
@@ -136,11 +136,16 @@ func (r *Resource) deleted(key string, rev int64) {
 // name is free again. w.mu is held.
 func (r *Resource) lostLocked(h *handle) {
 	delete(r.watch.keys, h.key)
-	if !h.wlost {
-		h.wlost = true
+	closeLost(h)
+	r.free(h)
+}
+
+// closeLost closes h's Lost unless it is closed already. The watch's mutex
+// is held: only holders of it close Lost.
+func closeLost(h *handle) {
+	if !isClosed(h.lost) {
 		close(h.lost)
 	}
-	r.free(h)
 }
 
 // sessionLost closes the Lost of every lock registered on s, whose lease
@@ -152,9 +157,8 @@ func (r *Resource) sessionLost(s *session) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, h := range w.keys {
-		if h.sess == s && !h.wlost {
-			h.wlost = true
-			close(h.lost)
+		if h.sess == s {
+			closeLost(h)
 		}
 	}
 }

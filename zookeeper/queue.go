@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,13 +125,7 @@ func queueOf(children []string, kind backend.Kind) []entry {
 		}
 	}
 	slices.SortFunc(q, func(a, b entry) int {
-		switch {
-		case a.seq < b.seq:
-			return -1
-		case a.seq > b.seq:
-			return 1
-		}
-		return strings.Compare(a.name, b.name)
+		return cmp.Or(cmp.Compare(a.seq, b.seq), strings.Compare(a.name, b.name))
 	})
 	return q
 }

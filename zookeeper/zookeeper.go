@@ -336,7 +336,8 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	}
 	parent := r.kindParent(l.Key, l.Kind)
 	guid := newGUID()
-	c, err := r.create(ctx, parent, guid, tagOf(l), recordOf(l).encode())
+	data := recordOf(l).encode()
+	c, err := r.create(ctx, parent, guid, tagOf(l), data)
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
@@ -358,7 +359,6 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 		// Tell the waiter behind us that we hold (see judge): a data
 		// change of our znode, which it watches. Not waited for: if it
 		// fails, that waiter waits for our release instead.
-		data := recordOf(l).encode()
 		send(func() (*zk.Stat, error) { return r.conn.Set(path, data, -1) })
 	}
 	return nil
