@@ -132,6 +132,16 @@ func scriptCall(s *goredis.Script, sha any, lock string, args ...any) *call {
 	return c
 }
 
+// evalsha returns the command EVALSHA sha with keys and args.
+func evalsha(sha any, keys []string, args ...any) []any {
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return append(cmd, args...)
+}
+
 // send runs c, from newCall, as run does, and gives it back to the pool
 // (unless a batch may still read it).
 func (r *Resource) send(ctx context.Context, c *call) (int64, any, error) {
