@@ -262,7 +262,7 @@ func (rd *round) run(i int) {
 		// Our key was set on this node after a delete found nothing
 		// there: delete it rather than let it linger until its TTL.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), lateCleanupTimeout)
-		_, _ = nd.eval(ctx, opRelease, rd.h.release, rd.h)
+		_, _ = nd.eval(ctx, opRelease, rd.h.releaseCmd(), rd.h)
 		cancel()
 	}
 	if last {
