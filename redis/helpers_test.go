@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,4 +124,16 @@ func commandField(t testing.TB, c *goredis.Client, field, suffix string) map[str
 		}
 	}
 	return m
+}
+
+// testSeed returns the seed of a randomized test: $DISTLOCK_TEST_SEED
+// when set, else the time; it logs it, so that a failure can be rerun.
+func testSeed(t testing.TB) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	return seed
 }
