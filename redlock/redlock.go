@@ -210,7 +210,6 @@ type handle struct {
 	round      uint64 // 1 for the acquisition's first round, then 2, 3...
 	ms         int64
 	keys       [1]string // the lock key, for EVAL after NOSCRIPT
-	argv       [2]any    // the round's value, ttl ms: the scripts' ARGV
 	labeled    bool      // the nodes keep a label key beside the lock
 
 	// The commands, in the handle (one allocation per round); acquireCmd
@@ -247,19 +246,18 @@ var (
 )
 
 // newHandle builds the handle of round n of l's acquisition, with a TTL
-// of ms. It takes the lock key and the boxed TTL from prev, the previous
-// round's handle, when it has them.
+// of ms. It takes the lock key, boxed and not, and the boxed TTL from
+// prev, the previous round's handle, when it has them.
 func (r *Resource) newHandle(l *backend.Lease, ms int64, n uint64, prev *handle) *handle {
 	h := &handle{key: l.Key, value: l.Value, round: n, ms: ms, labeled: l.Label != ""}
-	var px any
+	var lock, px any
 	if prev != nil && prev.key == l.Key && prev.ms == ms {
-		h.keys[0], px = prev.keys[0], prev.argv[1]
+		h.keys[0], lock, px = prev.keys[0], prev.acquire[3], prev.acquire[5]
 	} else {
 		h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
-		px = ms
+		lock, px = h.keys[0], ms
 	}
-	var lock, stored any = h.keys[0], roundValue(l.Value, n)
-	h.argv = [2]any{stored, px}
+	var stored any = roundValue(l.Value, n)
 	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, stored, px}
 	// With a label, the label key (redisscript.LabelSuffix) goes with the
 	// lock on each node, for Inspect.
