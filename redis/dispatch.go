@@ -132,6 +132,16 @@ func scriptCall(s *goredis.Script, sha any, lock string, args ...any) *call {
 	return c
 }
 
+// evalsha returns the command EVALSHA sha with keys and args.
+func evalsha(sha any, keys []string, args ...any) []any {
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return append(cmd, args...)
+}
+
 // send runs c, from newCall, as run does, and gives it back to the pool
 // (unless a batch may still read it).
 func (r *Resource) send(ctx context.Context, c *call) (int64, any, error) {
@@ -292,11 +302,7 @@ func (r *Resource) runBatches(b *batch) {
 func (r *Resource) exec(b *batch) {
 	if len(b.calls) == 1 {
 		c := b.calls[0]
-		if c.value {
-			c.val, c.err = r.runNowValue(c.ctx, c.s, c.keys, c.cmd)
-		} else {
-			c.v, c.err = r.runNow(c.ctx, c.s, c.keys, c.cmd)
-		}
+		c.reply(r.runNow(c.ctx, c.s, c.keys, c.cmd))
 		return
 	}
 	ctx := batchContext(b.calls)
@@ -320,34 +326,29 @@ func (r *Resource) exec(b *batch) {
 		_, _ = again.Exec(ctx)
 	}
 	for i, c := range b.calls {
-		if c.value {
-			c.val, c.err = b.cmds[i].Result()
-		} else {
-			c.v, c.err = b.cmds[i].Int64()
-		}
+		c.reply(b.cmds[i])
 	}
 }
 
-// runNow sends one call from the calling goroutine.
-func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (int64, error) {
-	c := goredis.NewCmd(ctx, cmd...)
-	_ = r.c.Process(ctx, c)
-	v, err := c.Int64()
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Int64()
+// reply reads cmd's reply into c: into val when c wants the reply as it
+// is, else into v as an integer.
+func (c *call) reply(cmd *goredis.Cmd) {
+	if c.value {
+		c.val, c.err = cmd.Result()
+	} else {
+		c.v, c.err = cmd.Int64()
 	}
-	return v, err
 }
 
-// runNowValue is runNow for a reply that is not an integer.
-func (r *Resource) runNowValue(ctx context.Context, s *goredis.Script, keys []string, cmd []any) (any, error) {
+// runNow sends one call from the calling goroutine, and sends it again
+// with EVAL when the server does not have the script cached.
+func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) *goredis.Cmd {
 	c := goredis.NewCmd(ctx, cmd...)
 	_ = r.c.Process(ctx, c)
-	val, err := c.Result()
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...).Result()
+	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...)
 	}
-	return val, err
+	return c
 }
 
 // batchContext is the context of a pipeline of calls: it never ends and

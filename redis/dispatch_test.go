@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -366,11 +365,7 @@ func TestDispatcherRandomized(t *testing.T) {
 	if testing.Short() {
 		run = 1500 * time.Millisecond
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	seed := testSeed(t)
 
 	srv := testserver.Redis(t)
 	var log sentLog

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,25 +55,7 @@ func cleanupCtx() (context.Context, context.CancelFunc) {
 // commandStats returns calls per command from INFO commandstats.
 func commandStats(t testing.TB, c *goredis.Client) map[string]int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	stats := make(map[string]int64)
-	for line := range strings.SplitSeq(info, "\n") {
-		line = strings.TrimSpace(line)
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("INFO commandstats line %q: %v", line, err)
-		}
-		stats[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return stats
+	return commandField(t, c, "calls", "")
 }
 
 // commandUsec returns the server time spent per command, in
@@ -80,24 +63,7 @@ func commandStats(t testing.TB, c *goredis.Client) map[string]int64 {
 // counts the time of the commands it runs.
 func commandUsec(t testing.TB, c *goredis.Client) map[string]int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	m := make(map[string]int64)
-	for line := range strings.SplitSeq(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "usec="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				m[strings.TrimPrefix(name, "cmdstat_")] = n
-			}
-		}
-	}
-	return m
+	return commandField(t, c, "usec", "")
 }
 
 // statsDelta is after - before, without INFO itself and zero entries.
@@ -130,6 +96,13 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // commandstats, keyed "name.rejected".
 func commandRejections(t testing.TB, c *goredis.Client) map[string]int64 {
 	t.Helper()
+	return commandField(t, c, "rejected_calls", ".rejected")
+}
+
+// commandField returns field's value per command from INFO commandstats,
+// keyed by the command's name plus suffix.
+func commandField(t testing.TB, c *goredis.Client, field, suffix string) map[string]int64 {
+	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatalf("INFO commandstats: %v", err)
@@ -140,12 +113,27 @@ func commandRejections(t testing.TB, c *goredis.Client) map[string]int64 {
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
-		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				m[strings.TrimPrefix(name, "cmdstat_")+".rejected"] = n
+		for f := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(f, field+"="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatalf("INFO commandstats line %q: %v", line, err)
+				}
+				m[strings.TrimPrefix(name, "cmdstat_")+suffix] = n
 			}
 		}
 	}
 	return m
+}
+
+// testSeed returns the seed of a randomized test: $DISTLOCK_TEST_SEED
+// when set, else the time; it logs it, so that a failure can be rerun.
+func testSeed(t testing.TB) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	return seed
 }

@@ -44,12 +44,7 @@ func (r *Resource) Inspect(ctx context.Context, key string, kind backend.Kind) (
 	default:
 		return backend.Inspection{}, fmt.Errorf("%w %v", errUnknownKind, kind)
 	}
-	cmd := make([]any, 0, 3+len(keys)+1)
-	cmd = append(cmd, "evalsha", inspectSHA, len(keys))
-	for _, k := range keys {
-		cmd = append(cmd, k)
-	}
-	cmd = append(cmd, mode)
+	cmd := evalsha(inspectSHA, keys, mode)
 	val, err := r.runValue(ctx, redisscript.Inspect, keys, cmd)
 	if err != nil {
 		return backend.Inspection{}, fmt.Errorf("redis: inspect %v %q: %w", kind, key, err)
@@ -173,15 +168,11 @@ func (r *Resource) TryAcquireAll(ctx context.Context, ls []*backend.Lease) (bool
 	}
 	first := ls[0]
 	ms := redisscript.Millis(first.TTL)
-	cmd := make([]any, 0, 3+len(keys)+3)
-	cmd = append(cmd, "evalsha", multiAcquireSHA, len(keys))
-	for _, k := range keys {
-		cmd = append(cmd, k)
+	args := []any{first.Value, ms, first.Label}
+	if first.Label == "" {
+		args = args[:2]
 	}
-	cmd = append(cmd, first.Value, ms)
-	if first.Label != "" {
-		cmd = append(cmd, first.Label)
-	}
+	cmd := evalsha(multiAcquireSHA, keys, args...)
 	clean := func(ctx context.Context) error {
 		var errs []error
 		for _, h := range hs {

@@ -61,15 +61,11 @@ func (r *Resource) newKHandle(l *backend.Lease, ms int64) *khandle {
 	default:
 		h.keys, sha, arg = redisscript.RWKeys(lock), rwAcquireSHA, "w"
 	}
-	h.acq = make([]any, 0, 3+len(h.keys)+4)
-	h.acq = append(h.acq, "evalsha", sha, len(h.keys))
-	for _, k := range h.keys {
-		h.acq = append(h.acq, k)
+	args := []any{l.Value, ms, arg, l.Label}
+	if l.Label == "" {
+		args = args[:3]
 	}
-	h.acq = append(h.acq, l.Value, ms, arg)
-	if l.Label != "" {
-		h.acq = append(h.acq, l.Label)
-	}
+	h.acq = evalsha(sha, h.keys, args...)
 	return h
 }
 
@@ -126,12 +122,7 @@ func (r *Resource) cleanupKind(ctx context.Context, h *khandle) error {
 	if h.rw() {
 		keys = []string{h.keys[0], h.keys[1], h.keys[2], h.keys[4], h.keys[5], h.keys[6]}
 	}
-	cmd := make([]any, 0, 3+len(keys)+3)
-	cmd = append(cmd, "evalsha", groupCleanupSHA, len(keys))
-	for _, k := range keys {
-		cmd = append(cmd, k)
-	}
-	cmd = append(cmd, h.value, h.ms, r.publish)
+	cmd := evalsha(groupCleanupSHA, keys, h.value, h.ms, r.publish)
 	_, err := r.run(ctx, redisscript.GroupCleanup, keys, cmd)
 	return err
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -189,11 +187,7 @@ func TestRandomStallsAndCancels(t *testing.T) {
 	if testing.Short() {
 		run = 2 * time.Second
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	seed := testSeed(t)
 	rnd := rand.New(rand.NewPCG(seed, 0))
 	var rmu sync.Mutex
 	randN := func(n time.Duration) time.Duration {

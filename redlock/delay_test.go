@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -226,11 +225,7 @@ func TestRandomDelaysKeepOwnersApart(t *testing.T) {
 	if testing.Short() {
 		run = 2 * time.Second
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	seed := testSeed(t)
 	c := startNodes(t, 5, nil)
 	key := uniqueKey(t)
 

@@ -40,7 +40,7 @@ func PauseAfterWait(d time.Duration) (restore func()) {
 // and the round's number ("" before the first round).
 func Stored(l *backend.Lease) string {
 	if h, ok := l.Handle.(*handle); ok {
-		return h.argv[0].(string)
+		return h.acquire[4].(string)
 	}
 	return ""
 }

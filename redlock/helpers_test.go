@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -252,3 +254,15 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 func nodes(idx ...int) []int { return idx }
 
 func describe(v []string) string { return fmt.Sprintf("%q", v) }
+
+// testSeed returns the seed of a randomized test: $DISTLOCK_TEST_SEED
+// when set, else the time; it logs it, so that a failure can be rerun.
+func testSeed(t testing.TB) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DISTLOCK_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (DISTLOCK_TEST_SEED=%d reruns it)", seed, seed)
+	return seed
+}

@@ -210,12 +210,13 @@ type handle struct {
 	round      uint64 // 1 for the acquisition's first round, then 2, 3...
 	ms         int64
 	keys       [1]string // the lock key, for EVAL after NOSCRIPT
-	argv       [2]any    // the round's value, ttl ms: the scripts' ARGV
 	labeled    bool      // the nodes keep a label key beside the lock
 
-	acquire []any // EVALSHA acquire 1 lock stored ms [label]
+	// The commands, in the handle (one allocation per round); acquireCmd
+	// and releaseCmd slice off the label arguments of an unlabelled lock.
+	acquire [7]any // EVALSHA acquire 1 lock stored ms [label]
 	cleanup [6]any
-	release []any // EVALSHA release 1 lock stored ["" "1": and the label key]
+	release [7]any // EVALSHA release 1 lock stored ["" "1": and the label key]
 
 	// acq is the acquire round that got the lock, set by TryAcquire on
 	// success and read by Release: the release round settles with it
@@ -245,30 +246,40 @@ var (
 )
 
 // newHandle builds the handle of round n of l's acquisition, with a TTL
-// of ms. It takes the lock key and the boxed TTL from prev, the previous
-// round's handle, when it has them.
+// of ms. It takes the lock key, boxed and not, and the boxed TTL from
+// prev, the previous round's handle, when it has them.
 func (r *Resource) newHandle(l *backend.Lease, ms int64, n uint64, prev *handle) *handle {
 	h := &handle{key: l.Key, value: l.Value, round: n, ms: ms, labeled: l.Label != ""}
-	var px any
+	var lock, px any
 	if prev != nil && prev.key == l.Key && prev.ms == ms {
-		h.keys[0], px = prev.keys[0], prev.argv[1]
+		h.keys[0], lock, px = prev.keys[0], prev.acquire[3], prev.acquire[5]
 	} else {
 		h.keys[0], _ = redisscript.Layout(r.prefix, l.Key)
-		px = ms
+		lock, px = h.keys[0], ms
 	}
-	var lock, stored any = h.keys[0], roundValue(l.Value, n)
-	h.argv = [2]any{stored, px}
+	var stored any = roundValue(l.Value, n)
 	h.cleanup = [6]any{"evalsha", cleanupSHA, 1, lock, stored, px}
-	if h.labeled {
-		// The label key (redisscript.LabelSuffix) goes with the lock on
-		// each node, for Inspect.
-		h.acquire = []any{"evalsha", acquireSHA, 1, lock, stored, px, l.Label}
-		h.release = []any{"evalsha", releaseSHA, 1, lock, stored, "", "1"}
-	} else {
-		h.acquire = []any{"evalsha", acquireSHA, 1, lock, stored, px}
-		h.release = []any{"evalsha", releaseSHA, 1, lock, stored}
-	}
+	// With a label, the label key (redisscript.LabelSuffix) goes with the
+	// lock on each node, for Inspect.
+	h.acquire = [7]any{"evalsha", acquireSHA, 1, lock, stored, px, l.Label}
+	h.release = [7]any{"evalsha", releaseSHA, 1, lock, stored, "", "1"}
 	return h
+}
+
+// acquireCmd returns the acquire command.
+func (h *handle) acquireCmd() []any {
+	if h.labeled {
+		return h.acquire[:]
+	}
+	return h.acquire[:6]
+}
+
+// releaseCmd returns the release command.
+func (h *handle) releaseCmd() []any {
+	if h.labeled {
+		return h.release[:]
+	}
+	return h.release[:5]
 }
 
 // handleOf returns the lease's handle: that of the round that got the
@@ -376,7 +387,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	l.Handle = h
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquire, timeout, r.quorum, nil, nil)
+	rd := r.start(ctx, opAcquire, h, h.acquireCmd(), timeout, r.quorum, nil, nil)
 	rd.wait()
 	if testHookAfterWait != nil {
 		testHookAfterWait()
@@ -484,7 +495,7 @@ type cleaner struct {
 // first round, with the round's per-node timeout. contended says only the
 // nodes that set the key must confirm.
 func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool) *cleaner {
-	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.release, timeout: timeout,
+	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.releaseCmd(), timeout: timeout,
 		need: make([]bool, len(acq.res))}
 	if bury {
 		c.o, c.args = opCleanup, acq.h.cleanup[:]
@@ -589,7 +600,7 @@ func holderTTL(res []reply, need int) time.Duration {
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.release, r.timeout(ttl, ttl), r.quorum, h.acq, nil)
+	rd := r.start(ctx, opRelease, h, h.releaseCmd(), r.timeout(ttl, ttl), r.quorum, h.acq, nil)
 	rd.wait()
 	deleted, failed := rd.decide()
 	switch {

@@ -34,18 +34,18 @@ const (
 	opCleanup // a release that also writes the value's tombstone
 )
 
-// script returns op's script and how many of the handle's ARGV it takes,
-// for EVAL when a node does not have the script cached.
-func (o op) script() (*goredis.Script, int) {
+// script returns op's script, for EVAL when a node does not have it
+// cached.
+func (o op) script() *goredis.Script {
 	switch o {
 	case opAcquire:
-		return redisscript.Acquire, 2
+		return redisscript.Acquire
 	case opExtend:
-		return redisscript.Extend, 2
+		return redisscript.Extend
 	case opCleanup:
-		return redisscript.Cleanup, 2
+		return redisscript.Cleanup
 	}
-	return redisscript.Release, 1
+	return redisscript.Release
 }
 
 // reply is one node's answer in a round: the script's reply v when err is
@@ -262,7 +262,7 @@ func (rd *round) run(i int) {
 		// Our key was set on this node after a delete found nothing
 		// there: delete it rather than let it linger until its TTL.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), lateCleanupTimeout)
-		_, _ = nd.eval(ctx, opRelease, rd.h.release, rd.h)
+		_, _ = nd.eval(ctx, opRelease, rd.h.releaseCmd(), rd.h)
 		cancel()
 	}
 	if last {
@@ -328,8 +328,7 @@ func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, e
 	_ = nd.c.Process(ctx, cmd)
 	v, err := cmd.Int64()
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		s, _ := o.script()
-		v, err = s.Eval(ctx, nd.c, h.keys[:], args[3+len(h.keys):]...).Int64()
+		v, err = o.script().Eval(ctx, nd.c, h.keys[:], args[3+len(h.keys):]...).Int64()
 	}
 	return v, err
 }
