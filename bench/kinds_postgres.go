@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock"
 )
@@ -94,44 +89,22 @@ RETURNING s.writer = $2::text`
 	pgFloorWithdraw     = `UPDATE bare_rw SET intents = intents - $2::text WHERE lock_key = $1 AND intents ? $2::text`
 )
 
-type pgKindsFloor struct {
-	*stmtCounter
-	pool   *pgxpool.Pool
-	micros int64
-	retry  time.Duration
-	prefix string
-	n      atomic.Uint64
-}
+// pgKindsFloor is the bare floor (pool, TTL, values) with the kinds'
+// statements.
+type pgKindsFloor struct{ *pgFloor }
 
-var _ kindsInstance = (*pgKindsFloor)(nil)
+var _ kindsInstance = pgKindsFloor{}
 
 func openPGKindsFloor(ctx context.Context, s *servers, o openOpts, _ string) (kindsInstance, error) {
-	sc := &stmtCounter{}
-	pool, err := newPGPool(ctx, s, sc)
+	f, err := newPGFloor(ctx, s, o, pgKindsFloorTables)
 	if err != nil {
 		return nil, err
 	}
-	pgFloorOnce.Lock()
-	_, err = pool.Exec(ctx, pgKindsFloorTables)
-	pgFloorOnce.Unlock()
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return &pgKindsFloor{stmtCounter: sc, pool: pool, micros: int64((o.ttl + time.Microsecond - 1) / time.Microsecond),
-		retry: o.retry, prefix: hex.EncodeToString(b[:])}, nil
-}
-
-func (f *pgKindsFloor) value() string {
-	b := make([]byte, 0, 40)
-	b = append(b, f.prefix...)
-	return string(strconv.AppendUint(b, f.n.Add(1), 16))
+	return pgKindsFloor{f}, nil
 }
 
 // try makes one attempt: false when the rule keeps it out.
-func (f *pgKindsFloor) try(ctx context.Context, key, v string, kind distlock.Kind, limit int) (bool, error) {
+func (f pgKindsFloor) try(ctx context.Context, key, v string, kind distlock.Kind, limit int) (bool, error) {
 	var (
 		ok  bool
 		err error
@@ -152,38 +125,23 @@ func (f *pgKindsFloor) try(ctx context.Context, key, v string, kind distlock.Kin
 	return ok, err
 }
 
-func (f *pgKindsFloor) acquireKind(ctx context.Context, key string, kind distlock.Kind, limit int, wait time.Duration) (held, error) {
+func (f pgKindsFloor) acquireKind(ctx context.Context, key string, kind distlock.Kind, limit int, wait time.Duration) (held, error) {
 	v := f.value()
-	deadline := time.Now().Add(wait)
-	for {
-		ok, err := f.try(ctx, key, v, kind, limit)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return &pgKindsHeld{f: f, kind: kind, key: key, val: v}, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			break
-		}
-		if err := sleepCtx(ctx, min(f.retry, left)); err != nil {
-			return nil, err
-		}
+	err := pollFloor(ctx, wait, f.retry, func() (bool, error) { return f.try(ctx, key, v, kind, limit) })
+	if err == nil {
+		return &pgKindsHeld{f: f, kind: kind, key: key, val: v}, nil
 	}
-	if kind == distlock.KindWrite { // give up: the intent goes
+	if errors.Is(err, errNotAcquired) && kind == distlock.KindWrite { // give up: the intent goes
 		if _, err := f.pool.Exec(ctx, pgFloorWithdraw, key, v); err != nil {
 			return nil, err
 		}
 	}
-	return nil, errNotAcquired
+	return nil, err
 }
-
-func (f *pgKindsFloor) close() error { f.pool.Close(); return nil }
 
 // pgKindsHeld is what a user of the floor keeps: key and value.
 type pgKindsHeld struct {
-	f        *pgKindsFloor
+	f        pgKindsFloor
 	kind     distlock.Kind
 	key, val string
 }

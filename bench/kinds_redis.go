@@ -2,12 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -71,31 +67,18 @@ return 0`)
 return 0`)
 )
 
-type redisKindsFloor struct {
-	*redisClients
-	c      *goredis.Client
-	ms     int64
-	retry  time.Duration
-	prefix string
-	n      atomic.Uint64
-}
+// redisKindsFloor is the bare floor (client, TTL, values) with the kinds'
+// scripts.
+type redisKindsFloor struct{ *redisFloor }
 
-var _ kindsInstance = (*redisKindsFloor)(nil)
+var _ kindsInstance = redisKindsFloor{}
 
 func openRedisKindsFloor(_ context.Context, s *servers, o openOpts, _ string) (kindsInstance, error) {
-	rc, err := newRedisClients(s, 1)
+	f, err := newRedisFloor(s, o)
 	if err != nil {
 		return nil, err
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return &redisKindsFloor{redisClients: rc, c: rc.cs[0], ms: o.ttl.Milliseconds(), retry: o.retry, prefix: hex.EncodeToString(b[:])}, nil
-}
-
-func (f *redisKindsFloor) value() string {
-	b := make([]byte, 0, 40)
-	b = append(b, f.prefix...)
-	return string(strconv.AppendUint(b, f.n.Add(1), 16))
+	return redisKindsFloor{f}, nil
 }
 
 // floorKeys are the keys of key's semaphore (the holders) or read/write
@@ -108,8 +91,8 @@ func floorKeys(key string, kind distlock.Kind) []string {
 	return []string{tag + ":r", tag + ":w", tag + ":i"}
 }
 
-func (f *redisKindsFloor) acquireKind(ctx context.Context, key string, kind distlock.Kind, limit int, wait time.Duration) (held, error) {
-	v := f.value()
+func (f redisKindsFloor) acquireKind(ctx context.Context, key string, kind distlock.Kind, limit int, wait time.Duration) (held, error) {
+	v, ms := f.value(), f.ttl.Milliseconds()
 	keys := floorKeys(key, kind)
 	var (
 		script *goredis.Script
@@ -117,44 +100,32 @@ func (f *redisKindsFloor) acquireKind(ctx context.Context, key string, kind dist
 	)
 	switch kind {
 	case distlock.KindSemaphore:
-		script, args = floorSemAcquire, []any{v, f.ms, limit}
+		script, args = floorSemAcquire, []any{v, ms, limit}
 	case distlock.KindRead:
-		script, args = floorReadAcquire, []any{v, f.ms}
+		script, args = floorReadAcquire, []any{v, ms}
 	case distlock.KindWrite:
-		script, args = floorWriteAcquire, []any{v, f.ms}
+		script, args = floorWriteAcquire, []any{v, ms}
 	default:
 		return nil, fmt.Errorf("floor: kind %v", kind)
 	}
-	deadline := time.Now().Add(wait)
-	for {
+	err := pollFloor(ctx, wait, f.retry, func() (bool, error) {
 		n, err := script.Run(ctx, f.c, keys, args...).Int()
-		if err != nil {
-			return nil, err
-		}
-		if n == 1 {
-			return &redisKindsHeld{f: f, kind: kind, keys: keys, val: v}, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			break
-		}
-		if err := sleepCtx(ctx, min(f.retry, left)); err != nil {
-			return nil, err
-		}
+		return n == 1, err
+	})
+	if err == nil {
+		return &redisKindsHeld{f: f, kind: kind, keys: keys, val: v}, nil
 	}
-	if kind == distlock.KindWrite { // give up: the intent goes
+	if errors.Is(err, errNotAcquired) && kind == distlock.KindWrite { // give up: the intent goes
 		if err := f.c.ZRem(ctx, keys[2], v).Err(); err != nil {
 			return nil, err
 		}
 	}
-	return nil, errNotAcquired
+	return nil, err
 }
-
-func (f *redisKindsFloor) close() error { return f.redisClients.close() }
 
 // redisKindsHeld is what a user of the floor keeps: the keys and value.
 type redisKindsHeld struct {
-	f    *redisKindsFloor
+	f    redisKindsFloor
 	kind distlock.Kind
 	keys []string
 	val  string

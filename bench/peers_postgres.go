@@ -137,13 +137,18 @@ type pgFloor struct {
 }
 
 func openPGFloor(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	return newPGFloor(ctx, s, o, pgFloorTable)
+}
+
+// newPGFloor opens a bare floor after creating its tables (ddl).
+func newPGFloor(ctx context.Context, s *servers, o openOpts, ddl string) (*pgFloor, error) {
 	sc := &stmtCounter{}
 	pool, err := newPGPool(ctx, s, sc)
 	if err != nil {
 		return nil, err
 	}
 	pgFloorOnce.Lock()
-	_, err = pool.Exec(ctx, pgFloorTable)
+	_, err = pool.Exec(ctx, ddl)
 	pgFloorOnce.Unlock()
 	if err != nil {
 		pool.Close()
@@ -195,23 +200,11 @@ func (f *pgFloor) worker(context.Context) (locker, error) { return f, nil }
 
 func (f *pgFloor) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	v := f.value()
-	deadline := time.Now().Add(wait)
-	for {
-		ok, err := f.try(ctx, key, v)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return &pgFloorHeld{f, key, v}, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, errNotAcquired
-		}
-		if err := sleepCtx(ctx, min(f.retry, left)); err != nil {
-			return nil, err
-		}
+	err := pollFloor(ctx, wait, f.retry, func() (bool, error) { return f.try(ctx, key, v) })
+	if err != nil {
+		return nil, err
 	}
+	return &pgFloorHeld{f, key, v}, nil
 }
 
 func (f *pgFloor) close() error { f.pool.Close(); return nil }

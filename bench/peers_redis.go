@@ -155,6 +155,10 @@ type redisFloor struct {
 }
 
 func openRedisFloor(_ context.Context, s *servers, o openOpts) (instance, error) {
+	return newRedisFloor(s, o)
+}
+
+func newRedisFloor(s *servers, o openOpts) (*redisFloor, error) {
 	rc, err := newRedisClients(s, 1)
 	if err != nil {
 		return nil, err
@@ -188,23 +192,13 @@ func (f *redisFloor) worker(context.Context) (locker, error) { return f, nil }
 
 func (f *redisFloor) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
 	v := f.value()
-	deadline := time.Now().Add(wait)
-	for {
-		ok, err := f.c.SetNX(ctx, key, v, f.ttl).Result()
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return &redisFloorHeld{f, key, v}, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, errNotAcquired
-		}
-		if err := sleepCtx(ctx, min(f.retry, left)); err != nil {
-			return nil, err
-		}
+	err := pollFloor(ctx, wait, f.retry, func() (bool, error) {
+		return f.c.SetNX(ctx, key, v, f.ttl).Result()
+	})
+	if err != nil {
+		return nil, err
 	}
+	return &redisFloorHeld{f, key, v}, nil
 }
 
 func (f *redisFloor) close() error { return f.redisClients.close() }
@@ -217,6 +211,25 @@ type redisFloorHeld struct {
 
 func (h *redisFloorHeld) unlock(ctx context.Context) error {
 	return floorRelease.Run(ctx, h.f.c, []string{h.key}, h.val).Err()
+}
+
+// pollFloor is a floor's wait: try every retry until it holds (nil) or
+// wait is up (errNotAcquired); try's error or ctx's ends it early.
+func pollFloor(ctx context.Context, wait, retry time.Duration, try func() (bool, error)) error {
+	deadline := time.Now().Add(wait)
+	for {
+		ok, err := try()
+		if err != nil || ok {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return errNotAcquired
+		}
+		if err := sleepCtx(ctx, min(retry, left)); err != nil {
+			return err
+		}
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

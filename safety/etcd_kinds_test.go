@@ -157,11 +157,7 @@ func (f *rwFence) read(tok uint64) bool {
 // etcdKindsSetup starts the proxy and opens the victim (through it) and
 // two others, with a 2s default TTL and no auto-renewal.
 func etcdKindsSetup(t *testing.T, tg target) (p *proxy.Proxy, victim *distlock.DistributeLock, others []*distlock.DistributeLock) {
-	p, err := proxy.Start(tg.server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p = startProxy(t, tg.server)
 	open := func(b harness.Backend) *distlock.DistributeLock {
 		res, closeRes, err := b.Open(t.Context())
 		if err != nil {

@@ -129,11 +129,7 @@ func testEtcdStalled(t *testing.T, tg target, c *clientv3.Client, srv *testserve
 // measured it for etcd: the clients reach the server through a proxy that
 // stops forwarding, both ways, while the server itself runs on.
 func testEtcdConnectionStalled(t *testing.T, tg target, c *clientv3.Client) {
-	p, err := proxy.Start(tg.server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p := startProxy(t, tg.server)
 	testStalledStore(t, tg, tg.via(p.Addr), []time.Duration{time.Second, 2500 * time.Millisecond}, func() func() {
 		p.Stall(proxy.Up)
 		p.Stall(proxy.Down)

@@ -88,13 +88,7 @@ func (g *rwRegister) op(owner string, call, ret int64, token uint64, write bool)
 func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 	const limit, workers = 3, 6
 	p := startProxy(t, addr)
-	rnd := rand.New(rand.NewPCG(seed, 24))
-	var rmu sync.Mutex
-	delay := func() time.Duration {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
-	}
+	delay := randomDelay(24, 20*time.Millisecond)
 	p.SetDelay(proxy.Down, delay)
 	p.SetDelay(proxy.Up, delay)
 	via := redisVia(t, p.Addr)

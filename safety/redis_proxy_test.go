@@ -33,6 +33,18 @@ func startProxy(t testing.TB, addr string) *proxy.Proxy {
 	return p
 }
 
+// randomDelay is a proxy delay of 0 to upTo, drawn from the run's seed on
+// stream; the proxy's goroutines may call it at once.
+func randomDelay(stream uint64, upTo time.Duration) func() time.Duration {
+	rnd := rand.New(rand.NewPCG(seed, stream))
+	var mu sync.Mutex
+	return func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(rnd.Int64N(int64(upTo)))
+	}
+}
+
 // redisVia returns a go-redis client for addr whose requests end with
 // their context, as a user's would who wants cancellation to work.
 func redisVia(t testing.TB, addr string) *goredis.Client {
@@ -67,13 +79,7 @@ func TestRedisProxy(t *testing.T) {
 // reach the server after the clean-up sent on another connection.
 func testRedisCancelStorm(t *testing.T, addr string, up bool) {
 	p := startProxy(t, addr)
-	rnd := rand.New(rand.NewPCG(seed, 1))
-	var rmu sync.Mutex
-	delay := func() time.Duration {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return time.Duration(rnd.Int64N(int64(20 * time.Millisecond)))
-	}
+	delay := randomDelay(1, 20*time.Millisecond)
 	p.SetDelay(proxy.Down, delay)
 	what := "replies delayed 0-20ms"
 	if up {

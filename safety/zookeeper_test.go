@@ -107,11 +107,7 @@ func TestZooKeeperEnsemble(t *testing.T) {
 // Done must have closed by then (zookeeper.WithSessionTimeout counts from
 // the last request the server answered).
 func testZKSilentPartition(t *testing.T, tg target) {
-	p, err := proxy.Start(tg.server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := startProxy(t, tg.server)
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	hcfg := mixConfig(tg, key, 0)
@@ -189,11 +185,7 @@ func testZKSilentPartition(t *testing.T, tg target) {
 // behind.
 func testZKKindSilentPartition(t *testing.T, tg target, lock string) {
 	const limit = 2
-	p, err := proxy.Start(tg.server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := startProxy(t, tg.server)
 	r := harness.NewRun(t)
 	key := uniqueKey(t)
 	hcfg := mixConfig(tg, key, 0)

@@ -1,6 +1,7 @@
 package sqldb
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -93,15 +94,7 @@ func (st groupState) inspection(now int64, lim int) (backend.Inspection, error) 
 		}
 		in.Holders = append(in.Holders, backend.Holder{Kind: k, Token: h.T, TTL: time.Duration(h.E-now) * time.Microsecond, Label: string(label)})
 	}
-	slices.SortFunc(in.Holders, func(a, b backend.Holder) int {
-		switch {
-		case a.Token < b.Token:
-			return -1
-		case a.Token > b.Token:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(in.Holders, func(a, b backend.Holder) int { return cmp.Compare(a.Token, b.Token) })
 	if len(in.Holders) > 0 && lim > 0 {
 		in.Limit = lim
 	}
