@@ -43,16 +43,27 @@ func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
 	return context.WithValue(ctx, lockKey{}, &heldList{lk: lk, next: next})
 }
 
-// heldIn returns the grant of the innermost lock of key and kind (and a
-// semaphore's limit) on d that ctx carries, or nil.
+// heldIn returns the grant of the innermost lock on d that ctx carries
+// and that holds key as kind (with a semaphore's limit): a lock of key, or
+// a lock of several keys among which key is. nil when there is none.
 func heldIn(ctx context.Context, d *DistributeLock, key string, kind Kind, limit int) *grant {
 	l, _ := ctx.Value(lockKey{}).(*heldList)
 	for ; l != nil; l = l.next {
-		if g := l.lk.g; g != nil && g.d == d && g.lease.Key == key && g.lease.Kind == kind && g.lease.Limit == limit {
+		if g := l.lk.g; g != nil && g.d == d && g.lease.Kind == kind && g.lease.Limit == limit && g.hasKey(key) {
 			return g
 		}
 	}
 	return nil
+}
+
+// hasKey reports whether key is one of g's keys.
+func (g *grant) hasKey(key string) bool {
+	for _, l := range g.subLeases() {
+		if l.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // otherSide returns the innermost grant of the other side of key's

@@ -15,8 +15,10 @@ import (
 // A grant is one acquisition through a [DistributeLock], shared by all the
 // handles ([Lock]) of it. Every kind of lock the facade hands out is a grant
 // to this state machine, and its whole life is here: the states, and
-// [grant.step], the one function that moves between them. Nothing else
-// writes a grant's state.
+// [grant.step], the one function that writes the fields that decide its
+// fate (state, flags, refs, epoch, expiry, renewAt, the leases' TTLs and
+// what grantMore keeps). Callers never check a field, drop the mutex and
+// act on it: they step, and the step decides.
 //
 //	from        event                                          to          effect
 //	----------  ---------------------------------------------  ----------  -------------------------------------------------
@@ -27,37 +29,39 @@ import (
 //	                                                                       first Done call, and polled)
 //	acquiring   rollback: a handler failed after the store     released    Done closed; the handlers that acquired, and only
 //	            granted, Close ran, or the validity ended                  they, see Release (the store too, if it granted)
-//	held        reenter: validity left, under the limit        held        one more handle (no I/O)
-//	held        expire: reenter or the timer finds the         lost        as lose
-//	            validity ended by the facade's clock
-//	held        lose: a renewal found the lock gone, or        lost        Done closed with the cause; loss observers told
-//	            failed until the validity ended; the                       once; renewal stopped
-//	            backend's Lost closed (seen by the watch)
-//	held        poll: a lease's Lost closed while nobody       lost        as lose
-//	            watched it, seen by a call that asks the
-//	            state (Done, Deadline, reenter, Unlock,
-//	            Extend)
-//	held        renew start: the scheduler finds it due        held        one renewal in flight (never two)
-//	held        renewed (started after the last release        held        validity extended; next renewal scheduled
-//	            began: same epoch)
-//	held        renew failed (same epoch): a store error       held        retried sooner, within the validity left
-//	            with validity left
-//	held        renew failed: ErrNotHeld, or validity ended    lost        as lose
-//	held        extended (Lock.Extend, same epoch)             held        the new TTL's validity from the extension's
-//	                                                                       start; renewal keeps the new TTL
+//	held        reenter: d open, validity left, no Lost        held        one more handle (no I/O)
+//	            closed, under the limit
+//	held        reenter, poll, refresh, release: a Lost        lost        as lose (whoever asks first takes the loss in)
+//	            closed
+//	held        due: the scheduler finds the validity ended    lost        as lose
+//	held        due: a renewal is due and no refresh is in     held        one refresh in flight; the expiry stays armed
+//	            flight
+//	held        lose: the watch saw Lost close, or Close       lost        Done closed with the cause; loss observers told
+//	            could not release it                                       once; renewal stopped
+//	held        refresh (Lock.Extend): no refresh in flight    held        one refresh in flight (an Extend finding one
+//	                                                                       waits for it: one at a time, so the reply
+//	                                                                       processed last is of the request sent last)
+//	held        refreshed: the store said yes (same epoch)     held        validity from the request's send time, with its
+//	                                                                       TTL (capped by a request whose outcome is
+//	                                                                       unknown and carried a shorter one); next
+//	                                                                       renewal planned
+//	held        refreshed: unknown outcome (a store error)     held        the expiry may only move earlier (the request
+//	                                                                       may land); renewal retried sooner
+//	held        refreshed: ErrNotHeld, or validity ended       lost        as lose
 //	held, lost  release: the last handle's Unlock, or Close    releasing   renewal stopped; the release chain runs (a
-//	            (a lost grant's once its loss was announced)                   release of a lost grant waits until the
-//	                                                                            observers were told and Done closed)
+//	            (a lost grant's once its loss was announced)               release of a lost grant waits until the
+//	                                                                       observers were told and Done closed)
+//	held, lost  release of a handle that is not the last       held, lost  one handle less (no I/O)
 //	releasing   released: the store said nil or ErrNotHeld     released    Done closed (if still open); unregistered
-//	releasing   release failed: a store error                  held, lost  back where it was: Unlock may be retried;
-//	                                                                       renewal stays stopped, the TTL frees it
-//	                                                                       (expiry scheduled, Lost watched if Done was
-//	                                                                       asked for meanwhile); a grant the store keeps
-//	                                                                       alive, which no TTL frees, is released again in
-//	                                                                       the background (releaseAgain) until the store
-//	                                                                       answers, it is lost, or Close's bound
+//	releasing   release failed: a store error                  held, lost  back where it was (lost if a Lost closed while
+//	                                                                       it was released): Unlock may be retried;
+//	                                                                       renewal stays stopped, the TTL frees it (expiry
+//	                                                                       scheduled, Lost watched if Done was asked for);
+//	                                                                       a grant the store keeps alive, which no TTL
+//	                                                                       frees, is released again in the background
+//	                                                                       (releaseAgain); after Close, lost
 //
-// Every other pair is ignored: a loss or a renewal's result once a release
+// Every other pair is ignored: a loss or a refresh's result once a release
 // has begun, a second release, a commit of a rolled-back grant. So a grant
 // is lost at most once, released at most once, Done closes exactly once,
 // and every handler whose Acquire returned nil sees exactly one Release
@@ -76,28 +80,28 @@ type grant struct {
 	mu    sync.Mutex
 	state grantState
 	flags grantFlags
-	slack uint8  // the scheduler's: due may be taken this much early (slackBits)
+	slack uint8  // the scheduler's (under its mutex): due may be taken this much early (slackBits)
 	refs  int32  // live handles
-	epoch uint32 // bumped when a release begins: older renewal results are stale
-	index int32  // the scheduler's: in its heap (registered); -1 when not
+	epoch uint32 // bumped when a release begins: older refresh results are stale
+	index int32  // the scheduler's (under its mutex): in its heap (registered); -1 when not
 
 	// Times on the facade's monotonic clock (see mono).
 	expiry  int64 // when the validity ends; never: the store keeps it alive
-	renewAt int64 // the next renewal; never: none planned
-	due     int64 // the scheduler's: the next timed event; never: none
+	renewAt int64 // the next renewal; never: none planned (or one in flight)
+	due     int64 // the scheduler's (under its mutex): the next timed event; never: none
 }
 
 // grantFlags are a grant's yes/no state, guarded by its mutex.
 type grantFlags uint8
 
 const (
-	announced  grantFlags = 1 << iota // Done is closed (or will be closed as it is made)
-	watched                           // Done was asked for: the expiry is scheduled
-	renewing                          // a renewal is in flight
-	kept                              // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
-	finished                          // released or lost: the cause is recorded (more.cause; none: released)
-	lostSignal                        // a lease has Lost: the store may report the loss
-	watching                          // a goroutine watches Lost (observers, or Done was asked for)
+	announced    grantFlags = 1 << iota // Done is closed (or will be closed as it is made)
+	doneAsked                           // Done was asked for: the expiry is scheduled
+	refreshing                          // a refresh (renewal or Extend) is in flight
+	keptAlive                           // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
+	finished                            // released or lost: the cause is recorded (more.cause; none: released)
+	lostSignal                          // a lease has Lost: the store may report the loss
+	watchRunning                        // a goroutine watches Lost (observers, or Done was asked for)
 )
 
 // grantMore is what only some grants need, made on first use: the keys
@@ -108,8 +112,14 @@ type grantMore struct {
 	done       chan struct{}    // made on the first Done call; closed by announce
 	cause      error            // why a lost grant was lost
 	announcing chan struct{}    // made by a release waiting for a loss to be announced; closed by announce
-	stopLost   chan struct{}    // closed when the grant leaves held, while watching
+	stopLost   chan struct{}    // closed when the grant finishes, while watchRunning
 	settled    chan struct{}    // made by a waiter, closed when the release in flight ends
+	refreshed  chan struct{}    // made by an Extend waiting, closed when the refresh in flight ends
+	// unknownTTL is the shortest TTL carried by a refresh whose outcome
+	// is unknown (the store failed or did not answer: it may apply the
+	// request later); 0: none. Until a refresh with a TTL no longer than
+	// it succeeds, the validity counts with it.
+	unknownTTL time.Duration
 }
 
 // moreLocked returns g's grantMore, making it.
@@ -156,40 +166,46 @@ const (
 	evCommit eventKind = iota
 	evRollback
 	evReenter
-	evExpire
+	evDue
 	evLose
 	evPoll
-	evRenewStart
-	evRenewed
-	evRenewFailed
+	evAskDone
+	evRefresh
+	evRefreshed
 	evRelease
 	evReleased
 	evReleaseFailed
-	evExtended
 )
 
 // event is what happens to a grant: its kind and what that kind carries.
 type event struct {
-	kind  eventKind
-	at    int64         // (monotonic) commit: the granted attempt's start; renewed, extended: the start; expire: now
-	cause error         // lose, rollback
-	epoch uint32        // renewed, renew failed, extended: the epoch the call started in
-	max   int           // reenter: the reentrancy limit (0: none)
-	err   error         // renew failed: the store's error
-	ttl   time.Duration // extended: the new TTL
+	kind    eventKind
+	at      int64         // (monotonic) commit: the granted attempt's start; due: now; refreshed: the request's send time
+	cause   error         // lose, rollback
+	epoch   uint32        // refreshed: the epoch the request was sent in
+	max     int           // reenter: the reentrancy limit (0: none)
+	err     error         // refreshed: the store's answer
+	ttl     time.Duration // refresh, refreshed: the TTL the request carries
+	extend  bool          // refreshed: the request was Lock.Extend's
+	handle  bool          // release: a handle's Unlock (not Close)
+	watcher bool          // lose: from the goroutine watching Lost, which has ended
 }
 
 // outcome is what step asks its caller to do outside the grant's lock, and
 // how the event went.
 type outcome struct {
-	ok     bool            // the event applied (commit, reenter, release, renew start)
-	err    error           // why it did not (commit, reenter)
+	ok     bool            // the event applied (commit, reenter, release, refresh, due: a renewal to send)
+	err    error           // why it did not (commit, reenter, refresh, release), or the refresh's error
 	lostBy error           // the grant was just lost: tell the observers, then close Done
 	watch  <-chan struct{} // start watching Lost, until this closes
-	again  bool            // a failed release of a kept grant: release it again in the background
+	wait   <-chan struct{} // wait for this to close, then step again (release, refresh)
+	again  bool            // release: step again at once (a loss was just taken in); failed: release again in the background
+	done   <-chan struct{} // ask done: the Done channel
+	rf     *refresh        // due, refresh: the request to send
 }
 
-// step applies ev to g. It is the only function that writes g.state.
+// step applies ev to g. It is the only function that writes the fields
+// that decide g's fate.
 func (g *grant) step(ev event) (out outcome) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -204,22 +220,19 @@ func (g *grant) step(ev event) (out outcome) {
 			out.err = fmt.Errorf("%w: %s: its validity (%v) ended before the handler chain returned", ErrNotHeld, quote(g.lease.Key), validity)
 			return
 		}
-		signal := false
+		signal, kept := false, g.d.cfg.autoRenew
 		for _, l := range g.subLeases() {
 			if isClosed(l.Lost) {
 				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.lease.Key))
 				return
 			}
 			signal = signal || l.Lost != nil
+			kept = kept && l.KeptAlive
 		}
 		g.state, g.refs, out.ok = held, 1, true
-		keptAlive := g.d.cfg.autoRenew
-		for _, l := range g.subLeases() {
-			keptAlive = keptAlive && l.KeptAlive
-		}
 		g.renewAt = never
-		if keptAlive { // the store keeps it alive and reports its loss
-			g.flags |= kept
+		if kept { // the store keeps it alive and reports its loss
+			g.flags |= keptAlive
 			g.expiry = never
 		} else if g.d.cfg.autoRenew {
 			g.renewAt = ev.at + int64(renewInterval(validity))
@@ -243,7 +256,13 @@ func (g *grant) step(ev event) (out outcome) {
 			out.ok = true
 		}
 	case evReenter:
+		if out.lostBy = g.pollLocked(); out.lostBy != nil {
+			out.err = fmt.Errorf("%w: reentering %s, which was lost", ErrNotHeld, quote(g.lease.Key))
+			return
+		}
 		switch {
+		case g.state == held && g.d.isClosed():
+			out.err = fmt.Errorf("%w: reentering %s during Close", ErrClosed, quote(g.lease.Key))
 		case g.state == held && monoNow() >= g.expiry:
 			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its validity ended", ErrNotHeld, quote(g.lease.Key)))
 			out.err = fmt.Errorf("%w: reentering %s, whose validity ended", ErrNotHeld, quote(g.lease.Key))
@@ -256,72 +275,93 @@ func (g *grant) step(ev event) (out outcome) {
 			out.err = fmt.Errorf("%w: reentering %s, which was lost", ErrNotHeld, quote(g.lease.Key))
 		}
 		// releasing, released: not ok and no error; the caller acquires anew.
-	case evExpire:
+	case evDue:
 		if g.state != held {
 			return
 		}
-		if ev.at < g.expiry { // renewed meanwhile
-			g.scheduleLocked()
+		if ev.at >= g.expiry {
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its validity (TTL %v) ran out", ErrNotHeld, quote(g.lease.Key), g.lease.TTL))
 			return
 		}
-		out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: TTL %v ran out", ErrNotHeld, quote(g.lease.Key), g.lease.TTL))
+		if g.flags&refreshing == 0 && g.renewAt != never && ev.at+g.renewSlackLocked() >= g.renewAt {
+			out.rf, out.ok = g.startRefreshLocked(g.lease.TTL, false), true
+		}
+		g.scheduleLocked()
 	case evLose:
+		if ev.watcher {
+			g.flags &^= watchRunning
+		}
 		if g.state == held {
 			out.lostBy = g.loseLocked(ev.cause)
 		}
+		// releasing: a release that fails finds the Lost closed.
 	case evPoll:
-		if g.state == held && g.lostUnseenLocked() {
-			out.lostBy = g.loseLocked(g.lostCause())
+		out.lostBy = g.pollLocked()
+	case evAskDone:
+		out.lostBy = g.pollLocked()
+		m := g.moreLocked()
+		if m.done == nil {
+			m.done = make(chan struct{})
+			switch {
+			case g.flags&announced != 0:
+				close(m.done)
+			case g.state == held:
+				g.flags |= doneAsked
+				g.scheduleLocked()
+				out.watch = g.watchLocked()
+			case g.state == releasing:
+				g.flags |= doneAsked // scheduled and watched if the release fails
+			} // else lost, not yet announced: announce closes it
 		}
-	case evRenewStart:
-		if g.state == held && g.flags&renewing == 0 {
-			g.flags |= renewing
-			g.renewAt, out.ok = never, true
-		}
-	case evExtended:
-		if ev.epoch != g.epoch || g.state != held {
-			out.err = fmt.Errorf("%w: %s was released or lost while it was extended", ErrNotHeld, quote(g.lease.Key))
+		out.done = m.done
+	case evRefresh:
+		if out.lostBy = g.pollLocked(); out.lostBy != nil || g.state != held {
+			out.err = fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.lease.Key), g.state)
 			return
 		}
-		for _, l := range g.subLeases() {
-			// The validity is the new TTL's, from the extension's
-			// start (a store's own, such as Redlock's, was the
-			// acquisition's).
-			l.TTL, l.Validity = ev.ttl, 0
-		}
-		if g.flags&kept == 0 { // a kept lock stays the store's to keep
-			validity := g.validityLocked()
-			g.expiry = ev.at + int64(validity)
-			if g.d.cfg.autoRenew {
-				g.renewAt = ev.at + int64(renewInterval(validity))
+		if g.flags&refreshing != 0 {
+			m := g.moreLocked()
+			if m.refreshed == nil {
+				m.refreshed = make(chan struct{})
 			}
-			g.scheduleLocked()
-		}
-		out.ok = true
-	case evRenewed, evRenewFailed:
-		g.flags &^= renewing
-		if ev.epoch != g.epoch || g.state != held {
+			out.wait = m.refreshed
 			return
 		}
-		now := monoNow()
-		validity := g.validityLocked()
-		interval := int64(renewInterval(validity))
-		switch {
-		case ev.kind == evRenewed:
-			g.expiry = max(g.expiry, ev.at+int64(validity))
-			g.renewAt = ev.at + interval
-		case errors.Is(ev.err, ErrNotHeld):
-			out.lostBy = g.loseLocked(fmt.Errorf("renewing %s: %w", quote(g.lease.Key), ev.err))
-			return
-		case now >= g.expiry:
-			out.lostBy = g.loseLocked(fmt.Errorf("%w: renewing %s failed until its validity ended: %w", ErrNotHeld, quote(g.lease.Key), ev.err))
-			return
-		default: // retry sooner, within the validity left
-			g.renewAt = now + min(interval/4, g.expiry-now)
-		}
+		out.rf, out.ok = g.startRefreshLocked(ev.ttl, true), true
 		g.scheduleLocked()
+	case evRefreshed:
+		out = g.refreshedLocked(ev)
 	case evRelease:
-		if g.state != held && g.state != lost {
+		if out.lostBy = g.pollLocked(); out.lostBy != nil {
+			out.again = true // announce it first, then release the lost grant
+			return
+		}
+		switch {
+		case g.state == released:
+			out.err = fmt.Errorf("%w: %s already released", ErrNotHeld, quote(g.lease.Key))
+			return
+		case g.state == releasing:
+			m := g.moreLocked()
+			if m.settled == nil {
+				m.settled = make(chan struct{})
+			}
+			out.wait = m.settled
+			return
+		case g.state == lost && g.flags&announced == 0:
+			// Lost a moment ago: the observers are being told. A
+			// release waits for them, so that none hears of the
+			// loss once a release has begun.
+			m := g.moreLocked()
+			if m.announcing == nil {
+				m.announcing = make(chan struct{})
+			}
+			out.wait = m.announcing
+			return
+		case ev.handle && g.refs > 1: // not the last handle: no I/O
+			g.refs--
+			if g.state == lost {
+				out.err = fmt.Errorf("%w: %s was lost", ErrNotHeld, quote(g.lease.Key))
+			}
 			return
 		}
 		g.state, out.ok = releasing, true
@@ -330,34 +370,174 @@ func (g *grant) step(ev event) (out outcome) {
 		g.d.sched.unschedule(g)
 	case evReleased:
 		if g.state == releasing {
+			g.refs = 0
 			g.finishLocked(released, nil)
 			g.settleLocked()
 			g.d.sched.remove(g)
 		}
 	case evReleaseFailed:
-		if g.state == releasing {
-			g.state = held // where it was: a lost grant has finished
-			if g.flags&finished != 0 {
-				g.state = lost
-			}
-			g.settleLocked()
-			if g.state == held && g.d.isClosed() {
-				// Nothing of a closed DistributeLock keeps the lock
-				// alive or watches it: it is lost, and the store frees
-				// it with its TTL (Unlock may still delete it).
-				out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its release failed after Close", ErrNotHeld, quote(g.lease.Key)))
-			} else if g.state == held && g.flags&kept != 0 {
-				// The store keeps it alive: no TTL would ever free it.
-				out.again = true
-			} else if g.state == held {
-				g.scheduleLocked() // expiry only: renewal stays stopped
-				if g.flags&watched != 0 {
-					out.watch = g.watchLocked()
-				}
+		if g.state != releasing {
+			return
+		}
+		g.state = held // where it was: a lost grant has finished
+		if g.flags&finished != 0 {
+			g.state = lost
+		}
+		g.settleLocked()
+		if g.state != held {
+			return
+		}
+		switch {
+		case g.lostSignalledLocked():
+			// Lost while it was released: the watch, if any, saw it
+			// and ended.
+			out.lostBy = g.loseLocked(g.lostCause())
+		case g.d.closeOver():
+			// Nothing of a closed DistributeLock keeps the lock alive
+			// or watches it: it is lost, and the store frees it with
+			// its TTL (Unlock may still delete it). During Close, its
+			// release pass retries and decides.
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: its release failed after Close", ErrNotHeld, quote(g.lease.Key)))
+		case g.flags&keptAlive != 0:
+			// The store keeps it alive: no TTL would ever free it.
+			out.again = true
+		default:
+			g.scheduleLocked() // expiry only: renewal stays stopped
+			if g.flags&doneAsked != 0 {
+				out.watch = g.watchLocked()
 			}
 		}
 	}
 	return out
+}
+
+// refresh is one renewal or extension request of a grant: its leases,
+// copied with the TTL the request carries.
+type refresh struct {
+	g      *grant
+	epoch  uint32
+	expiry int64 // the validity's end when it was made: a renewal answered later is worthless
+	ttl    time.Duration
+	extend bool
+	leases []backend.Lease
+}
+
+// startRefreshLocked marks a refresh in flight and returns it. No renewal
+// is planned until it ends; the expiry stays scheduled.
+func (g *grant) startRefreshLocked(ttl time.Duration, extend bool) *refresh {
+	g.flags |= refreshing
+	g.renewAt = never
+	subs := g.subLeases()
+	rf := &refresh{g: g, epoch: g.epoch, expiry: g.expiry, ttl: ttl, extend: extend, leases: make([]backend.Lease, len(subs))}
+	for i, l := range subs {
+		rf.leases[i] = *l
+		rf.leases[i].TTL = ttl
+	}
+	return rf
+}
+
+// errNotSent is the result of a renewal that waited for a free slot until
+// the validity ended: it never reached the store.
+var errNotSent = errors.New("distlock: the renewal found no free slot before the lock's validity ended")
+
+// refreshedLocked applies a refresh's result (step's evRefreshed).
+func (g *grant) refreshedLocked(ev event) (out outcome) {
+	g.flags &^= refreshing
+	if m := g.more.Load(); m != nil && m.refreshed != nil {
+		close(m.refreshed)
+		m.refreshed = nil
+	}
+	what := "renewing"
+	if ev.extend {
+		what = "extending"
+	}
+	if ev.epoch != g.epoch || g.state != held {
+		out.err = fmt.Errorf("%w: %s was released or lost while %s", ErrNotHeld, quote(g.lease.Key), what)
+		return
+	}
+	if out.lostBy = g.pollLocked(); out.lostBy != nil {
+		out.err = out.lostBy
+		return
+	}
+	now := monoNow()
+	kept := g.flags&keptAlive != 0
+	switch {
+	case ev.err == nil:
+		m := g.more.Load()
+		if ev.extend {
+			for _, l := range g.subLeases() {
+				// The validity is the new TTL's, from the request's
+				// send time (a store's own, such as Redlock's, was
+				// the acquisition's).
+				l.TTL, l.Validity = ev.ttl, 0
+			}
+		}
+		if m != nil && m.unknownTTL != 0 && ev.ttl <= m.unknownTTL {
+			// A request still to land carries as long a TTL or
+			// longer: it can only move the store's expiry later.
+			m.unknownTTL = 0
+		}
+		out.ok = true
+		if !kept {
+			validity := g.validityLocked()
+			g.expiry = ev.at + int64(validity)
+			if g.d.cfg.autoRenew {
+				g.renewAt = ev.at + int64(renewInterval(validity))
+			}
+		}
+	case errors.Is(ev.err, ErrNotHeld):
+		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
+		out.lostBy = g.loseLocked(out.err)
+		return
+	case errors.Is(ev.err, errors.ErrUnsupported):
+		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err) // refused before any I/O
+	default:
+		out.err = ev.err
+		if !errors.Is(ev.err, errNotSent) {
+			// The store may apply the request yet, and set the TTL it
+			// carries from then: never count past it.
+			if m := g.moreLocked(); m.unknownTTL == 0 || ev.ttl < m.unknownTTL {
+				m.unknownTTL = ev.ttl
+			}
+			if !kept {
+				g.expiry = min(g.expiry, ev.at+int64(safeValidity(backend.Lease{TTL: ev.ttl})))
+			}
+		}
+		if kept {
+			break
+		}
+		if now >= g.expiry {
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s %s failed until its validity ended: %w", ErrNotHeld, what, quote(g.lease.Key), ev.err))
+			return
+		}
+		if g.d.cfg.autoRenew { // retry sooner, within the validity left
+			g.renewAt = now + min(int64(renewInterval(g.validityLocked()))/4, g.expiry-now)
+		}
+	}
+	g.scheduleLocked()
+	return out
+}
+
+// pollLocked takes in a loss the backend reported (a lease's Lost
+// closed) while g is held, and returns its cause; nil when none.
+func (g *grant) pollLocked() error {
+	if g.state != held || !g.lostSignalledLocked() {
+		return nil
+	}
+	return g.loseLocked(g.lostCause())
+}
+
+// lostSignalledLocked reports whether a lease's Lost is closed.
+func (g *grant) lostSignalledLocked() bool {
+	if g.flags&lostSignal == 0 {
+		return false
+	}
+	for _, l := range g.subLeases() {
+		if isClosed(l.Lost) {
+			return true
+		}
+	}
+	return false
 }
 
 // settleLocked wakes whoever waits for the release in flight to end.
@@ -414,6 +594,7 @@ func (g *grant) finishLocked(to grantState, cause error) {
 	}
 	if m := g.more.Load(); m != nil && m.stopLost != nil {
 		close(m.stopLost)
+		m.stopLost = nil
 	}
 	g.renewAt = never
 	g.d.sched.unschedule(g) // a lost grant stays registered until released
@@ -425,171 +606,15 @@ func (g *grant) finishLocked(to grantState, cause error) {
 // errReleased is the cause of a grant that ended by its release.
 var errReleased = errors.New("distlock: released")
 
-// renewInterval is the time between renewals of a lock valid for
-// validity: a third of it, so that two may fail before it ends.
-func renewInterval(validity time.Duration) time.Duration {
-	return max(validity/3, time.Millisecond)
-}
-
-// validityLocked is how long one grant or renewal is known valid: the
-// shortest safe validity of the grant's leases (safeValidity).
+// validityLocked is how long one grant or refresh is known valid: the
+// shortest safe validity of the grant's leases (safeValidity), and of a
+// refresh whose outcome is unknown.
 func (g *grant) validityLocked() time.Duration {
-	return validityAll(g.subLeases())
-}
-
-// scheduleLocked tells the scheduler the grant's next event: the renewal,
-// or the expiry when someone watches Done or renewal is on. A renewal may
-// run up to half an interval early, so that the renewals due about the same
-// time go to the store together.
-func (g *grant) scheduleLocked() {
-	at, slack := int64(never), int64(0)
-	if g.renewAt != never {
-		at, slack = g.renewAt, int64(renewInterval(g.validityLocked())/2)
+	v := validityAll(g.subLeases())
+	if m := g.more.Load(); m != nil && m.unknownTTL != 0 {
+		v = min(v, safeValidity(backend.Lease{TTL: m.unknownTTL}))
 	}
-	if (g.flags&watched != 0 || g.d.cfg.autoRenew) && g.expiry < at {
-		at, slack = g.expiry, 0
-	}
-	g.d.sched.schedule(g, at, slack)
-}
-
-// takeDue tells what the scheduler found due for g at now: a renewal (within
-// its slack), or else its expiry (applied here).
-func (g *grant) takeDue(now int64) (renew bool) {
-	g.mu.Lock()
-	renew = g.state == held && g.flags&renewing == 0 && g.renewAt != never &&
-		now+int64(renewInterval(g.validityLocked())/2) >= g.renewAt
-	g.mu.Unlock()
-	if renew {
-		return g.step(event{kind: evRenewStart}).ok
-	}
-	g.apply(g.step(event{kind: evExpire, at: now}))
-	return false
-}
-
-// leaseCopies returns copies of the grant's leases, for a renewal or an
-// extension that runs while Extend may change the TTL.
-func (g *grant) leaseCopiesLocked() []backend.Lease {
-	subs := g.subLeases()
-	out := make([]backend.Lease, len(subs))
-	for i, l := range subs {
-		out[i] = *l
-	}
-	return out
-}
-
-// renewal is one grant's part of a renewal: its leases, copied.
-type renewal struct {
-	g      *grant
-	epoch  uint32
-	expiry int64
-	leases []backend.Lease
-}
-
-// renewed reports a renewal's result to step.
-func (rn renewal) renewed(start int64, err error) {
-	if err == nil {
-		rn.g.apply(rn.g.step(event{kind: evRenewed, at: start, epoch: rn.epoch}))
-		return
-	}
-	rn.g.apply(rn.g.step(event{kind: evRenewFailed, epoch: rn.epoch, err: err}))
-}
-
-// wallTime returns the time.Time of t on the facade's monotonic clock.
-func wallTime(t int64) time.Time {
-	now := time.Now()
-	return now.Add(time.Duration(t - mono(now)))
-}
-
-// renewGrants renews grants due together: in batches where the store
-// takes them (backend.BatchRefresher), otherwise one by one, a few
-// goroutines at a time.
-func (d *DistributeLock) renewGrants(gs []*grant) {
-	rns := make([]renewal, len(gs))
-	for i, g := range gs {
-		g.mu.Lock()
-		rns[i] = renewal{g: g, epoch: g.epoch, expiry: g.expiry, leases: g.leaseCopiesLocked()}
-		g.mu.Unlock()
-	}
-	br, batch := d.res.(backend.BatchRefresher)
-	if !batch || len(rns) == 1 {
-		d.inWorkers(len(rns), func(i int) {
-			rn := rns[i]
-			start := monoNow()
-			// A renewal that answers after the validity ended is worthless.
-			ctx, cancel := context.WithDeadline(context.Background(), wallTime(rn.expiry))
-			err := refreshAll(ctx, d.refresher, rn.leases)
-			cancel()
-			rn.renewed(start, err)
-		})
-		return
-	}
-	// Batches of at most MaxRefreshBatch leases; a lock's leases stay in
-	// one batch.
-	var parts [][]renewal
-	var part []renewal
-	n := 0
-	for _, rn := range rns {
-		if n > 0 && n+len(rn.leases) > backend.MaxRefreshBatch {
-			parts = append(parts, part)
-			part, n = nil, 0
-		}
-		part = append(part, rn)
-		n += len(rn.leases)
-	}
-	parts = append(parts, part)
-	d.inWorkers(len(parts), func(i int) { refreshBatch(br, parts[i]) })
-}
-
-// How many renewal requests of a DistributeLock are in flight at once,
-// over all scheduler runs: each holds a connection of the client's pool,
-// and a burst of hundreds makes the pool dial more (go-redis, pgx) besides
-// flooding the server. A batch carries up to MaxRefreshBatch leases, so
-// fewer of them.
-const (
-	maxRenewalsInFlight = 32
-	maxBatchesInFlight  = 4
-)
-
-// inWorkers runs do(0) .. do(n-1) in the background, each holding one of
-// d's renewal slots while it runs, and returns at once.
-func (d *DistributeLock) inWorkers(n int, do func(i int)) {
-	var next atomic.Int64
-	for range min(n, cap(d.renewSlots)) {
-		go func() {
-			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
-				d.renewSlots <- struct{}{}
-				do(int(i))
-				<-d.renewSlots
-			}
-		}()
-	}
-}
-
-// refreshBatch renews rns in one request and reports each result.
-func refreshBatch(br backend.BatchRefresher, rns []renewal) {
-	var ls []*backend.Lease
-	deadline := rns[0].expiry
-	for _, rn := range rns {
-		for i := range rn.leases {
-			ls = append(ls, &rn.leases[i])
-		}
-		deadline = min(deadline, rn.expiry)
-	}
-	start := monoNow()
-	ctx, cancel := context.WithDeadline(context.Background(), wallTime(deadline))
-	errs := br.RefreshAll(ctx, ls)
-	cancel()
-	for _, rn := range rns {
-		var gerrs []error
-		for range rn.leases {
-			err := errors.New("distlock: the store answered a batch renewal short")
-			if len(errs) > 0 {
-				err, errs = errs[0], errs[1:]
-			}
-			gerrs = append(gerrs, err)
-		}
-		rn.renewed(start, errors.Join(gerrs...))
-	}
+	return v
 }
 
 // apply does what an outcome asks outside the grant's lock.
@@ -599,8 +624,6 @@ func (g *grant) apply(out outcome) {
 	}
 	if out.lostBy != nil {
 		g.d.lockLost(g.req, out.lostBy)
-	}
-	if out.lostBy != nil {
 		g.announce()
 	}
 }
@@ -609,10 +632,10 @@ func (g *grant) apply(out outcome) {
 // g is held: it returns the channel that stops it, for apply to start
 // the goroutine; nil when there is nothing to start.
 func (g *grant) watchLocked() <-chan struct{} {
-	if g.flags&(lostSignal|watching) != lostSignal || g.state != held {
+	if g.flags&(lostSignal|watchRunning) != lostSignal || g.state != held {
 		return nil
 	}
-	g.flags |= watching
+	g.flags |= watchRunning
 	m := g.moreLocked()
 	m.stopLost = make(chan struct{})
 	return m.stopLost
@@ -626,23 +649,9 @@ func (g *grant) watchLost(stop <-chan struct{}) {
 	}
 	select {
 	case <-g.lease.Lost:
-		g.apply(g.step(event{kind: evLose, cause: g.lostCause()}))
+		g.apply(g.step(event{kind: evLose, watcher: true, cause: g.lostCause()}))
 	case <-stop:
 	}
-}
-
-// lostUnseenLocked reports whether a lease's Lost closed while nobody
-// watches for it.
-func (g *grant) lostUnseenLocked() bool {
-	if g.flags&(lostSignal|watching) != lostSignal {
-		return false
-	}
-	for _, l := range g.subLeases() {
-		if isClosed(l.Lost) {
-			return true
-		}
-	}
-	return false
 }
 
 // lostCause is the cause of a loss the backend reported.
@@ -660,27 +669,9 @@ func (g *grant) poll() {
 // doneChan returns the Done channel, making it (and scheduling the
 // expiry, and watching Lost) on the first call.
 func (g *grant) doneChan() <-chan struct{} {
-	g.poll()
-	g.mu.Lock()
-	var watch <-chan struct{}
-	m := g.moreLocked()
-	if m.done == nil {
-		m.done = make(chan struct{})
-		switch {
-		case g.state == held:
-			g.flags |= watched
-			g.scheduleLocked()
-			watch = g.watchLocked()
-		case g.state == releasing && g.flags&finished == 0:
-			g.flags |= watched // scheduled and watched if the release fails
-		case g.flags&announced != 0:
-			close(m.done)
-		} // else finished, not yet announced: announce closes it
-	}
-	done := m.done
-	g.mu.Unlock()
-	g.apply(outcome{watch: watch})
-	return done
+	out := g.step(event{kind: evAskDone})
+	g.apply(out)
+	return out.done
 }
 
 // deadline returns when the validity ends by the facade's clock; zero
@@ -689,7 +680,7 @@ func (g *grant) deadline() time.Time {
 	g.poll()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != held || g.flags&kept != 0 {
+	if g.state != held || g.flags&keptAlive != 0 {
 		return time.Time{}
 	}
 	return wallTime(g.expiry)
@@ -723,66 +714,25 @@ func (g *grant) err() error {
 }
 
 // release runs the final release through the chain: the last handle's
-// Unlock (h set) or Close (h nil). A release already in flight (Close's)
-// is waited for, bounded by ctx. On a store error the grant goes back to
+// Unlock (handle) or Close. A release already in flight (Close's) is
+// waited for, bounded by ctx. On a store error the grant goes back to
 // held or lost, and a handle's Unlock may be retried.
-func (g *grant) release(ctx context.Context, h *Lock) error {
+func (g *grant) release(ctx context.Context, handle bool) error {
 	for {
-		g.mu.Lock()
-		switch g.state {
-		case released:
-			g.mu.Unlock()
-			return fmt.Errorf("%w: %s already released", ErrNotHeld, quote(g.lease.Key))
-		case held:
-			if g.lostUnseenLocked() {
-				g.mu.Unlock()
-				g.poll()
-				continue
-			}
-		case releasing:
-			m := g.moreLocked()
-			if m.settled == nil {
-				m.settled = make(chan struct{})
-			}
-			settled := m.settled
-			g.mu.Unlock()
+		out := g.step(event{kind: evRelease, handle: handle})
+		g.apply(out)
+		switch {
+		case out.again:
+			continue
+		case out.wait != nil:
 			select {
-			case <-settled:
+			case <-out.wait:
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-		case lost:
-			if g.flags&announced == 0 {
-				// Lost a moment ago: the observers are being told. A
-				// release waits for them, so that none hears of the
-				// loss once a release has begun.
-				m := g.moreLocked()
-				if m.announcing == nil {
-					m.announcing = make(chan struct{})
-				}
-				announcing := m.announcing
-				g.mu.Unlock()
-				select {
-				case <-announcing:
-					continue
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		}
-		if h != nil && g.refs > 1 { // not the last handle: no I/O
-			g.refs--
-			wasLost := g.state == lost
-			g.mu.Unlock()
-			if wasLost {
-				return fmt.Errorf("%w: %s was lost", ErrNotHeld, quote(g.lease.Key))
-			}
-			return nil
-		}
-		g.mu.Unlock()
-		if !g.step(event{kind: evRelease}).ok {
-			continue // moved meanwhile: look again
+		case !out.ok: // not the last handle, or released already
+			return out.err
 		}
 		var err error
 		if g.d.bare {
@@ -793,17 +743,12 @@ func (g *grant) release(ctx context.Context, h *Lock) error {
 		if err != nil && !errors.Is(err, ErrNotHeld) {
 			out := g.step(event{kind: evReleaseFailed})
 			g.apply(out)
-			if out.again && h != nil {
+			if out.again && handle {
 				g.d.releaseAgain(g)
 			}
 			return err
 		}
 		g.apply(g.step(event{kind: evReleased}))
-		if h != nil {
-			g.mu.Lock()
-			g.refs = 0
-			g.mu.Unlock()
-		}
 		return err
 	}
 }
@@ -824,35 +769,42 @@ func isClosed(ch <-chan struct{}) bool {
 // isFinal reports whether a release's error leaves nothing to retry.
 func isFinal(err error) bool { return errors.Is(err, ErrNotHeld) }
 
-// extend extends the lock to ttl from now (Lock.Extend).
+// extend extends the lock to ttl from now (Lock.Extend). It waits for a
+// renewal in flight to end first: one refresh of a grant at a time, so
+// that the reply processed last is of the request the store applied last.
+// The request is bounded by the lock's validity: an answer after it is
+// worthless.
 func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	if g.d.refresher == nil {
 		return fmt.Errorf("%w: %T cannot extend locks", ErrUnsupported, g.d.res)
 	}
-	g.poll()
-	g.mu.Lock()
-	if g.state != held {
-		g.mu.Unlock()
-		return fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.lease.Key), g.state)
+	var rf *refresh
+	for rf == nil {
+		out := g.step(event{kind: evRefresh, ttl: ttl})
+		g.apply(out)
+		if out.wait != nil {
+			select {
+			case <-out.wait:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if !out.ok {
+			return out.err
+		}
+		rf = out.rf
 	}
-	epoch := g.epoch
-	leases := g.leaseCopiesLocked()
-	g.mu.Unlock()
-	for i := range leases {
-		leases[i].TTL = ttl
+	if rf.expiry != never {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, wallTime(rf.expiry))
+		defer cancel()
 	}
-	start := monoNow()
-	err := refreshAll(ctx, g.d.refresher, leases)
-	switch {
-	case err == nil:
-		out := g.step(event{kind: evExtended, at: start, epoch: epoch, ttl: ttl})
-		return out.err
-	case errors.Is(err, ErrNotHeld):
-		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("extending %s: %w", quote(g.lease.Key), err)}))
-	case errors.Is(err, errors.ErrUnsupported):
-		return fmt.Errorf("%w: %w", ErrUnsupported, err)
-	}
-	return err
+	at := monoNow()
+	err := refreshAll(ctx, g.d.refresher, rf.leases)
+	out := g.step(event{kind: evRefreshed, at: at, epoch: rf.epoch, ttl: ttl, extend: true, err: err})
+	g.apply(out)
+	return out.err
 }
 
 // safeValidity is how long after the start of its successful attempt a
@@ -882,7 +834,7 @@ func (d *DistributeLock) releaseAgain(g *grant) {
 			}
 			ctx, cancel := context.WithTimeout(ctx, max(g.ttl(), time.Second))
 			defer cancel()
-			return g.release(ctx, nil)
+			return g.release(ctx, false)
 		})
 	})
 }
@@ -891,5 +843,5 @@ func (d *DistributeLock) releaseAgain(g *grant) {
 func (g *grant) keptHeld() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.state == held && g.flags&kept != 0
+	return g.state == held && g.flags&keptAlive != 0
 }

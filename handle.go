@@ -66,6 +66,13 @@ func (l *Lock) Tokens() []uint64 {
 // this owner (compare-and-extend; every key of a lock of several), with or
 // without [WithAutoRenew], which then keeps the new TTL. Deadline moves.
 //
+// A lock has one renewal or extension in flight at a time: Extend first
+// waits for a renewal in flight to end. The request is bounded by the
+// lock's validity as well as ctx (an answer after it would come too late),
+// and the new validity counts from the request's send time. When the store
+// fails or does not answer, it may still apply the request: until a later
+// one succeeds, the lock's validity counts with the shorter of the TTLs.
+//
 // Errors: [ErrNotHeld] when the lock is gone (Done closes: it is lost),
 // expired, or released, and nothing is touched then; an [ErrInvalid] error
 // for ttl <= 0 or a Lock not returned by TryLock, with no I/O;
@@ -140,7 +147,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	case !l.unlocked.CompareAndSwap(false, true):
 		return fmt.Errorf("%w: %s already unlocked", ErrNotHeld, quote(l.g.lease.Key))
 	}
-	err := l.g.release(ctx, l)
+	err := l.g.release(ctx, true)
 	if err != nil && !isFinal(err) {
 		l.unlocked.Store(false) // still held: Unlock may be retried
 	}

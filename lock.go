@@ -42,6 +42,10 @@ type DistributeLock struct {
 	closing   context.Context // ended by Close: ends the waits in flight
 	closeAll  context.CancelFunc
 	sched     scheduler // the committed grants, with their renewals and expiries
+	// closeEnd is when Close's release pass is over, on the facade's
+	// clock: its bound, or earlier once every grant was released or
+	// lost; 0 before Close.
+	closeEnd atomic.Int64
 	// renewSlots bounds the renewal requests in flight (see inWorkers).
 	renewSlots chan struct{}
 	bg         *background // rollbacks and clean-ups nobody waits for
@@ -53,6 +57,10 @@ const closedBit = 1 << 62
 // to answer: the spin loop makes its last attempt at the deadline, and the
 // store needs a round trip to answer it.
 const attemptGrace = 10 * time.Millisecond
+
+// withdrawBound is how long a read or write request refused at the end of
+// its wait waits for the store to withdraw its intent before it returns.
+const withdrawBound = 50 * time.Millisecond
 
 // minAttemptBound is the least time a single attempt (wait 0) is given:
 // its bound is the TTL, but a store may round a short TTL up.
@@ -141,13 +149,15 @@ const WaitForever time.Duration = math.MaxInt64
 // reenters it at once, with no I/O: the new handle shares the token, Done
 // channel and deadline, and the store is released when the last handle is
 // unlocked. The nested call's wait and TTL do not apply: the lock is the
-// outer one.
+// outer one. A key of a lock of several keys ([DistributeLock.TryLockAll])
+// the context carries reenters that lock. A lock whose last handle is
+// being unlocked is not reentered: TryLock acquires anew.
 //
 // Errors: [ErrNotAcquired] when another owner held key for the whole wait;
 // errors.Join(ErrNotAcquired, ctx.Err()) when ctx ended first; an
 // [ErrInvalid] error for bad input (empty key, a key the backend rejects,
 // negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after or
-// during Close; [ErrReentrancy] for a nested attempt over the limit, and
+// during Close (a nested attempt too); [ErrReentrancy] for a nested attempt over the limit, and
 // [ErrNotHeld] for a nested attempt of a lock that was lost or whose
 // validity ended, with no I/O; otherwise the store's error, wrapped with
 // the operation and key (wrapping [context.DeadlineExceeded] when the store
@@ -172,17 +182,23 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.lease.Kind, quote(key))
 	}
 	if g := heldIn(ctx, d, key, kind, limit); g != nil {
-		g.poll()
-		out := g.step(event{kind: evReenter, max: d.cfg.maxReentrancy})
-		g.apply(out)
-		if out.ok {
-			return &Lock{g: g}, nil
-		}
-		if out.err != nil {
-			return nil, out.err
+		if lk, err := d.reenter(g); lk != nil || err != nil {
+			return lk, err
 		}
 	}
 	return d.acquireNew(ctx, key, nil, wait, ttl, kind, limit)
+}
+
+// reenter makes a new handle of g, held in the caller's context. It
+// returns neither a handle nor an error when g is being released or was
+// released: the caller then acquires anew.
+func (d *DistributeLock) reenter(g *grant) (*Lock, error) {
+	out := g.step(event{kind: evReenter, max: d.cfg.maxReentrancy})
+	g.apply(out)
+	if out.ok {
+		return &Lock{g: g}, nil
+	}
+	return nil, out.err
 }
 
 // checkCall validates what every acquisition takes, ctx, key and wait, and
@@ -328,9 +344,7 @@ type rollbackKey struct{}
 // acquireError turns an acquisition's error into TryLock's, and hands what
 // an abandoned attempt may have left to the background.
 func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Request, err error) error {
-	var ab *backend.AbandonedError
-	if errors.As(err, &ab) && ab.Cleanup != nil {
-		clean := ab.Cleanup
+	for _, clean := range cleanups(err, nil) {
 		d.bg.goRun("cleaning up after an abandoned attempt on "+quote(r.Key), func(ctx context.Context) error {
 			return retry(ctx, clean)
 		})
@@ -358,6 +372,29 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 	return err
 }
 
+// cleanups appends to fns the Cleanup of every [backend.AbandonedError]
+// in err's tree: an attempt on several keys may have abandoned several
+// requests, and each must be undone.
+func cleanups(err error, fns []func(context.Context) error) []func(context.Context) error {
+	switch e := err.(type) {
+	case nil:
+		return fns
+	case *backend.AbandonedError:
+		if e.Cleanup != nil {
+			fns = append(fns, e.Cleanup)
+		}
+		return cleanups(e.Err, fns)
+	case interface{ Unwrap() []error }:
+		for _, err := range e.Unwrap() {
+			fns = cleanups(err, fns)
+		}
+		return fns
+	case interface{ Unwrap() error }:
+		return cleanups(e.Unwrap(), fns)
+	}
+	return fns
+}
+
 // enter counts an acquisition in, unless d is closed.
 func (d *DistributeLock) enter() bool {
 	if d.flights.Add(1)&closedBit != 0 {
@@ -375,6 +412,13 @@ func (d *DistributeLock) leave() {
 }
 
 func (d *DistributeLock) isClosed() bool { return d.flights.Load()&closedBit != 0 }
+
+// closeOver reports whether Close's release pass is over: nothing of d
+// retries a failed release any longer.
+func (d *DistributeLock) closeOver() bool {
+	end := d.closeEnd.Load()
+	return end != 0 && monoNow() >= end
+}
 
 // quote returns key quoted for an error message, cut short when long: a
 // key of a megabyte must not make a megabyte error.
@@ -412,12 +456,20 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		r.RemoteAttempts += st.Attempts
 		r.answered += st.Answered
 		if err != nil && (r.Kind == KindRead || r.Kind == KindWrite) && st.Answered > 0 && d.withdraw != nil {
-			// The wait may have recorded an intent: withdraw it, so
-			// that nobody waits behind a request that left.
+			// The wait may have recorded an intent: withdraw it before
+			// returning, so that nobody, not even the caller's next
+			// request, is kept out by a request that left. A store
+			// slower than withdrawBound finishes it in the background.
 			l := g.lease
-			d.bg.goRun("withdrawing the intent on "+quote(r.Key), func(ctx context.Context) error {
+			done := d.bg.goRun("withdrawing the intent on "+quote(r.Key), func(ctx context.Context) error {
 				return retry(ctx, func(ctx context.Context) error { return d.withdraw.Withdraw(ctx, &l) })
 			})
+			t := time.NewTimer(withdrawBound)
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
 		}
 	}
 	if err != nil {
@@ -518,6 +570,7 @@ func (d *DistributeLock) Close() error {
 		return nil
 	}
 	bound := time.Now().Add(d.cfg.closeTimeout)
+	d.closeEnd.Store(mono(bound))
 	if d.flights.Load() == closedBit {
 		d.drainOnce.Do(func() { close(d.drained) })
 	}
@@ -531,6 +584,7 @@ func (d *DistributeLock) Close() error {
 	}
 	t.Stop()
 	errs = append(errs, d.releaseHeld(bound)...)
+	d.closeEnd.Store(min(d.closeEnd.Load(), monoNow()))
 	errs = append(errs, d.bg.wait(bound))
 	if c, ok := d.res.(io.Closer); ok {
 		errs = append(errs, c.Close())
@@ -553,7 +607,7 @@ func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 	for range min(len(gs), 16) {
 		wg.Go(func() {
 			for g := range work {
-				err := retry(ctx, func(ctx context.Context) error { return g.release(ctx, nil) })
+				err := retry(ctx, func(ctx context.Context) error { return g.release(ctx, false) })
 				if err == nil {
 					continue
 				}

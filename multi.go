@@ -24,8 +24,15 @@ import (
 // store takes them in one request where it can ([backend.MultiSpinner]:
 // Redis keys of one hash slot in one script), otherwise one by one within
 // each attempt, giving back the ones it took when a later one is held; a
-// push store queues for them in order. A lock of several keys is not
-// reentered through the context.
+// push store queues for them in order.
+//
+// Reentrancy follows the context as for TryLock, for every key of a set
+// alike: when ctx carries a lock (of one key or several) that holds every
+// key of keys, TryLockAll reenters it (a new handle of that lock, no I/O),
+// and a TryLock of any one key of a set the context carries reenters the
+// set. When ctx carries locks of some of the keys but no one lock holds
+// them all, TryLockAll fails at once with [ErrReentrancy]: it would wait on
+// itself.
 //
 // Errors as TryLock's; an [ErrInvalid] error for an empty list or any key
 // TryLock would refuse, with no I/O.
@@ -49,7 +56,36 @@ func (d *DistributeLock) TryLockAll(ctx context.Context, keys []string, wait tim
 			return nil, err
 		}
 	}
+	if g, all := heldAll(ctx, d, sorted); g != nil {
+		if !all {
+			return nil, fmt.Errorf("%w: the context holds %s, but not with all of the %d keys asked", ErrReentrancy, quote(g.lease.Key), len(sorted))
+		}
+		if lk, err := d.reenter(g); lk != nil || err != nil {
+			return lk, err
+		}
+	}
 	return d.acquireNew(ctx, sorted[0], sorted, wait, ttl, KindMutex, 0)
+}
+
+// heldAll returns the grant of a lock ctx carries on d that holds every
+// key of keys (all true), or else of one that holds some of them (all
+// false), or nil.
+func heldAll(ctx context.Context, d *DistributeLock, keys []string) (g *grant, all bool) {
+	for _, k := range keys {
+		h := heldIn(ctx, d, k, KindMutex, 0)
+		if h == nil {
+			continue
+		}
+		all = true
+		for _, k := range keys {
+			all = all && h.hasKey(k)
+		}
+		if all {
+			return h, true
+		}
+		g = h
+	}
+	return g, false
 }
 
 // subLeases returns one lease per key of the grant, the first g.lease
@@ -119,8 +155,9 @@ func (m multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, t
 		}
 		// Give back what this attempt took, in the background if the
 		// store does not answer: a wait never holds some keys of a set.
+		// Both errors are kept: each may carry a clean-up.
 		if gerr := m.giveBack(ctx, m.subs[:i]); gerr != nil {
-			return false, 0, gerr
+			return false, 0, errors.Join(err, gerr)
 		}
 		return false, ttl, err
 	}
@@ -155,9 +192,14 @@ func (m multiSpinner) giveBack(ctx context.Context, taken []*backend.Lease) erro
 // waitAll queues for every key of a lock of several keys, in order, on a
 // push store, giving back the ones it holds when one is not had.
 func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backend.Lease) (time.Time, error) {
+	var first time.Time
 	for i, l := range subs {
 		r.RemoteAttempts++
-		if err := d.waiter.Acquire(ctx, l, r.Deadline); err != nil {
+		err := d.waiter.Acquire(ctx, l, r.Deadline)
+		if i == 0 {
+			first = time.Now()
+		}
+		if err != nil {
 			taken := subs[:i]
 			m := multiSpinner{d: d, subs: subs}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -167,8 +209,9 @@ func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backen
 		}
 	}
 	r.g.setSubs(subs)
-	// A push store counts validity from Acquire's return: the first key's.
-	return time.Now(), nil
+	// A push store counts validity from Acquire's return: the first key's,
+	// whose lease has run the longest.
+	return first, nil
 }
 
 // validityAll is the shortest safe validity of a lock's leases.
@@ -192,17 +235,6 @@ func (d *DistributeLock) releaseAll(ctx context.Context, subs []*backend.Lease) 
 	return errors.Join(errs...)
 }
 
-// refreshAll extends every lease of a lock.
-func refreshAll(ctx context.Context, r backend.Refresher, subs []backend.Lease) error {
-	var errs []error
-	for i := range subs {
-		if err := r.Refresh(ctx, &subs[i]); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // watchLostAll reports the first loss signal of any lease to step.
 func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
 	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(stop)}}
@@ -212,6 +244,6 @@ func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
 		}
 	}
 	if i, _, _ := reflect.Select(cases); i > 0 {
-		g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: the backend reported a key of the lock lost", ErrNotHeld, quote(g.lease.Key))}))
+		g.apply(g.step(event{kind: evLose, watcher: true, cause: fmt.Errorf("%w: %s: the backend reported a key of the lock lost", ErrNotHeld, quote(g.lease.Key))}))
 	}
 }

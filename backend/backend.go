@@ -338,9 +338,12 @@ type KindChecker interface {
 
 // Withdrawer is implemented by pull stores that record the intents of
 // waiting readers and writers (see [KindChecker]). The facade calls
-// Withdraw, in the background, when a read or write wait ends without the
-// lock after the store answered an attempt: it deletes l.Value's intent,
-// if any, wakes those it kept waiting, and touches nothing else.
+// Withdraw when a read or write wait ends without the lock after the store
+// answered an attempt, before the acquire returns (so that the caller's
+// next request finds no intent of its own or of a request that left; a
+// store slower than a few tens of milliseconds finishes in the
+// background): it deletes l.Value's intent, if any, wakes those it kept
+// waiting, and touches nothing else.
 type Withdrawer interface {
 	Withdraw(ctx context.Context, l *Lease) error
 }

@@ -56,7 +56,9 @@ type Stats struct {
 // it sleeps as p says, and wakes at once on a release notice when n is not
 // nil (subscribing after the first failed attempt, so an uncontended
 // acquire costs one call); subscribed, it sleeps NoticeSpinFactor times as
-// long.
+// long. A read or write request, whose failed attempts keep its intent in
+// the store for l.TTL (see backend.KindChecker), sleeps at most a third of
+// l.TTL, so that its intent never lapses while it waits.
 //
 // It returns the start of the successful attempt. On contention it returns
 // backend.ErrNotAcquired; when ctx ends between attempts, ctx.Err(); a
@@ -99,6 +101,12 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 			wake, cancel = n.Subscribe(l.Key)
 		}
 		d := p.next(holderTTL, deadline.Sub(now), wake != nil)
+		if l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
+			// The attempt recorded an intent that lasts l.TTL and
+			// the next attempt renews: come back well before it
+			// lapses, or the wait loses its place in line.
+			d = min(d, max(l.TTL/3, time.Millisecond))
+		}
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
