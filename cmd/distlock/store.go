@@ -204,7 +204,12 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 		scheme, rest, _ := strings.Cut(name, ":")
 		name = scheme + "+" + kind + ":" + rest
 	}
-	return &redisStore{name: name, client: c, res: redis.New(c), ping: ping}, nil
+	res, err := redis.New(c)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &redisStore{name: name, client: c, res: res, ping: ping}, nil
 }
 
 func (s *redisStore) String() string { return s.name }

@@ -69,7 +69,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if b.WaitReplicas > 0 {
 			opts = append(opts, redis.WithWaitReplicas(b.WaitReplicas, b.WaitTimeout))
 		}
-		r := redis.New(c, opts...)
+		r, err := redis.New(c, opts...)
+		if err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); _ = c.Close() }, nil
 	case "etcd":
 		c, err := clientv3.New(clientv3.Config{Endpoints: b.Addrs, DialTimeout: b.timeout(), Logger: zap.NewNop()})
