@@ -415,12 +415,17 @@ func (s *etcdStore) String() string { return s.name }
 
 // validateKey asks the etcd store's own ValidateKey, on a Resource over a
 // client that was never connected: it checks the key's length only.
-func (s *etcdStore) validateKey(key string) error {
-	return etcd.New(new(clientv3.Client)).ValidateKey(key)
-}
+func (s *etcdStore) validateKey(key string) error { return etcdProto().ValidateKey(key) }
 
 // proto is a Resource over a client that was never connected.
-func (s *etcdStore) proto() backend.RemoteResource { return etcd.New(new(clientv3.Client)) }
+func (s *etcdStore) proto() backend.RemoteResource { return etcdProto() }
+
+// etcdProto is a Resource over a client that was never connected (New
+// fails only for a nil client or option).
+func etcdProto() *etcd.Resource {
+	r, _ := etcd.New(new(clientv3.Client))
+	return r
+}
 
 func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	c, err := clientv3.New(s.cfg)
@@ -436,7 +441,12 @@ func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteRe
 		c.Close()
 		return nil, nil, fmt.Errorf("no answer from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), s.cfg.DialTimeout, err)
 	}
-	return etcd.New(c), func() { c.Close() }, nil
+	res, err := etcd.New(c)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return res, func() { c.Close() }, nil
 }
 
 // zkStore is a ZooKeeper ensemble.

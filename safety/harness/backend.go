@@ -84,7 +84,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if b.SharedLease {
 			opts = append(opts, etcd.WithSharedLease())
 		}
-		r := etcd.New(c, opts...)
+		r, err := etcd.New(c, opts...)
+		if err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); _ = c.Close() }, nil
 	case "zookeeper":
 		st := b.SessionTimeout
