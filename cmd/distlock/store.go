@@ -476,11 +476,15 @@ func parseZooKeeper(raw string) (*zkStore, error) {
 	if root := strings.TrimSuffix(h.path, "/"); root != "" {
 		s.opts = append(s.opts, zookeeper.WithRoot(root))
 	}
-	// A bad root makes every call of the resource fail: find out now.
-	if err := zookeeper.New(new(zk.Conn), s.opts...).ValidateKey("k"); err != nil {
+	if _, err := s.protoRes(); err != nil { // a bad root
 		return nil, err
 	}
 	return s, nil
+}
+
+// protoRes is a Resource over a connection that was never opened.
+func (s *zkStore) protoRes() (*zookeeper.Resource, error) {
+	return zookeeper.New(new(zk.Conn), s.opts...)
 }
 
 func (s *zkStore) String() string { return s.name }
@@ -488,11 +492,19 @@ func (s *zkStore) String() string { return s.name }
 // validateKey asks the ZooKeeper store's own ValidateKey, on a Resource
 // over a connection that was never opened: it checks the key and the root.
 func (s *zkStore) validateKey(key string) error {
-	return zookeeper.New(new(zk.Conn), s.opts...).ValidateKey(key)
+	r, err := s.protoRes()
+	if err != nil {
+		return err
+	}
+	return r.ValidateKey(key)
 }
 
-// proto is a Resource over a connection that was never opened.
-func (s *zkStore) proto() backend.RemoteResource { return zookeeper.New(new(zk.Conn), s.opts...) }
+// proto is a Resource over a connection that was never opened (parseZooKeeper
+// checked that New takes the options).
+func (s *zkStore) proto() backend.RemoteResource {
+	r, _ := s.protoRes()
+	return r
+}
 
 func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
 	session := s.session
@@ -518,7 +530,12 @@ func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 		case <-time.After(10 * time.Millisecond): // go-zookeeper has no "session ready" channel but its events, which the resource reads
 		}
 	}
-	return zookeeper.New(conn, s.opts...), conn.Close, nil
+	res, err := zookeeper.New(conn, s.opts...)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return res, conn.Close, nil
 }
 
 // postgresStore is a PostgreSQL database.

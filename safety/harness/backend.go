@@ -112,7 +112,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 			case <-time.After(5 * time.Millisecond): // polling with the ctx's deadline
 			}
 		}
-		r := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
+		r, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
+		if err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); conn.Close() }, nil
 	case "postgres":
 		cfg, err := pgxpool.ParseConfig(b.Addrs[0])
