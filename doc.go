@@ -2,9 +2,13 @@
 //
 // Build a [DistributeLock] over a backend once, then lock keys:
 //
-//	d, err := distlock.New(redis.New(client))
+//	res, err := redis.New(client) // or another store, below
+//	if err != nil { ... }
+//	d, err := distlock.New(res)
+//	if err != nil { ... }
 //	lk, err := d.TryLock(ctx, "order:42", 3*time.Second)
-//	if errors.Is(err, distlock.ErrNotAcquired) { /* someone else has it */ }
+//	if errors.Is(err, distlock.ErrNotAcquired) { return } // someone else has it
+//	if err != nil { return err }                         // the store failed: lk is nil
 //	defer lk.Unlock(ctx)
 //	write(ctx, lk.Token(), ...) // the resource refuses stale tokens
 //
@@ -32,6 +36,30 @@
 // [ErrUnsupported] before any I/O.
 //
 // # Backends
+//
+// Each store is a module of its own, so that an application downloads the
+// client of the store it uses and nothing else; pkg.go.dev lists them
+// apart from this package. The constructors of the stores over a network
+// all return (store, error), an error wrapping [ErrInvalid] for a nil
+// client or a bad option:
+//
+//   - [github.com/distlock/distlock/backend/memory]: in-process, for tests,
+//     examples and one process (in this module).
+//   - [github.com/distlock/distlock/redis]: one Redis (standalone,
+//     Sentinel or Cluster) over go-redis; fencing tokens, release notices.
+//   - [github.com/distlock/distlock/redlock]: Redlock over N independent
+//     Redis masters, a majority quorum; mutexes only, no tokens.
+//   - [github.com/distlock/distlock/etcd]: etcd v3, a lease and a queue
+//     ordered by create revision, waiters woken by a watch.
+//   - [github.com/distlock/distlock/zookeeper]: ZooKeeper's lock recipe,
+//     ephemeral sequential znodes, over go-zookeeper.
+//   - [github.com/distlock/distlock/sqldb]: a table in PostgreSQL (pgx) or
+//     MySQL/MariaDB (database/sql).
+//
+// Handlers live beside them: [github.com/distlock/distlock/hotspot] and
+// [github.com/distlock/distlock/accesslog] in this module,
+// [github.com/distlock/distlock/metrics] and
+// [github.com/distlock/distlock/tracing] in modules of their own.
 //
 // A backend implements the small contract of package
 // [github.com/distlock/distlock/backend]. Pull stores (Redis, SQL databases,

@@ -19,8 +19,10 @@ var ErrNotHeld = backend.ErrNotHeld
 
 // ErrInvalid is wrapped by every error about bad input: an empty key, a key
 // the backend cannot hold, a negative wait, a TTL <= 0, a nil resource,
-// context or option value. Such calls do no I/O.
-var ErrInvalid = errors.New("distlock: invalid argument")
+// context or option value, and a store constructor's nil client or bad
+// option. Such calls do no I/O. It is the same value as
+// [backend.ErrInvalid].
+var ErrInvalid = backend.ErrInvalid
 
 // ErrClosed is returned by [DistributeLock.TryLock] after
 // [DistributeLock.Close].

@@ -55,6 +55,14 @@ var ErrNotAcquired = errors.New("distlock: not acquired")
 // or another owner took it. It is the same value as distlock.ErrNotHeld.
 var ErrNotHeld = errors.New("distlock: not held")
 
+// ErrInvalid is wrapped by every error about bad input: a nil client or
+// a bad option value given to a store's constructor, as much as the
+// facade's own checks (an empty key, a TTL <= 0). It is the same value as
+// distlock.ErrInvalid, so that a store's errors match errors.Is(err,
+// distlock.ErrInvalid) without the store importing the facade. Such
+// errors come before any I/O.
+var ErrInvalid = errors.New("distlock: invalid argument")
+
 // AbandonedError is returned by [Spinner.TryAcquire] and [Waiter.Acquire]
 // when the call gave up, because its context ended, while a request that
 // may have taken the lock was in flight (sent, no reply). Err says why, and

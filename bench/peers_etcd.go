@@ -75,7 +75,11 @@ func openEtcdDistlock(s *servers, o openOpts, autoRenew bool) (instance, error) 
 	if err != nil {
 		return nil, err
 	}
-	res := etcd.New(c)
+	res, err := etcd.New(c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	p := etcdProbe{count: func(ctx context.Context, key string) (int, error) {
 		keys, err := res.Leftovers(ctx, key)
 		return len(keys), err

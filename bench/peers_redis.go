@@ -136,7 +136,11 @@ func openRedisDistlock(s *servers, o openOpts) (instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := redis.New(rc.cs[0])
+	res, err := redis.New(rc.cs[0])
+	if err != nil {
+		rc.close()
+		return nil, err
+	}
 	return newDLInstance(res, o, rc, nil, rc.close)
 }
 

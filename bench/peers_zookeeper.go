@@ -96,7 +96,11 @@ func openZKDistlock(s *servers, o openOpts) (instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := zookeeper.New(conn, zookeeper.WithSessionTimeout(zkSessionTimeout))
+	res, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(zkSessionTimeout))
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
 	p := zkProbe{conn: conn, dir: func(key string) string { return zookeeper.DefaultRoot + "/" + key }}
 	o.autoRenew = true
 	return newDLInstance(res, o, p, []distlock.Option{}, func() error { conn.Close(); return nil })

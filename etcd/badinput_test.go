@@ -52,7 +52,7 @@ func TestMaxTTL(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			var rpcs atomic.Int64
-			r := New(countingClient(t, endpoints, &rpcs), m.opts...)
+			r := mustNew(t, countingClient(t, endpoints, &rpcs), m.opts...)
 			t.Cleanup(func() { _ = r.Close() })
 			for _, ttl := range []time.Duration{MaxTTL + time.Nanosecond, MaxTTL + time.Second, math.MaxInt64} {
 				rpcs.Store(0)
@@ -85,12 +85,12 @@ func TestMaxTTL(t *testing.T) {
 // TTL, which the facade counts), and the key expires with its lease.
 func TestClosedClientHeldLock(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
-	admin := New(newClient(t, endpoints))
+	admin := mustNew(t, newClient(t, endpoints))
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			var rpcs atomic.Int64
 			c := countingClient(t, endpoints, &rpcs)
-			r := New(c, m.opts...)
+			r := mustNew(t, c, m.opts...)
 			l := lease(uniqueKey(t), time.Second)
 			if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 				t.Fatal(err)

@@ -29,7 +29,7 @@ func BenchmarkCycle(b *testing.B) {
 	c := countingClient(b, endpoints, &rpcs)
 	for _, m := range modes {
 		b.Run("distlock-"+m.name, func(b *testing.B) {
-			d, err := distlock.New(New(c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
+			d, err := distlock.New(mustNew(b, c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -51,7 +51,7 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	for _, m := range modes {
 		b.Run("resource-"+m.name, func(b *testing.B) {
-			r := New(c, m.opts...)
+			r := mustNew(b, c, m.opts...)
 			defer r.Close()
 			key := uniqueKey(b)
 			ctx := context.Background()
@@ -103,7 +103,7 @@ func BenchmarkCycleVsMutex(b *testing.B) {
 	defer s.Close()
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) {
-			d, err := distlock.New(New(c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
+			d, err := distlock.New(mustNew(b, c, m.opts...), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -152,7 +152,7 @@ func BenchmarkAcquireHeldVsMutex(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	d, err := distlock.New(New(c), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
+	d, err := distlock.New(mustNew(b, c), distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -206,8 +206,8 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, m := range modes {
 		{
 			b.Run("distlock-"+m.name, func(b *testing.B) {
-				ra := New(newClient(b, endpoints), m.opts...)
-				rb := New(newClient(b, endpoints), m.opts...)
+				ra := mustNew(b, newClient(b, endpoints), m.opts...)
+				rb := mustNew(b, newClient(b, endpoints), m.opts...)
 				da, _ := distlock.New(ra, distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 				db, _ := distlock.New(rb, distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 				defer da.Close()

@@ -82,7 +82,7 @@ func TestWokenByRelease(t *testing.T) {
 				key := uniqueKey(t)
 				a := newResource(t, endpoints, m.opts...)
 				wc := newClient(t, endpoints)
-				w := New(wc, m.opts...)
+				w := mustNew(t, wc, m.opts...)
 				wc.Watcher = &lateCatchUp{Watcher: wc.Watcher, c: wc, queues: w.prefix, noise: "/noise/" + key}
 				t.Cleanup(func() {
 					if err := w.Close(); err != nil {

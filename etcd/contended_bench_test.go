@@ -58,7 +58,7 @@ func BenchmarkContended(b *testing.B) {
 			var n atomic.Int64
 			var ds []*distlock.DistributeLock
 			for range 3 {
-				r := New(countingClient(b, endpoints, &n), m.opts...)
+				r := mustNew(b, countingClient(b, endpoints, &n), m.opts...)
 				d, err := distlock.New(r, distlock.WithAutoRenew(), distlock.WithDefaultTTL(10*time.Second))
 				if err != nil {
 					b.Fatal(err)

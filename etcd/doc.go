@@ -2,10 +2,11 @@
 // is strongly consistent (Raft), needs no clock agreement between machines,
 // grants waiters in arrival order and wakes one waiter per release.
 //
-//	res := etcd.New(client) // client is a *clientv3.Client; you close it
+//	res, err := etcd.New(client) // client is a *clientv3.Client; you close it
+//	if err != nil { ... }         // a nil client or option: wraps distlock.ErrInvalid
 //	d, err := distlock.New(res, distlock.WithAutoRenew())
 //
-// [New] returns a [*Resource], which implements backend.Waiter,
+// [New] does no I/O and returns a [*Resource], which implements backend.Waiter,
 // backend.Refresher, backend.KindChecker, backend.Inspector,
 // backend.KeyValidator and io.Closer. It holds mutexes, semaphores and read/write locks (see
 // Semaphores and read/write locks).

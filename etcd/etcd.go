@@ -118,20 +118,24 @@ func WithSharedLease() Option {
 }
 
 // New returns a Resource that keeps locks in etcd through c. The caller
-// owns c: [Resource.Close] does not close it. A nil c gives a Resource
-// whose every call returns an error.
-func New(c *clientv3.Client, opts ...Option) *Resource {
+// owns c: [Resource.Close] does not close it. New does no I/O.
+//
+// New returns an error wrapping [backend.ErrInvalid] (distlock.ErrInvalid)
+// for a nil c or a nil option.
+func New(c *clientv3.Client, opts ...Option) (*Resource, error) {
+	if c == nil {
+		return nil, fmt.Errorf("etcd: New: %w: nil client", backend.ErrInvalid)
+	}
 	r := &Resource{c: c, prefix: DefaultPrefix, sessions: make(map[int64]*session),
-		tasks: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64())}
-	if c != nil {
-		r.leases = clientv3.RetryLeaseClient(c)
-	}
+		tasks: make(map[uint64]context.CancelFunc), id: fmt.Sprintf("%016x", rand.Uint64()),
+		leases: clientv3.RetryLeaseClient(c)}
 	for _, o := range opts {
-		if o != nil {
-			o(r)
+		if o == nil {
+			return nil, fmt.Errorf("etcd: New: %w: nil option", backend.ErrInvalid)
 		}
+		o(r)
 	}
-	return r
+	return r, nil
 }
 
 var errNilClient = errors.New("etcd: nil client")

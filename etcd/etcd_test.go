@@ -45,10 +45,20 @@ func newResource(t testing.TB, endpoints []string, opts ...Option) *Resource {
 	return newResourceOn(t, newClient(t, endpoints), opts...)
 }
 
+// mustNew returns New(c, opts...), failing t on an error.
+func mustNew(t testing.TB, c *clientv3.Client, opts ...Option) *Resource {
+	t.Helper()
+	r, err := New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // newResourceOn returns a Resource over c, closed at cleanup.
 func newResourceOn(t testing.TB, c *clientv3.Client, opts ...Option) *Resource {
 	t.Helper()
-	r := New(c, opts...)
+	r := mustNew(t, c, opts...)
 	t.Cleanup(func() {
 		if err := r.Close(); err != nil {
 			t.Errorf("Close: %v", err)
@@ -68,7 +78,7 @@ func TestConformance(t *testing.T) {
 				NewResource: func(t *testing.T) backend.RemoteResource {
 					return newResource(t, endpoints, m.opts...)
 				},
-				Leftovers: New(admin).Leftovers,
+				Leftovers: mustNew(t, admin).Leftovers,
 				// An operator's delete, not the holder's: testsuite's
 				// DoCancelsOnLoss passes the lock's own context, which the
 				// key watch ends as soon as the delete lands, often before
@@ -76,7 +86,7 @@ func TestConformance(t *testing.T) {
 				Evict: func(ctx context.Context, key string) error {
 					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 					defer cancel()
-					return New(admin).evict(ctx, key)
+					return mustNew(t, admin).evict(ctx, key)
 				},
 				TTL:       time.Second,
 				MaxKeyLen: MaxKeyLen,
@@ -94,7 +104,7 @@ func TestConformance(t *testing.T) {
 					if err != nil {
 						t.Fatalf("clientv3.New: %v", err)
 					}
-					r := New(c, m.opts...)
+					r := mustNew(t, c, m.opts...)
 					t.Cleanup(func() { _ = r.Close() })
 					if err := c.Close(); err != nil {
 						t.Fatalf("closing the client: %v", err)
@@ -132,27 +142,36 @@ func TestEncodeKey(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	var nilRes *Resource
-	r := New(nil)
-	for _, res := range []*Resource{nilRes, r} {
-		if err := res.ValidateKey("k"); err == nil {
-			t.Errorf("ValidateKey on a Resource without client = nil; want an error")
-		}
-		if err := res.Acquire(t.Context(), &backend.Lease{Key: "k", Value: "v", TTL: time.Second}, time.Time{}); err == nil {
-			t.Errorf("Acquire on a Resource without client = nil; want an error")
-		}
-		if err := res.Release(t.Context(), &backend.Lease{Key: "k"}); err == nil {
-			t.Errorf("Release on a Resource without client = nil; want an error")
+	for _, tc := range []struct {
+		name string
+		c    *clientv3.Client
+		opts []Option
+	}{
+		{"nil client", nil, nil},
+		{"nil option", &clientv3.Client{}, []Option{nil}},
+	} {
+		if r, err := New(tc.c, tc.opts...); r != nil || !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("%s: New = %v, %v; want nil, an ErrInvalid error", tc.name, r, err)
 		}
 	}
-	if err := New(&clientv3.Client{}).ValidateKey(strings.Repeat("k", MaxKeyLen+1)); err == nil {
+	var nilRes *Resource
+	if err := nilRes.ValidateKey("k"); err == nil {
+		t.Errorf("ValidateKey on a nil Resource = nil; want an error")
+	}
+	if err := nilRes.Acquire(t.Context(), &backend.Lease{Key: "k", Value: "v", TTL: time.Second}, time.Time{}); err == nil {
+		t.Errorf("Acquire on a nil Resource = nil; want an error")
+	}
+	if err := nilRes.Release(t.Context(), &backend.Lease{Key: "k"}); err == nil {
+		t.Errorf("Release on a nil Resource = nil; want an error")
+	}
+	if err := mustNew(t, &clientv3.Client{}).ValidateKey(strings.Repeat("k", MaxKeyLen+1)); err == nil {
 		t.Errorf("ValidateKey(too long) = nil; want an error")
 	}
-	if err := New(&clientv3.Client{}).ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
+	if err := mustNew(t, &clientv3.Client{}).ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
 		t.Errorf("ValidateKey(MaxKeyLen bytes) = %v; want nil", err)
 	}
 	// A lease from elsewhere is not ours to release.
-	if err := New(&clientv3.Client{}).Release(t.Context(), &backend.Lease{Key: "k", Handle: "x"}); !errors.Is(err, backend.ErrNotHeld) {
+	if err := mustNew(t, &clientv3.Client{}).Release(t.Context(), &backend.Lease{Key: "k", Handle: "x"}); !errors.Is(err, backend.ErrNotHeld) {
 		t.Errorf("Release(foreign handle) = %v; want ErrNotHeld", err)
 	}
 }
@@ -319,8 +338,8 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			key := uniqueKey(t)
-			a := New(newClient(t, endpoints), m.opts...)
-			b := New(newClient(t, endpoints), m.opts...)
+			a := mustNew(t, newClient(t, endpoints), m.opts...)
+			b := mustNew(t, newClient(t, endpoints), m.opts...)
 			la := lease(key, 10*time.Second)
 			if err := a.Acquire(t.Context(), la, time.Time{}); err != nil {
 				t.Fatal(err)

@@ -181,7 +181,7 @@ func TestCleanupFailingForGood(t *testing.T) {
 	holder := newResource(t, endpoints)
 	next := newResource(t, endpoints)
 	var fail atomic.Bool
-	waiter := New(failingClient(t, endpoints, &fail), WithSharedLease())
+	waiter := mustNew(t, failingClient(t, endpoints, &fail), WithSharedLease())
 	lh := lease(key, 2*time.Second)
 	if err := holder.Acquire(ctx, lh, time.Time{}); err != nil {
 		t.Fatal(err)

@@ -30,10 +30,10 @@ func TestNoGoroutineLeak(t *testing.T) {
 				}
 				cs = append(cs, c)
 			}
-			testsuite.Exercise(t, New(cs[0], m.opts...), New(cs[1], m.opts...), time.Second)
+			testsuite.Exercise(t, mustNew(t, cs[0], m.opts...), mustNew(t, cs[1], m.opts...), time.Second)
 			// A lock on a lease of its own starts the Resource's key watch,
 			// which must end with the client, Close or not.
-			own := New(cs[0])
+			own := mustNew(t, cs[0])
 			l := lease(testsuite.Key(t), time.Second)
 			if err := own.Acquire(t.Context(), l, time.Time{}); err != nil {
 				t.Fatal(err)

@@ -37,7 +37,7 @@ func reportCommands(b *testing.B, c *goredis.Client, before map[string]int64, na
 // BenchmarkCycle is one uncontended TryLock + Unlock through distlock.New.
 func BenchmarkCycle(b *testing.B) {
 	c := standalone(b)
-	d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+	d, err := distlock.New(mustNew(b, c), distlock.WithDefaultTTL(10*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func BenchmarkFloor(b *testing.B) {
 // machine may be shared); floor/distlock is distlock's relative throughput.
 func BenchmarkPaired(b *testing.B) {
 	c := standalone(b)
-	d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+	d, err := distlock.New(mustNew(b, c), distlock.WithDefaultTTL(10*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, mode := range []string{"wakeup", "wakeup-at-once", "spin"} {
 		b.Run(mode, func(b *testing.B) {
 			ctx := distlock.ContextWithTTL(context.Background(), 10*time.Second)
-			r := redis.New(c)
+			r := mustNew(b, c)
 			defer r.Close()
 			w := &watched{Spinner: r, waiting: make(chan struct{}, 1)}
 			var res backend.RemoteResource = w
@@ -187,7 +187,7 @@ func BenchmarkHandoff(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			holder, err := distlock.New(redis.New(c))
+			holder, err := distlock.New(mustNew(b, c))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -236,7 +236,7 @@ func BenchmarkCycleParallel(b *testing.B) {
 	c := standalone(b)
 	var pipes atomic.Int64
 	c.AddHook(pipeCounter{&pipes})
-	d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+	d, err := distlock.New(mustNew(b, c), distlock.WithDefaultTTL(10*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func (h pipeCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 //	go test -run '^$' -bench Held -benchtime 20000x ./redis
 func BenchmarkHeld(b *testing.B) {
 	const workers = 32
-	r := redis.New(standalone(b))
+	r := mustNew(b, standalone(b))
 	defer r.Close()
 	base := uniqueKey(b)
 	ls := make([]*backend.Lease, b.N)

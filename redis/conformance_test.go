@@ -109,7 +109,7 @@ func closedResource(t *testing.T, c goredis.UniversalClient) backend.RemoteResou
 	default:
 		t.Fatalf("closedResource: unexpected client %T", c)
 	}
-	r := redis.New(closed)
+	r := mustNew(t, closed)
 	t.Cleanup(func() { _ = r.Close() })
 	if err := closed.Close(); err != nil {
 		t.Fatalf("closing the client: %v", err)
@@ -125,7 +125,7 @@ func TestConformanceRing(t *testing.T) {
 		"a": nodes[0].Addr, "b": nodes[1].Addr,
 	}})
 	t.Cleanup(func() { _ = ring.Close() })
-	if ch, cancel := redis.New(ring).Subscribe("k"); ch != nil {
+	if ch, cancel := mustNew(t, ring).Subscribe("k"); ch != nil {
 		t.Errorf("Subscribe over a Ring: non-nil channel; want nil (no wake-up)")
 	} else {
 		cancel()

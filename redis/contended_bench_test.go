@@ -8,7 +8,6 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
-	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -25,7 +24,7 @@ func BenchmarkContended(b *testing.B) {
 	for range 3 {
 		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 		b.Cleanup(func() { _ = c.Close() })
-		d, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(10*time.Second))
+		d, err := distlock.New(mustNew(b, c), distlock.WithDefaultTTL(10*time.Second))
 		if err != nil {
 			b.Fatal(err)
 		}

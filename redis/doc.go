@@ -4,9 +4,11 @@
 // spins on it.
 //
 //	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
-//	d, err := distlock.New(redis.New(rdb))
+//	res, err := redis.New(rdb)
+//	if err != nil { ... } // a nil client or option: wraps distlock.ErrInvalid
+//	d, err := distlock.New(res)
 //
-// [New] takes any goredis.UniversalClient (*goredis.Client from NewClient
+// [New] does no I/O: the first request dials. It takes any goredis.UniversalClient (*goredis.Client from NewClient
 // or NewFailoverClient, *goredis.ClusterClient). A *goredis.ClusterClient
 // is taken for a Cluster and gets sharded pub/sub (SPUBLISH, SSUBSCRIBE:
 // Redis 7.0 or later; on older servers locks work and wake-up falls back to

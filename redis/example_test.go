@@ -18,7 +18,11 @@ func ExampleNew() {
 	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close() // the caller owns the client
 
-	locks, err := distlock.New(redis.New(rdb), distlock.WithDefaultTTL(10*time.Second))
+	res, err := redis.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	locks, err := distlock.New(res, distlock.WithDefaultTTL(10*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -40,7 +44,11 @@ func ExampleNew_cluster() {
 		Addrs: []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
 	})
 	defer rdb.Close()
-	locks, err := distlock.New(redis.New(rdb, redis.WithPrefix("billing:")))
+	res, err := redis.New(rdb, redis.WithPrefix("billing:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	locks, err := distlock.New(res)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,6 +62,9 @@ func ExampleWithWaitReplicas() {
 		SentinelAddrs: []string{"127.0.0.1:26379"},
 	})
 	defer rdb.Close()
-	res := redis.New(rdb, redis.WithWaitReplicas(1, 100*time.Millisecond))
+	res, err := redis.New(rdb, redis.WithWaitReplicas(1, 100*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer res.Close()
 }

@@ -8,7 +8,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/distlock/distlock/internal/testserver"
-	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -23,7 +22,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		before := goleak.IgnoreCurrent()
 		c1 := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 		c2 := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-		testsuite.Exercise(t, redis.New(c1), redis.New(c2), 300*time.Millisecond)
+		testsuite.Exercise(t, mustNew(t, c1), mustNew(t, c2), 300*time.Millisecond)
 		closeAll(t, c1, c2)
 		verifyNoLeak(t, before)
 	})
@@ -32,7 +31,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		before := goleak.IgnoreCurrent()
 		c1 := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
 		c2 := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: srv.Addrs})
-		testsuite.Exercise(t, redis.New(c1), redis.New(c2), 300*time.Millisecond)
+		testsuite.Exercise(t, mustNew(t, c1), mustNew(t, c2), 300*time.Millisecond)
 		closeAll(t, c1, c2)
 		verifyNoLeak(t, before)
 	})

@@ -185,7 +185,7 @@ func rejectedIn(m map[string]int64, cmd string) int64 { return m[cmd+".rejected"
 func TestSubscribeRefcount(t *testing.T) {
 	deployments(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := t.Context()
-		r := redis.New(c)
+		r := mustNew(t, c)
 		key, other := uniqueKey(t), uniqueKey(t)
 
 		ch1, cancel1 := r.Subscribe(key)

@@ -110,9 +110,14 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // New returns a Resource that keeps locks in the Redis behind c: a
 // *goredis.Client (standalone), a Sentinel *goredis.Client from
 // NewFailoverClient, or a *goredis.ClusterClient. The caller owns c: the
-// Resource never closes it. A nil c gives a Resource whose every call
-// returns an error.
-func New(c goredis.UniversalClient, opts ...Option) *Resource {
+// Resource never closes it. New does no I/O.
+//
+// New returns an error wrapping [backend.ErrInvalid] (distlock.ErrInvalid)
+// for a nil c or a nil option.
+func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
+	if isNil(c) {
+		return nil, fmt.Errorf("redis: New: %w: nil client", backend.ErrInvalid)
+	}
 	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
 		tasks: make(chan *batch), quit: make(chan struct{})}
 	if cc, ok := c.(*goredis.ClusterClient); ok {
@@ -120,15 +125,32 @@ func New(c goredis.UniversalClient, opts ...Option) *Resource {
 		r.publish = redisscript.ShardedPublish
 	}
 	for _, o := range opts {
-		if o != nil {
-			o(r)
+		if o == nil {
+			return nil, fmt.Errorf("redis: New: %w: nil option", backend.ErrInvalid)
 		}
+		o(r)
 	}
-	if _, ring := c.(*goredis.Ring); !ring && c != nil {
+	if _, ring := c.(*goredis.Ring); !ring {
 		// A Ring has no one server to subscribe on: no wake-up.
 		r.hub = newHub(c, r.cluster)
 	}
-	return r
+	return r, nil
+}
+
+// isNil reports whether c is nil, or a nil pointer of one of go-redis's
+// client types.
+func isNil(c goredis.UniversalClient) bool {
+	switch c := c.(type) {
+	case nil:
+		return true
+	case *goredis.Client:
+		return c == nil
+	case *goredis.ClusterClient:
+		return c == nil
+	case *goredis.Ring:
+		return c == nil
+	}
+	return false
 }
 
 // handle is an acquisition's state, kept in backend.Lease.Handle from an

@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/redis"
@@ -22,8 +23,18 @@ func deployments(t *testing.T, f func(t *testing.T, c goredis.UniversalClient)) 
 	t.Run("cluster", func(t *testing.T) { f(t, cluster(t)) })
 }
 
+// mustNew returns redis.New(c, opts...), failing t on an error.
+func mustNew(t testing.TB, c goredis.UniversalClient, opts ...redis.Option) *redis.Resource {
+	t.Helper()
+	r, err := redis.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func newResource(t testing.TB, c goredis.UniversalClient, opts ...redis.Option) *redis.Resource {
-	r := redis.New(c, opts...)
+	r := mustNew(t, c, opts...)
 	t.Cleanup(func() {
 		if err := r.Close(); err != nil {
 			t.Errorf("Close: %v", err)
@@ -237,7 +248,7 @@ func TestResource(t *testing.T) {
 }
 
 func TestValidateKey(t *testing.T) {
-	r := redis.New(nil)
+	r := mustNew(t, goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"}))
 	for _, tc := range []struct {
 		key string
 		ok  bool
@@ -255,25 +266,24 @@ func TestValidateKey(t *testing.T) {
 	}
 }
 
-func TestNilClient(t *testing.T) {
-	r := redis.New(nil)
-	l := newLease("k", time.Second)
-	if _, _, err := r.TryAcquire(t.Context(), l); err == nil {
-		t.Error("TryAcquire with nil client: nil error")
-	}
-	if err := r.Release(t.Context(), l); err == nil {
-		t.Error("Release with nil client: nil error")
-	}
-	if err := r.Refresh(t.Context(), l); err == nil {
-		t.Error("Refresh with nil client: nil error")
-	}
-	if ch, cancel := r.Subscribe("k"); ch != nil {
-		t.Error("Subscribe with nil client: non-nil channel")
-	} else {
-		cancel()
-	}
-	if err := r.Close(); err != nil {
-		t.Errorf("Close = %v", err)
+// TestNewBadInput checks that New refuses a nil client and a nil option
+// with an error wrapping ErrInvalid.
+func TestNewBadInput(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	for _, tc := range []struct {
+		name string
+		c    goredis.UniversalClient
+		opts []redis.Option
+	}{
+		{"nil client", nil, nil},
+		{"nil typed client", (*goredis.Client)(nil), nil},
+		{"nil option", c, []redis.Option{nil}},
+	} {
+		r, err := redis.New(tc.c, tc.opts...)
+		if r != nil || !errors.Is(err, distlock.ErrInvalid) {
+			t.Errorf("%s: New = %v, %v; want nil, an ErrInvalid error", tc.name, r, err)
+		}
 	}
 }
 

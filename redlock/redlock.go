@@ -98,7 +98,7 @@ func WithPrefix(prefix string) Option {
 func WithNodeTimeout(d time.Duration) Option {
 	return func(r *Resource) error {
 		if d < 0 {
-			return fmt.Errorf("redlock: negative node timeout %v", d)
+			return fmt.Errorf("negative node timeout %v", d)
 		}
 		r.nodeTimeout = d
 		return nil
@@ -113,7 +113,7 @@ func WithNodeTimeout(d time.Duration) Option {
 func WithDrift(factor float64, extra time.Duration) Option {
 	return func(r *Resource) error {
 		if !(factor >= 0 && factor < 1) || extra < 0 {
-			return fmt.Errorf("redlock: bad drift %v x TTL + %v", factor, extra)
+			return fmt.Errorf("bad drift %v x TTL + %v", factor, extra)
 		}
 		r.driftFactor, r.driftExtra = factor, extra
 		return nil
@@ -129,14 +129,15 @@ func WithDrift(factor float64, extra time.Duration) Option {
 // at the timeout, and the abandoned request finishes in the background
 // within the client's ReadTimeout.
 //
-// New returns an error, and does no I/O, for an even, short or nil-holding
-// node list and for a bad option.
+// New does no I/O. It returns an error wrapping [backend.ErrInvalid]
+// (distlock.ErrInvalid) for an even, short or nil-holding node list and
+// for a bad option.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Resource, error) {
 	switch n := len(nodes); {
 	case n < 3:
-		return nil, fmt.Errorf("redlock: %d nodes; need an odd number, at least 3", n)
+		return nil, fmt.Errorf("redlock: New: %w: %d nodes; need an odd number, at least 3", backend.ErrInvalid, n)
 	case n%2 == 0:
-		return nil, fmt.Errorf("redlock: %d nodes; need an odd number (an even one adds a node but no failure tolerance)", n)
+		return nil, fmt.Errorf("redlock: New: %w: %d nodes; need an odd number (an even one adds a node but no failure tolerance)", backend.ErrInvalid, n)
 	}
 	r := &Resource{
 		quorum:      len(nodes)/2 + 1,
@@ -147,20 +148,36 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Resource, error) {
 	}
 	for _, o := range opts {
 		if o == nil {
-			return nil, errors.New("redlock: nil option")
+			return nil, fmt.Errorf("redlock: New: %w: nil option", backend.ErrInvalid)
 		}
 		if err := o(r); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("redlock: New: %w: %w", backend.ErrInvalid, err)
 		}
 	}
 	r.nodes = make([]*node, len(nodes))
 	for i, c := range nodes {
-		if c == nil {
-			return nil, fmt.Errorf("redlock: node %d is nil", i)
+		if isNil(c) {
+			return nil, fmt.Errorf("redlock: New: %w: node %d is nil", backend.ErrInvalid, i)
 		}
 		r.nodes[i] = &node{c: c, name: nodeName(i, c), tasks: make(chan task), quit: r.quit}
 	}
 	return r, nil
+}
+
+// isNil reports whether c is nil, or a nil pointer of one of go-redis's
+// client types.
+func isNil(c goredis.UniversalClient) bool {
+	switch c := c.(type) {
+	case nil:
+		return true
+	case *goredis.Client:
+		return c == nil
+	case *goredis.ClusterClient:
+		return c == nil
+	case *goredis.Ring:
+		return c == nil
+	}
+	return false
 }
 
 // nodeName names node i in errors: its index and, when known, its address.

@@ -34,6 +34,7 @@ func TestNewRejects(t *testing.T) {
 		{"two", three[:2], nil, "2 nodes"},
 		{"four", append(three[:3:3], c()), nil, "odd"},
 		{"nil node", []goredis.UniversalClient{c(), nil, c()}, nil, "node 1 is nil"},
+		{"typed nil node", []goredis.UniversalClient{c(), c(), (*goredis.Client)(nil)}, nil, "node 2 is nil"},
 		{"nil option", three, []redlock.Option{nil}, "nil option"},
 		{"negative timeout", three, []redlock.Option{redlock.WithNodeTimeout(-time.Second)}, "negative node timeout"},
 		{"drift factor 1", three, []redlock.Option{redlock.WithDrift(1, 0)}, "bad drift"},
@@ -41,8 +42,8 @@ func TestNewRejects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := redlock.New(tc.nodes, tc.opts...)
-			if err == nil || r != nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("New = %v, %v; want nil and an error containing %q", r, err, tc.want)
+			if !errors.Is(err, distlock.ErrInvalid) || r != nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, %v; want nil and an ErrInvalid error containing %q", r, err, tc.want)
 			}
 		})
 	}

@@ -28,7 +28,10 @@ func etcdTarget(t testing.TB, endpoints []string) (target, *clientv3.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := etcd.New(c)
+	res, err := etcd.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = res.Close(); _ = c.Close() })
 	return target{
 		name:    "etcd",

@@ -205,7 +205,7 @@ func failoverTrial(t *testing.T, a, b *harness.Client, wait bool, i int) (double
 // newRedisLock returns a DistributeLock over the Redis at addr with a
 // one-minute TTL, closed when t ends.
 func newRedisLock(t *testing.T, addr string, opts ...redis.Option) *distlock.DistributeLock {
-	res := redis.New(redisVia(t, addr), opts...)
+	res := newRedis(t, redisVia(t, addr), opts...)
 	d, err := distlock.New(res, distlock.WithDefaultTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -93,7 +93,7 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 	p.SetDelay(proxy.Up, delay)
 	via := redisVia(t, p.Addr)
 	direct := redisVia(t, addr)
-	res := redis.New(via)
+	res := newRedis(t, via)
 	t.Cleanup(func() { _ = res.Close() })
 	key := uniqueKey(t)
 	lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
@@ -266,7 +266,7 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 	key := uniqueKey(t)
 	procs := make([]*distlock.DistributeLock, 3)
 	for i := range procs {
-		res := redis.New(c)
+		res := newRedis(t, c)
 		d, err := distlock.New(res, distlock.WithDefaultTTL(redisTTL), distlock.WithAutoRenew())
 		if err != nil {
 			t.Fatal(err)
@@ -274,7 +274,7 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 		t.Cleanup(func() { _ = d.Close(); _ = res.Close() })
 		procs[i] = d
 	}
-	frozenD, err := distlock.New(redis.New(c), distlock.WithDefaultTTL(redisTTL))
+	frozenD, err := distlock.New(newRedis(t, c), distlock.WithDefaultTTL(redisTTL))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,16 @@ func redisVia(t testing.TB, addr string) *goredis.Client {
 	return c
 }
 
+// newRedis returns redis.New(c, opts...), failing t on an error.
+func newRedis(t testing.TB, c goredis.UniversalClient, opts ...redis.Option) *redis.Resource {
+	t.Helper()
+	r, err := redis.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func TestRedisProxy(t *testing.T) {
 	srv := testserver.Redis(t)
 	t.Run("CancelStorm", func(t *testing.T) { testRedisCancelStorm(t, srv.Addr, false) })
@@ -88,7 +98,7 @@ func testRedisCancelStorm(t *testing.T, addr string, up bool) {
 	}
 	via := redisVia(t, p.Addr)
 	tg, direct := redisTarget(t, addr)
-	res := redis.New(via)
+	res := newRedis(t, via)
 	t.Cleanup(func() { _ = res.Close() })
 
 	const workers = 4
@@ -179,7 +189,7 @@ func starvationMargins(t *testing.T, addr string, n int) (lower, upper []time.Du
 	for i := range n {
 		p := startProxy(t, addr)
 		via := redisVia(t, p.Addr)
-		res := redis.New(via)
+		res := newRedis(t, via)
 		d, err := distlock.New(res, distlock.WithDefaultTTL(redisTTL), distlock.WithAutoRenew())
 		if err != nil {
 			t.Fatal(err)

@@ -331,7 +331,7 @@ func testRedisStalledServer(t *testing.T, srv *testserver.RedisServer) {
 		fault: "server SIGSTOP 1.5s under TryLock (100-500ms contexts, cancels, waits) and Unlock (100-500ms contexts), TTL 1m, go-redis defaults",
 		open: func(t *testing.T) (backend.RemoteResource, func()) {
 			c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-			r := redis.New(c)
+			r := newRedis(t, c)
 			return r, func() { _ = r.Close(); _ = c.Close() }
 		},
 		values: func(key string) []string {

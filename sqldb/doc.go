@@ -18,7 +18,10 @@
 // The constructors create the table (default [DefaultTable], see
 // [WithTable]) and the kinds table beside it (the same name and _kinds)
 // when they do not exist, and upgrade a table of an older version (see
-// Upgrading below).
+// Upgrading below). That is their only I/O, bounded by their context, or
+// by [DefaultSetupTimeout] (10s) when it has no deadline. A nil pool or db
+// or a bad option fails them before any I/O with an error wrapping
+// distlock.ErrInvalid.
 //
 // PostgreSQL:
 //

@@ -78,22 +78,30 @@ var boundRungs = [...]time.Duration{250 * time.Millisecond, 500 * time.Milliseco
 // times are computed in SQL and never scanned). The caller owns db:
 // [MySQL.Close] closes only the prepared statements. Options: [WithTable].
 //
-// It returns an error for a nil db or a bad option (before any I/O), and
-// the database's error, wrapped, when the table cannot be checked or
-// created or the statements cannot be prepared.
+// Its I/O is bounded by ctx, or by [DefaultSetupTimeout] when ctx has no
+// deadline. It returns an error wrapping backend.ErrInvalid
+// (distlock.ErrInvalid) for a nil ctx or db or a bad option, before any
+// I/O, and the database's error, wrapped, when the table cannot be checked
+// or created or the statements cannot be prepared.
 func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
-	if db == nil {
-		return nil, errors.New("sqldb: NewMySQL: nil db")
+	switch {
+	case ctx == nil:
+		return nil, fmt.Errorf("sqldb: NewMySQL: %w: nil context", backend.ErrInvalid)
+	case db == nil:
+		return nil, fmt.Errorf("sqldb: NewMySQL: %w: nil db", backend.ErrInvalid)
 	}
-	c, err := buildConfig(opts)
+	c, err := buildConfig("NewMySQL", opts)
 	if err != nil {
 		return nil, err
 	}
 	q := "`" + strings.Join(c.table, "`.`") + "`"
 	kq := "`" + strings.Join(c.table, "`.`") + kindsSuffix + "`"
 	m := &MySQL{db: db, table: c.tableName()}
+	sctx, cancel := setupContext(ctx)
+	defer cancel()
+	ctx = sctx
 	if err := m.createTable(ctx, q, kq); err != nil {
-		return nil, err
+		return nil, setupError(ctx, err)
 	}
 	prep := func(query string) *sql.Stmt {
 		if err != nil {
@@ -169,7 +177,7 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`)
 	}
 	if err != nil {
 		m.Close()
-		return nil, fmt.Errorf("sqldb: mysql: prepare statements for %s: %w", m.table, err)
+		return nil, setupError(ctx, fmt.Errorf("sqldb: mysql: prepare statements for %s: %w", m.table, err))
 	}
 	return m, nil
 }

@@ -1,12 +1,15 @@
 package sqldb
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // DefaultTable is the table a backend uses unless [WithTable] says
@@ -21,6 +24,38 @@ const MaxKeyLen = 255
 // maxOwnerLen is the longest owner value the MySQL owner column
 // (VARBINARY(255)) holds. PostgreSQL stores owners as text, without limit.
 const maxOwnerLen = 255
+
+// DefaultSetupTimeout bounds the I/O of [NewPostgres] and [NewMySQL]
+// (connecting, checking and creating the table, preparing statements)
+// when their context has no deadline: a database that accepts
+// connections but does not answer fails the constructor after it, not
+// never. A context with a deadline sets its own bound.
+const DefaultSetupTimeout = 10 * time.Second
+
+// setupTimeout is DefaultSetupTimeout; tests shorten it.
+var setupTimeout = DefaultSetupTimeout
+
+// errSetupTimeout is the cause of a setup context that ran out of
+// setupTimeout.
+var errSetupTimeout = errors.New("sqldb: setup timeout")
+
+// setupContext returns ctx bounded by setupTimeout when it has no
+// deadline.
+func setupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, setupTimeout, errSetupTimeout)
+}
+
+// setupError is err, the error of a constructor's I/O under ctx (from
+// setupContext), saying so when the default bound cut it.
+func setupError(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errSetupTimeout) {
+		return fmt.Errorf("%w (no answer within %v: the default bound, DefaultSetupTimeout, for a context without a deadline)", err, setupTimeout)
+	}
+	return err
+}
 
 // Option configures [NewPostgres] and [NewMySQL].
 type Option func(*config) error
@@ -47,19 +82,19 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // identifier limit). The name is quoted as given, so it is case-sensitive
 // on PostgreSQL, and resolved once by the constructor (see
 // [NewPostgres]). Any other name makes the constructor return an error
-// before any I/O.
+// wrapping backend.ErrInvalid before any I/O.
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if len(name) > maxTableLen {
-			return fmt.Errorf("sqldb: table name %q is longer than %d bytes", name, maxTableLen)
+			return fmt.Errorf("table name %q is longer than %d bytes", name, maxTableLen)
 		}
 		parts := strings.Split(name, ".")
 		if len(parts) > 2 {
-			return fmt.Errorf("sqldb: table name %q: want table or schema.table", name)
+			return fmt.Errorf("table name %q: want table or schema.table", name)
 		}
 		for _, p := range parts {
 			if !identRE.MatchString(p) {
-				return fmt.Errorf("sqldb: table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", name, p)
+				return fmt.Errorf("table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)", name, p)
 			}
 		}
 		c.table = parts
@@ -67,14 +102,16 @@ func WithTable(name string) Option {
 	}
 }
 
-func buildConfig(opts []Option) (config, error) {
+// buildConfig applies opts for the constructor op; its errors wrap
+// backend.ErrInvalid.
+func buildConfig(op string, opts []Option) (config, error) {
 	c := defaultConfig()
 	for _, o := range opts {
 		if o == nil {
-			return c, errors.New("sqldb: nil Option")
+			return c, fmt.Errorf("sqldb: %s: %w: nil Option", op, backend.ErrInvalid)
 		}
 		if err := o(&c); err != nil {
-			return c, err
+			return c, fmt.Errorf("sqldb: %s: %w: %w", op, backend.ErrInvalid, err)
 		}
 	}
 	return c, nil

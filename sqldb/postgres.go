@@ -66,21 +66,28 @@ type pgMutexSQL struct {
 // (see the package doc); without that privilege NewPostgres returns an
 // error that gives the statements to run.
 //
-// It returns an error for a nil pool or a bad option (before any I/O), and
-// the database's error, wrapped, when the table cannot be checked or
-// created.
+// Its I/O is bounded by ctx, or by [DefaultSetupTimeout] when ctx has no
+// deadline. It returns an error wrapping backend.ErrInvalid
+// (distlock.ErrInvalid) for a nil ctx or pool or a bad option, before any
+// I/O, and the database's error, wrapped, when the table cannot be
+// checked or created.
 func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Postgres, error) {
-	if pool == nil {
-		return nil, errors.New("sqldb: NewPostgres: nil pool")
+	switch {
+	case ctx == nil:
+		return nil, fmt.Errorf("sqldb: NewPostgres: %w: nil context", backend.ErrInvalid)
+	case pool == nil:
+		return nil, fmt.Errorf("sqldb: NewPostgres: %w: nil pool", backend.ErrInvalid)
 	}
-	c, err := buildConfig(opts)
+	c, err := buildConfig("NewPostgres", opts)
 	if err != nil {
 		return nil, err
 	}
 	p := &Postgres{pool: pool, table: c.tableName()}
-	id, kid, err := p.createTable(ctx, c.table)
+	sctx, cancel := setupContext(ctx)
+	defer cancel()
+	id, kid, err := p.createTable(sctx, c.table)
 	if err != nil {
-		return nil, err
+		return nil, setupError(sctx, err)
 	}
 	q := pgx.Identifier{id.schema, id.name}.Sanitize()
 	kq := pgx.Identifier{kid.schema, kid.name}.Sanitize()

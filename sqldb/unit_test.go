@@ -7,14 +7,19 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/distlock/distlock/backend"
 )
 
 func TestValidateKey(t *testing.T) {
@@ -95,23 +100,114 @@ func TestWithTable(t *testing.T) {
 		{strings.Repeat("t", 54), false},
 	}
 	for _, tt := range tests {
-		_, err := buildConfig([]Option{WithTable(tt.name)})
-		if (err == nil) != tt.ok {
-			t.Errorf("WithTable(%q) = %v; want ok = %v", tt.name, err, tt.ok)
+		_, err := buildConfig("NewX", []Option{WithTable(tt.name)})
+		if (err == nil) != tt.ok || (err != nil && !errors.Is(err, backend.ErrInvalid)) {
+			t.Errorf("WithTable(%q) = %v; want ok = %v, or an ErrInvalid error", tt.name, err, tt.ok)
 		}
 	}
-	if _, err := buildConfig([]Option{nil}); err == nil {
-		t.Errorf("a nil Option was accepted")
+	if _, err := buildConfig("NewX", []Option{nil}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("a nil Option: %v; want an ErrInvalid error", err)
 	}
 }
 
 func TestConstructorsRejectBadInputWithoutIO(t *testing.T) {
 	ctx := context.Background()
-	if _, err := NewPostgres(ctx, nil); err == nil {
-		t.Errorf("NewPostgres(nil pool) = nil error")
+	// Over a pool and a db whose server does not exist: any I/O would
+	// fail with another error, or hang.
+	pool, err := pgxpool.New(ctx, "postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := NewMySQL(ctx, nil); err == nil {
-		t.Errorf("NewMySQL(nil db) = nil error")
+	t.Cleanup(pool.Close)
+	db, err := sql.Open("mysql", "u@tcp(127.0.0.1:1)/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	var nilCtx context.Context
+	bad := WithTable("locks; DROP TABLE x")
+	for _, tt := range []struct {
+		name string
+		err  error
+	}{
+		{"NewPostgres(nil ctx)", func() error { _, err := NewPostgres(nilCtx, pool); return err }()},
+		{"NewPostgres(nil pool)", func() error { _, err := NewPostgres(ctx, nil); return err }()},
+		{"NewPostgres(bad table)", func() error { _, err := NewPostgres(ctx, pool, bad); return err }()},
+		{"NewPostgres(nil option)", func() error { _, err := NewPostgres(ctx, pool, nil); return err }()},
+		{"NewMySQL(nil ctx)", func() error { _, err := NewMySQL(nilCtx, db); return err }()},
+		{"NewMySQL(nil db)", func() error { _, err := NewMySQL(ctx, nil); return err }()},
+		{"NewMySQL(bad table)", func() error { _, err := NewMySQL(ctx, db, bad); return err }()},
+		{"NewMySQL(nil option)", func() error { _, err := NewMySQL(ctx, db, nil); return err }()},
+	} {
+		if !errors.Is(tt.err, backend.ErrInvalid) {
+			t.Errorf("%s = %v; want an ErrInvalid error", tt.name, tt.err)
+		}
+	}
+}
+
+// TestConstructorsBoundedOnSilentServer checks that NewPostgres and
+// NewMySQL, given a context without a deadline, give up a server that
+// accepts connections but never answers after the default setup bound,
+// and say so.
+func TestConstructorsBoundedOnSilentServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	old := setupTimeout
+	setupTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { setupTimeout = old })
+	ctx := context.Background()
+	addr := ln.Addr().String()
+
+	pool, err := pgxpool.New(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db, err := sql.Open("mysql", "u@tcp("+addr+")/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	for name, newRes := range map[string]func() error{
+		"NewPostgres": func() error { _, err := NewPostgres(ctx, pool); return err },
+		"NewMySQL":    func() error { _, err := NewMySQL(ctx, db); return err },
+	} {
+		errc := make(chan error, 1)
+		go func() { errc <- newRes() }()
+		select {
+		case err := <-errc:
+			if err == nil || !strings.Contains(err.Error(), "no answer within 300ms") {
+				t.Errorf("%s on a silent server = %v; want an error naming the bound", name, err)
+			}
+		case <-time.After(10 * setupTimeout):
+			t.Fatalf("%s on a silent server still running after %v (bound %v)", name, 10*setupTimeout, setupTimeout)
+		}
 	}
 }
 

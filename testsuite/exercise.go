@@ -25,7 +25,7 @@ import (
 //	srv := testserver.Redis(t)
 //	before := goleak.IgnoreCurrent()
 //	c1, c2 := newClient(srv.Addr), newClient(srv.Addr)
-//	testsuite.Exercise(t, redis.New(c1), redis.New(c2), 300*time.Millisecond)
+//	testsuite.Exercise(t, mustNew(t, c1), mustNew(t, c2), 300*time.Millisecond)
 //	c1.Close(); c2.Close()
 //	goleak.VerifyNone(t, before)
 //

@@ -5,7 +5,7 @@
 // A backend's test starts a real server, then:
 //
 //	testsuite.Run(t, testsuite.Harness{
-//		NewResource: func(t *testing.T) backend.RemoteResource { return redis.New(client) },
+//		NewResource: func(t *testing.T) backend.RemoteResource { return newResource(t, client) },
 //		Leftovers:   func(ctx context.Context, key string) ([]string, error) { ... },
 //		Evict:       func(ctx context.Context, key string) error { ... },
 //	})

@@ -4,7 +4,8 @@
 // attempts, and how long it then held it.
 //
 //	tr := tracing.New(tracing.WithStore("redis"))
-//	d, err := distlock.New(redis.New(client), distlock.WithHandlers(tr, met, hot))
+//	res, err := redis.New(client)
+//	d, err := distlock.New(res, distlock.WithHandlers(tr, met, hot))
 //
 // The spans are made with the standard API (go.opentelemetry.io/otel/trace)
 // on the TracerProvider given with [WithTracerProvider], or else on the

@@ -26,7 +26,7 @@ func TestOutcomesRedis(t *testing.T) {
 	runOutcomes(t, kit{
 		name: "redis",
 		open: func(t *testing.T) (backend.RemoteResource, func(string)) {
-			return redis.New(c), func(key string) {
+			return newRedis(t, c), func(key string) {
 				lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
 				if err := c.Del(context.Background(), lock).Err(); err != nil {
 					t.Errorf("DEL %s: %v", lock, err)
@@ -39,7 +39,7 @@ func TestOutcomesRedis(t *testing.T) {
 			dead.Stop()
 			dc := goredis.NewClient(&goredis.Options{Addr: dead.Addr, MaxRetries: -1})
 			t.Cleanup(func() { _ = dc.Close() })
-			return redis.New(dc)
+			return newRedis(t, dc)
 		},
 		// The dial's error, under the store's wrapping and the joined
 		// error of its clean-up.
@@ -77,7 +77,7 @@ func TestRedisCommandsNest(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	c.AddHook(spanHook{tr: f.tp.Tracer("redis-client")})
-	d := newLock(t, redis.New(c), distlock.WithHandlers(f.h))
+	d := newLock(t, newRedis(t, c), distlock.WithHandlers(f.h))
 	key := uniqueKey(t)
 
 	holder, err := d.TryLock(context.Background(), key, 0)
@@ -161,7 +161,7 @@ func TestRedisReleaseFails(t *testing.T) {
 	f := newFixture(t, tracing.WithStore("redis"))
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	d := newLock(t, redis.New(c), distlock.WithHandlers(f.h))
+	d := newLock(t, newRedis(t, c), distlock.WithHandlers(f.h))
 	lk, err := d.TryLock(t.Context(), uniqueKey(t), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -193,4 +193,14 @@ func TestRedisReleaseFails(t *testing.T) {
 	if len(f.open()) != 0 {
 		t.Errorf("open spans: %v; want none", f.open())
 	}
+}
+
+// newRedis returns redis.New(c), failing t on an error.
+func newRedis(t *testing.T, c goredis.UniversalClient) *redis.Resource {
+	t.Helper()
+	r, err := redis.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -112,7 +112,7 @@ func BenchmarkZooKeeper(b *testing.B) {
 			}
 		}
 		conn := connect(b, addrs)
-		probe := New(conn)
+		probe := mustNew(b, conn)
 		return newPair(b, mk(), mk(), func() bool {
 			cs, _ := children(conn, probe, key)
 			return len(cs) == 2 && watching(b, addrs[0])
@@ -159,7 +159,7 @@ func BenchmarkZooKeeper(b *testing.B) {
 // warmUp runs both recipes for a while.
 func warmUp(b *testing.B, addrs []string) {
 	conn := connect(b, addrs)
-	r := New(conn)
+	r := mustNew(b, conn)
 	defer r.Close()
 	l := zk.NewLock(conn, "/bench-zklock/"+uniqueName(b), zk.WorldACL(zk.PermAll))
 	key := uniqueKey(b)

@@ -17,7 +17,7 @@ func TestConformance(t *testing.T) {
 	zs := testserver.ZooKeeper(t)
 	addrs := []string{zs.Addr}
 	admin := connect(t, addrs) // the operator's view
-	probe := New(admin)
+	probe := mustNew(t, admin)
 	testsuite.Run(t, testsuite.Harness{
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			r, _ := newResource(t, addrs)

@@ -4,8 +4,11 @@
 //
 //	conn, _, err := zk.Connect([]string{"127.0.0.1:2181"}, 10*time.Second)
 //	...
-//	d, err := distlock.New(zookeeper.New(conn, zookeeper.WithSessionTimeout(10*time.Second)))
+//	res, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(10*time.Second))
+//	if err != nil { ... } // a nil conn or a bad option: wraps distlock.ErrInvalid
+//	d, err := distlock.New(res)
 //
+// [New] does no I/O.
 // The caller owns conn: [Resource.Close] deletes the locks still held
 // through the resource and stops its goroutines, and never closes conn.
 // Close conn after the resource: deletions the server has not answered

@@ -38,7 +38,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range clients {
 		conn := connectWith(t, ens.Addrs, connOpts{timeout: timeout})
-		r := New(conn, WithSessionTimeout(negotiated(t, conn)))
+		r := mustNew(t, conn, WithSessionTimeout(negotiated(t, conn)))
 		t.Cleanup(func() { _ = r.Close() })
 		if i == 0 {
 			admin = r
@@ -116,7 +116,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 		t.Errorf("Refresh of the lock held across the failover: %v", err)
 	}
 	conn := connectWith(t, ens.Addrs, connOpts{timeout: timeout})
-	other := New(conn)
+	other := mustNew(t, conn)
 	t.Cleanup(func() { _ = other.Close() })
 	if err := other.Acquire(t.Context(), lease(longKey, time.Minute), time.Time{}); !errors.Is(err, backend.ErrNotAcquired) {
 		t.Errorf("another client's Acquire of the lock held across the failover = %v; want ErrNotAcquired", err)

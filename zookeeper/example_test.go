@@ -22,8 +22,11 @@ func Example() {
 	}
 	defer conn.Close()
 
-	d, err := distlock.New(zookeeper.New(conn, zookeeper.WithSessionTimeout(sessionTimeout)),
-		distlock.WithAutoRenew())
+	res, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(sessionTimeout))
+	if err != nil {
+		log.Fatal(err) // a nil conn or a bad option: wraps distlock.ErrInvalid
+	}
+	d, err := distlock.New(res, distlock.WithAutoRenew())
 	if err != nil {
 		log.Fatal(err)
 	}

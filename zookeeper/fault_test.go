@@ -47,7 +47,7 @@ func faultyResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *z
 	t.Helper()
 	fd := &faultDialer{}
 	conn := connectWith(t, addrs, connOpts{dialer: fd.dial})
-	r := New(conn, opts...)
+	r := mustNew(t, conn, opts...)
 	t.Cleanup(func() { _ = r.Close() })
 	t.Cleanup(fd.closeDetached)
 	return r, conn, fd

@@ -77,11 +77,21 @@ func connectWith(t testing.TB, addrs []string, o connOpts) *zk.Conn {
 	return conn
 }
 
+// mustNew returns New(conn, opts...), failing t on an error.
+func mustNew(t testing.TB, conn *zk.Conn, opts ...Option) *Resource {
+	t.Helper()
+	r, err := New(conn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // newResource returns a resource over a fresh connection, closed at cleanup.
 func newResource(t testing.TB, addrs []string, opts ...Option) (*Resource, *zk.Conn) {
 	t.Helper()
 	conn := connect(t, addrs)
-	r := New(conn, opts...)
+	r := mustNew(t, conn, opts...)
 	t.Cleanup(func() { _ = r.Close() })
 	return r, conn
 }

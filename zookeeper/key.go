@@ -94,15 +94,15 @@ func validName(name string) error {
 // "/" itself and not under the server's reserved /zookeeper.
 func validRoot(root string) error {
 	if root == "" || root[0] != '/' || root == "/" {
-		return fmt.Errorf("zookeeper: root %q must be an absolute path below /", root)
+		return fmt.Errorf("root %q must be an absolute path below /", root)
 	}
 	segs := strings.Split(root[1:], "/")
 	if segs[0] == "zookeeper" {
-		return fmt.Errorf("zookeeper: root %q is under the server's reserved /zookeeper", root)
+		return fmt.Errorf("root %q is under the server's reserved /zookeeper", root)
 	}
 	for _, s := range segs {
 		if err := validName(s); err != nil {
-			return fmt.Errorf("zookeeper: root %q: %w", root, err)
+			return fmt.Errorf("root %q: %w", root, err)
 		}
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/distlock/distlock/backend"
 )
 
@@ -82,7 +84,7 @@ func FuzzEncodeKey(f *testing.F) {
 // strings.HasPrefix(path, r.kindParent(key, kind)+"/"), on paths made
 // for nearby keys and kinds, and that it allocates nothing.
 func TestInQueue(t *testing.T) {
-	r := New(nil, WithRoot("/a/root"))
+	r := mustNew(t, &zk.Conn{}, WithRoot("/a/root"))
 	keys := []string{"k", "k/", "k%", "k%2F", "kk", ".", "..", "...", "%2E", "a/b", "a%2Fb", "é", "k%sem", "k%rw", ""}
 	kinds := []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindRead, backend.KindWrite}
 	var paths []string

@@ -18,7 +18,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 	addrs := []string{testserver.ZooKeeper(t).Addr}
 	before := goleak.IgnoreCurrent()
 	c1, c2 := connect(t, addrs), connect(t, addrs)
-	testsuite.Exercise(t, New(c1), New(c2), 300*time.Millisecond)
+	testsuite.Exercise(t, mustNew(t, c1), mustNew(t, c2), 300*time.Millisecond)
 	c1.Close()
 	c2.Close()
 	verifyNoLeak(t, before)

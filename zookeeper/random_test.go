@@ -73,7 +73,7 @@ func TestRandomized(t *testing.T) {
 	}
 	_, admin := newResource(t, addrs)
 	keys := []string{uniqueKey(t), uniqueKey(t)}
-	probe := New(admin) // for parentPath only
+	probe := mustNew(t, admin) // for parentPath only
 
 	var (
 		mu        sync.Mutex

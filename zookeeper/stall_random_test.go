@@ -64,12 +64,12 @@ func TestRandomizedStalls(t *testing.T) {
 		if i > 0 {
 			opts = append(opts, WithSessionTimeout(negotiated(t, conn)))
 		}
-		r := New(conn, opts...)
+		r := mustNew(t, conn, opts...)
 		t.Cleanup(func() { _ = r.Close() })
 		clients = append(clients, client{r, conn})
 	}
 	admin := connectWith(t, addrs, connOpts{timeout: session})
-	probe := New(admin) // for parentPath only
+	probe := mustNew(t, admin) // for parentPath only
 	keys := []string{uniqueKey(t), uniqueKey(t)}
 
 	var (

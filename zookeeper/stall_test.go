@@ -57,7 +57,7 @@ func TestStalledServer(t *testing.T) {
 	newLock := func() *distlock.DistributeLock {
 		conn := connectWith(t, addrs, connOpts{timeout: session})
 		conns = append(conns, conn)
-		r := New(conn, WithSessionTimeout(negotiated(t, conn)))
+		r := mustNew(t, conn, WithSessionTimeout(negotiated(t, conn)))
 		d, err := distlock.New(r, distlock.WithCloseTimeout(500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func TestStalledServer(t *testing.T) {
 	}
 	d, other := newLock(), newLock()
 	admin := connectWith(t, addrs, connOpts{timeout: session})
-	probe := New(admin)
+	probe := mustNew(t, admin)
 	ctx := t.Context()
 
 	timed := func(t *testing.T, what string, bound time.Duration, fn func() error) error {

@@ -29,6 +29,9 @@ var (
 // by a wait that Close interrupts.
 var ErrClosed = errors.New("zookeeper: resource closed")
 
+// errNotNew is the error of every call of a Resource not made by New.
+var errNotNew = fmt.Errorf("zookeeper: %w: a Resource not made by New", backend.ErrInvalid)
+
 // DefaultRoot is the znode under which locks live unless [WithRoot] says
 // otherwise.
 const DefaultRoot = "/distlock"
@@ -51,40 +54,38 @@ const (
 // watches of the locks the session keeps alive.
 const scanEvery = 4
 
-// Option configures a [Resource].
-type Option func(*config)
+// Option configures a [Resource]. A bad value makes [New] fail.
+type Option func(*config) error
 
 type config struct {
 	root      string
 	acl       []zk.ACL
 	tolerance time.Duration
-	err       error
 }
 
 // WithRoot puts the locks under root instead of [DefaultRoot]. root must be
-// an absolute znode path other than "/" and outside /zookeeper; a bad root
-// makes every call of the resource fail with a clear error, before any I/O.
-// Missing ancestors of root are created as persistent znodes; root and the
+// an absolute znode path other than "/" and outside /zookeeper; [New]
+// fails for another root. Missing ancestors of root are created as persistent znodes; root and the
 // per-key parents below it as container znodes.
 func WithRoot(root string) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if err := validRoot(root); err != nil {
-			c.err = err
-			return
+			return err
 		}
 		c.root = root
+		return nil
 	}
 }
 
 // WithACL sets the ACL of the znodes the resource creates. Default:
-// zk.WorldACL(zk.PermAll). An empty ACL is an error, reported by every call.
+// zk.WorldACL(zk.PermAll). An empty ACL makes [New] fail.
 func WithACL(acl ...zk.ACL) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if len(acl) == 0 {
-			c.err = errors.New("zookeeper: WithACL: empty ACL")
-			return
+			return errors.New("WithACL: empty ACL")
 		}
 		c.acl = acl
+		return nil
 	}
 }
 
@@ -108,14 +109,14 @@ func WithACL(acl ...zk.ACL) Option {
 // by go-zookeeper's receive timeout, 2/3 of the session timeout after the
 // last reply). Do not pass more than the real session timeout: the lock
 // could then be granted to another client while this one still believes
-// it holds it. d < 0 is an error, reported by every call.
+// it holds it. d < 0 makes [New] fail.
 func WithSessionTimeout(d time.Duration) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if d < 0 {
-			c.err = fmt.Errorf("zookeeper: WithSessionTimeout(%v): negative", d)
-			return
+			return fmt.Errorf("WithSessionTimeout(%v): negative", d)
 		}
 		c.tolerance = d
+		return nil
 	}
 }
 
@@ -198,19 +199,24 @@ type held struct {
 }
 
 // New returns a Resource that keeps its locks on conn. The caller owns conn
-// and closes it after the resource; the resource never closes it. A nil
-// conn or a bad option makes every call return a clear error, with no I/O.
-func New(conn *zk.Conn, opts ...Option) *Resource {
+// and closes it after the resource; the resource never closes it. New does
+// no I/O.
+//
+// New returns an error wrapping [backend.ErrInvalid] (distlock.ErrInvalid)
+// for a nil conn, a nil option or a bad option value ([WithRoot],
+// [WithACL], [WithSessionTimeout] say which).
+func New(conn *zk.Conn, opts ...Option) (*Resource, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("zookeeper: New: %w: nil *zk.Conn", backend.ErrInvalid)
+	}
 	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
 	for _, o := range opts {
 		if o == nil {
-			cfg.err = errors.New("zookeeper: nil option")
-			continue
+			return nil, fmt.Errorf("zookeeper: New: %w: nil option", backend.ErrInvalid)
 		}
-		o(&cfg)
-	}
-	if conn == nil && cfg.err == nil {
-		cfg.err = errors.New("zookeeper: nil *zk.Conn")
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("zookeeper: New: %w: %w", backend.ErrInvalid, err)
+		}
 	}
 	return &Resource{
 		conn:    conn,
@@ -218,7 +224,7 @@ func New(conn *zk.Conn, opts ...Option) *Resource {
 		epoch:   time.Now(),
 		stop:    make(chan struct{}),
 		watches: make(map[string]armed),
-	}
+	}, nil
 }
 
 // hear records that the server answered a request sent at sent: it had
@@ -245,14 +251,14 @@ func (r *Resource) lossDeadline() time.Time {
 }
 
 // ValidateKey returns an error, with no I/O, for a key the resource cannot
-// hold: an empty key, a key longer than [MaxKeyLen] bytes, or any key when
-// the resource was built with a nil connection or a bad option. Every other
+// hold: an empty key, a key longer than [MaxKeyLen] bytes, or any key on a
+// Resource not made by [New]. Every other
 // key is fine: it is escaped into one znode name, different keys into
 // different names.
 func (r *Resource) ValidateKey(key string) error {
 	switch {
-	case r.cfg.err != nil:
-		return r.cfg.err
+	case r.conn == nil:
+		return errNotNew
 	case key == "":
 		return errors.New("zookeeper: empty key")
 	case len(key) > MaxKeyLen:
@@ -1157,8 +1163,8 @@ func (r *Resource) probe(done chan struct{}) {
 // one of ours for l's key and kind, and that lock if it is still held
 // through r (nil once released, expired or lost).
 func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
-	if r.cfg.err != nil {
-		return "", nil, r.cfg.err
+	if r.conn == nil {
+		return "", nil, errNotNew
 	}
 	h, ok := l.Handle.(*held)
 	if !ok || h == nil || h.kind != l.Kind || !r.inQueue(h.path, l.Key, l.Kind) {

@@ -211,7 +211,7 @@ func testFIFOOneWakeUp(t *testing.T, addrs []string) {
 	res := make([]*Resource, n)
 	results := make([]<-chan error, n)
 	for i := range n {
-		res[i] = New(connectWith(t, addrs, connOpts{events: countDeletes}))
+		res[i] = mustNew(t, connectWith(t, addrs, connOpts{events: countDeletes}))
 		t.Cleanup(func() { _ = res[i].Close() })
 		leases[i] = lease(key, ttl)
 		results[i] = acquireAsync(t.Context(), res[i], leases[i], time.Now().Add(time.Minute))
@@ -346,7 +346,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 
 func testCloseDeletesHeld(t *testing.T, addrs []string) {
 	conn := connect(t, addrs)
-	r := New(conn)
+	r := mustNew(t, conn)
 	key := uniqueKey(t)
 	l := lease(key, ttl)
 	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
@@ -371,25 +371,36 @@ func testCloseDeletesHeld(t *testing.T, addrs []string) {
 
 func TestBadInputNoIO(t *testing.T) {
 	ctx := t.Context()
+	conn := &zk.Conn{} // never connected: a call that did I/O would panic
+	for _, tt := range []struct {
+		name string
+		conn *zk.Conn
+		opts []Option
+	}{
+		{"nil conn", nil, nil},
+		{"relative root", conn, []Option{WithRoot("locks")}},
+		{"root /", conn, []Option{WithRoot("/")}},
+		{"reserved root", conn, []Option{WithRoot("/zookeeper/x")}},
+		{"root with ..", conn, []Option{WithRoot("/a/../b")}},
+		{"empty ACL", conn, []Option{WithACL()}},
+		{"negative session timeout", conn, []Option{WithSessionTimeout(-1)}},
+		{"nil option", conn, []Option{nil}},
+	} {
+		r, err := New(tt.conn, tt.opts...)
+		if r != nil || !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("%s: New = %v, %v; want nil, an ErrInvalid error", tt.name, r, err)
+		}
+	}
 	long := strings.Repeat("k", MaxKeyLen+1)
-	tests := []struct {
+	for _, tt := range []struct {
 		name string
 		r    *Resource
 		key  string
 	}{
-		{"nil conn", New(nil), "k"},
-		{"relative root", New(nil, WithRoot("locks")), "k"},
-		{"root /", New(nil, WithRoot("/")), "k"},
-		{"reserved root", New(nil, WithRoot("/zookeeper/x")), "k"},
-		{"root with ..", New(nil, WithRoot("/a/../b")), "k"},
-		{"empty ACL", New(nil, WithACL()), "k"},
-		{"negative session timeout", New(nil, WithSessionTimeout(-1)), "k"},
-		{"nil option", New(nil, nil), "k"},
-		// A nil conn would panic on I/O: these errors come before any.
-		{"empty key", New(&zk.Conn{}), ""},
-		{"long key", New(&zk.Conn{}), long},
-	}
-	for _, tt := range tests {
+		{"not made by New", &Resource{}, "k"},
+		{"empty key", mustNew(t, conn), ""},
+		{"long key", mustNew(t, conn), long},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := tt.r.ValidateKey(tt.key); err == nil {
 				t.Error("ValidateKey = nil; want an error")
@@ -399,7 +410,7 @@ func TestBadInputNoIO(t *testing.T) {
 			}
 		})
 	}
-	r := New(&zk.Conn{})
+	r := mustNew(t, &zk.Conn{})
 	if err := r.ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
 		t.Errorf("ValidateKey of %d bytes = %v; want nil", MaxKeyLen, err)
 	}
@@ -463,7 +474,7 @@ func testFreshConnection(t *testing.T, addrs []string) {
 	}
 	for i := range 5 {
 		conn := fresh(t)
-		r := New(conn)
+		r := mustNew(t, conn)
 		l := lease(uniqueKey(t), ttl)
 		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 			t.Fatalf("try %d: Acquire on a fresh connection: %v", i, err)
@@ -478,7 +489,7 @@ func testFreshConnection(t *testing.T, addrs []string) {
 		_ = r.Close()
 	}
 
-	r := New(fresh(t))
+	r := mustNew(t, fresh(t))
 	t.Cleanup(func() { _ = r.Close() })
 	d, err := distlock.New(r)
 	if err != nil {

@@ -204,7 +204,12 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 		scheme, rest, _ := strings.Cut(name, ":")
 		name = scheme + "+" + kind + ":" + rest
 	}
-	return &redisStore{name: name, client: c, res: redis.New(c), ping: ping}, nil
+	res, err := redis.New(c)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &redisStore{name: name, client: c, res: res, ping: ping}, nil
 }
 
 func (s *redisStore) String() string { return s.name }
@@ -410,12 +415,17 @@ func (s *etcdStore) String() string { return s.name }
 
 // validateKey asks the etcd store's own ValidateKey, on a Resource over a
 // client that was never connected: it checks the key's length only.
-func (s *etcdStore) validateKey(key string) error {
-	return etcd.New(new(clientv3.Client)).ValidateKey(key)
-}
+func (s *etcdStore) validateKey(key string) error { return etcdProto().ValidateKey(key) }
 
 // proto is a Resource over a client that was never connected.
-func (s *etcdStore) proto() backend.RemoteResource { return etcd.New(new(clientv3.Client)) }
+func (s *etcdStore) proto() backend.RemoteResource { return etcdProto() }
+
+// etcdProto is a Resource over a client that was never connected (New
+// fails only for a nil client or option).
+func etcdProto() *etcd.Resource {
+	r, _ := etcd.New(new(clientv3.Client))
+	return r
+}
 
 func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	c, err := clientv3.New(s.cfg)
@@ -431,7 +441,12 @@ func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteRe
 		c.Close()
 		return nil, nil, fmt.Errorf("no answer from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), s.cfg.DialTimeout, err)
 	}
-	return etcd.New(c), func() { c.Close() }, nil
+	res, err := etcd.New(c)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return res, func() { c.Close() }, nil
 }
 
 // zkStore is a ZooKeeper ensemble.
@@ -461,11 +476,15 @@ func parseZooKeeper(raw string) (*zkStore, error) {
 	if root := strings.TrimSuffix(h.path, "/"); root != "" {
 		s.opts = append(s.opts, zookeeper.WithRoot(root))
 	}
-	// A bad root makes every call of the resource fail: find out now.
-	if err := zookeeper.New(new(zk.Conn), s.opts...).ValidateKey("k"); err != nil {
+	if _, err := s.protoRes(); err != nil { // a bad root
 		return nil, err
 	}
 	return s, nil
+}
+
+// protoRes is a Resource over a connection that was never opened.
+func (s *zkStore) protoRes() (*zookeeper.Resource, error) {
+	return zookeeper.New(new(zk.Conn), s.opts...)
 }
 
 func (s *zkStore) String() string { return s.name }
@@ -473,11 +492,19 @@ func (s *zkStore) String() string { return s.name }
 // validateKey asks the ZooKeeper store's own ValidateKey, on a Resource
 // over a connection that was never opened: it checks the key and the root.
 func (s *zkStore) validateKey(key string) error {
-	return zookeeper.New(new(zk.Conn), s.opts...).ValidateKey(key)
+	r, err := s.protoRes()
+	if err != nil {
+		return err
+	}
+	return r.ValidateKey(key)
 }
 
-// proto is a Resource over a connection that was never opened.
-func (s *zkStore) proto() backend.RemoteResource { return zookeeper.New(new(zk.Conn), s.opts...) }
+// proto is a Resource over a connection that was never opened (parseZooKeeper
+// checked that New takes the options).
+func (s *zkStore) proto() backend.RemoteResource {
+	r, _ := s.protoRes()
+	return r
+}
 
 func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
 	session := s.session
@@ -503,7 +530,12 @@ func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 		case <-time.After(10 * time.Millisecond): // go-zookeeper has no "session ready" channel but its events, which the resource reads
 		}
 	}
-	return zookeeper.New(conn, s.opts...), conn.Close, nil
+	res, err := zookeeper.New(conn, s.opts...)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return res, conn.Close, nil
 }
 
 // postgresStore is a PostgreSQL database.

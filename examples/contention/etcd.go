@@ -25,7 +25,12 @@ func (s *etcdStore) resource(context.Context, bool) (backend.RemoteResource, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	return etcd.New(c), c.Close, nil
+	res, err := etcd.New(c)
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	return res, c.Close, nil
 }
 
 func (s *etcdStore) commands(context.Context) (map[string]uint64, error) { return nil, nil }

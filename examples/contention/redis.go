@@ -33,7 +33,11 @@ type redisStore struct {
 
 func (s *redisStore) resource(_ context.Context, notify bool) (backend.RemoteResource, func() error, error) {
 	c := goredis.NewClient(&goredis.Options{Addr: s.addr})
-	res := redis.New(c)
+	res, err := redis.New(c)
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
 	closeAll := func() error { res.Close(); return c.Close() }
 	if !notify {
 		return spinOnly{res}, closeAll, nil

@@ -27,7 +27,12 @@ func (s *zkStore) resource(context.Context, bool) (backend.RemoteResource, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	return zookeeper.New(conn), func() error { conn.Close(); return nil }, nil
+	res, err := zookeeper.New(conn)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return res, func() error { conn.Close(); return nil }, nil
 }
 
 func (s *zkStore) commands(context.Context) (map[string]uint64, error) { return nil, nil }

@@ -69,7 +69,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if b.WaitReplicas > 0 {
 			opts = append(opts, redis.WithWaitReplicas(b.WaitReplicas, b.WaitTimeout))
 		}
-		r := redis.New(c, opts...)
+		r, err := redis.New(c, opts...)
+		if err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); _ = c.Close() }, nil
 	case "etcd":
 		c, err := clientv3.New(clientv3.Config{Endpoints: b.Addrs, DialTimeout: b.timeout(), Logger: zap.NewNop()})
@@ -80,7 +84,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 		if b.SharedLease {
 			opts = append(opts, etcd.WithSharedLease())
 		}
-		r := etcd.New(c, opts...)
+		r, err := etcd.New(c, opts...)
+		if err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); _ = c.Close() }, nil
 	case "zookeeper":
 		st := b.SessionTimeout
@@ -104,7 +112,11 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 			case <-time.After(5 * time.Millisecond): // polling with the ctx's deadline
 			}
 		}
-		r := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
+		r, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
+		if err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
 		return r, func() { _ = r.Close(); conn.Close() }, nil
 	case "postgres":
 		cfg, err := pgxpool.ParseConfig(b.Addrs[0])
