@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // ErrStale is matched by errors.Is for every refusal of a stale token: the
@@ -66,10 +66,10 @@ type Guard interface {
 // outside this package call it first.
 func Validate(resource string, token uint64) error {
 	if resource == "" {
-		return fmt.Errorf("fence: empty resource: %w", distlock.ErrInvalid)
+		return fmt.Errorf("fence: empty resource: %w", backend.ErrInvalid)
 	}
 	if token == 0 {
-		return fmt.Errorf("fence: %s: token 0 (a lock without a token cannot fence): %w", strconv.Quote(resource), distlock.ErrInvalid)
+		return fmt.Errorf("fence: %s: token 0 (a lock without a token cannot fence): %w", strconv.Quote(resource), backend.ErrInvalid)
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // DefaultTable is the usual name of the fence table.
@@ -111,12 +111,12 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 func quoteTable(table, q string) (string, error) {
 	parts := strings.Split(table, ".")
 	if len(parts) > 2 {
-		return "", fmt.Errorf("fence: table name %s: want table or schema.table: %w", strconv.Quote(table), distlock.ErrInvalid)
+		return "", fmt.Errorf("fence: table name %s: want table or schema.table: %w", strconv.Quote(table), backend.ErrInvalid)
 	}
 	for i, p := range parts {
 		if !identRE.MatchString(p) {
 			return "", fmt.Errorf("fence: table name %s: %s is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes): %w",
-				strconv.Quote(table), strconv.Quote(p), distlock.ErrInvalid)
+				strconv.Quote(table), strconv.Quote(p), backend.ErrInvalid)
 		}
 		parts[i] = q + p + q
 	}
@@ -134,7 +134,7 @@ func (s *SQL) dialect() string {
 // the type's documentation, with the table's name).
 func (s *SQL) CreateTable(ctx context.Context, db *sql.DB) error {
 	if ctx == nil || db == nil {
-		return fmt.Errorf("fence: %s: CreateTable with a nil context or DB: %w", s.dialect(), distlock.ErrInvalid)
+		return fmt.Errorf("fence: %s: CreateTable with a nil context or DB: %w", s.dialect(), backend.ErrInvalid)
 	}
 	if _, err := db.ExecContext(ctx, s.create); err != nil {
 		return fmt.Errorf("fence: %s: create table %s: %w", s.dialect(), s.table, err)
@@ -172,7 +172,7 @@ func (s *SQL) Check(ctx context.Context, tx *sql.Tx, resource string, token uint
 		return err
 	}
 	if ctx == nil || tx == nil {
-		return fmt.Errorf("fence: %s: check %s with a nil context or transaction: %w", s.dialect(), strconv.Quote(resource), distlock.ErrInvalid)
+		return fmt.Errorf("fence: %s: check %s with a nil context or transaction: %w", s.dialect(), strconv.Quote(resource), backend.ErrInvalid)
 	}
 	var highest uint64
 	if s.mysql {
@@ -206,16 +206,16 @@ func (s *SQL) Check(ctx context.Context, tx *sql.Tx, resource string, token uint
 func (s *SQL) validate(resource string, token uint64) error {
 	if len(resource) > MaxResourceLen {
 		return fmt.Errorf("fence: %s: resource %s... is %d bytes long; the table holds at most %d: %w",
-			s.dialect(), strconv.Quote(resource[:40]), len(resource), MaxResourceLen, distlock.ErrInvalid)
+			s.dialect(), strconv.Quote(resource[:40]), len(resource), MaxResourceLen, backend.ErrInvalid)
 	}
 	if s.mysql {
 		return nil
 	}
 	if !utf8.ValidString(resource) || strings.IndexByte(resource, 0) >= 0 {
-		return fmt.Errorf("fence: postgres: resource %s is not UTF-8 text without NUL: %w", strconv.Quote(resource), distlock.ErrInvalid)
+		return fmt.Errorf("fence: postgres: resource %s is not UTF-8 text without NUL: %w", strconv.Quote(resource), backend.ErrInvalid)
 	}
 	if token > math.MaxInt64 {
-		return fmt.Errorf("fence: postgres: %s: token %d is above bigint's range: %w", strconv.Quote(resource), token, distlock.ErrInvalid)
+		return fmt.Errorf("fence: postgres: %s: token %d is above bigint's range: %w", strconv.Quote(resource), token, backend.ErrInvalid)
 	}
 	return nil
 }

@@ -11,7 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/fence"
 	"github.com/distlock/distlock/internal/redisscript"
 )
@@ -36,7 +36,7 @@ var fenceSrc string
 // Every method refuses a stale token with a *fence.StaleError
 // (errors.Is(err, fence.ErrStale)), writing nothing; an equal token
 // passes. Bad input is an error wrapping distlock.ErrInvalid, before any
-// I/O: a nil client or context, an empty key or one over [MaxKeyLen]
+// I/O: a nil context (or a Fence not made by [NewFence]), an empty key or one over [MaxKeyLen]
 // bytes, a key with '}' but no hash tag, token 0, a negative TTL, more
 // keys of another slot than the key's. Reads need no fence: use the
 // client. A Fence is safe for concurrent use.
@@ -48,8 +48,14 @@ var _ fence.Guard = (*Fence)(nil)
 
 // NewFence returns a Fence writing through c: a *goredis.Client,
 // *goredis.ClusterClient or *goredis.Ring (its shards follow hash tags).
-// The caller owns c.
-func NewFence(c goredis.Scripter) *Fence { return &Fence{c: c} }
+// The caller owns c. NewFence does no I/O; a nil c is an error wrapping
+// [backend.ErrInvalid] (distlock.ErrInvalid).
+func NewFence(c goredis.Scripter) (*Fence, error) {
+	if u, ok := c.(goredis.UniversalClient); c == nil || ok && isNil(u) {
+		return nil, fmt.Errorf("redis: NewFence: %w: nil client", backend.ErrInvalid)
+	}
+	return &Fence{c: c}, nil
+}
 
 // FencedScript is a Lua script of your own that runs only when its token
 // passes the fence of its key: [Fence.Run] runs it with that key as
@@ -91,7 +97,7 @@ func (f *Fence) Check(ctx context.Context, key string, token uint64) error {
 // go-redis encodes command arguments.
 func (f *Fence) Set(ctx context.Context, key string, token uint64, value any, ttl time.Duration) error {
 	if ttl < 0 {
-		return fmt.Errorf("redis: fence: set %s with a negative TTL %v: %w", shortKey(key), ttl, distlock.ErrInvalid)
+		return fmt.Errorf("redis: fence: set %s with a negative TTL %v: %w", shortKey(key), ttl, backend.ErrInvalid)
 	}
 	ms := int64(0)
 	if ttl > 0 {
@@ -115,7 +121,7 @@ func (f *Fence) HSet(ctx context.Context, key string, token uint64, field string
 func (f *Fence) do(ctx context.Context, op string, s *FencedScript, key string, token uint64, args ...any) error {
 	err := f.Run(ctx, s, key, token, nil, args...).Err()
 	var stale *fence.StaleError
-	if err == nil || errors.As(err, &stale) || errors.Is(err, distlock.ErrInvalid) {
+	if err == nil || errors.As(err, &stale) || errors.Is(err, backend.ErrInvalid) {
 		return err
 	}
 	return fmt.Errorf("redis: fence: %s %s: %w", op, shortKey(key), err)
@@ -156,9 +162,9 @@ func (f *Fence) validate(ctx context.Context, s *FencedScript, key string, token
 	}
 	switch {
 	case f == nil || f.c == nil || ctx == nil || s == nil:
-		return "", fmt.Errorf("redis: fence: %s: a nil Fence, client, context or script: %w", shortKey(key), distlock.ErrInvalid)
+		return "", fmt.Errorf("redis: fence: %s: a nil context or script, or a Fence not made by NewFence: %w", shortKey(key), backend.ErrInvalid)
 	case len(key) > MaxKeyLen:
-		return "", fmt.Errorf("redis: fence: key %s is %d bytes long; at most %d: %w", shortKey(key), len(key), MaxKeyLen, distlock.ErrInvalid)
+		return "", fmt.Errorf("redis: fence: key %s is %d bytes long; at most %d: %w", shortKey(key), len(key), MaxKeyLen, backend.ErrInvalid)
 	}
 	fk, err := fenceKey(key)
 	if err != nil {
@@ -168,7 +174,7 @@ func (f *Fence) validate(ctx context.Context, s *FencedScript, key string, token
 	for _, k := range keys {
 		if redisscript.Slot(k) != slot {
 			return "", fmt.Errorf("redis: fence: %s: key %s hashes to another Cluster slot (give both one hash tag): %w",
-				shortKey(key), shortKey(k), distlock.ErrInvalid)
+				shortKey(key), shortKey(k), backend.ErrInvalid)
 		}
 	}
 	return fk, nil
@@ -189,7 +195,7 @@ func fenceKey(key string) (string, error) {
 	}
 	if tag == key && strings.IndexByte(key, '}') >= 0 {
 		return "", fmt.Errorf("redis: fence: key %s has a '}' but no hash tag: its fence key could not share its Cluster slot (give it a tag, {...}): %w",
-			shortKey(key), distlock.ErrInvalid)
+			shortKey(key), backend.ErrInvalid)
 	}
 	return "{" + tag + "}:fence:" + key, nil
 }

@@ -19,12 +19,19 @@ import (
 func ExampleFence() {
 	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
-	locks, err := distlock.New(redis.New(rdb))
+	res, err := redis.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	locks, err := distlock.New(res)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer locks.Close()
-	reports := redis.NewFence(rdb) // the resource's Redis may be another one
+	reports, err := redis.NewFence(rdb) // the resource's Redis may be another one
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	ctx := context.Background()
 	err = locks.Do(ctx, "report:daily", time.Second, func(ctx context.Context, lk *distlock.Lock) error {
@@ -45,8 +52,12 @@ func ExampleNewFencedScript() {
 redis.call('HINCRBY', KEYS[1], 'balance', -ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'balance', ARGV[1])
 return 1`)
+	accounts, err := redis.NewFence(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
 	var token uint64 // the token of the lock on "{acct:7}"
-	err := redis.NewFence(rdb).Run(context.Background(), move, "{acct:7}:from", token, []string{"{acct:7}:to"}, 10).Err()
+	err = accounts.Run(context.Background(), move, "{acct:7}:from", token, []string{"{acct:7}:to"}, 10).Err()
 	if err != nil {
 		log.Print(err) // errors.Is(err, fence.ErrStale), or the server's
 	}

@@ -48,7 +48,7 @@ func TestFenceConcurrent(t *testing.T) {
 
 func testFenceConcurrent(t *testing.T, c goredis.UniversalClient) {
 	const workers, rounds = 8, 300
-	f := redis.NewFence(c)
+	f := newFence(t, c)
 	ctx := t.Context()
 	base := uniqueKey(t)
 	key, list := "{"+base+"}:doc", "{"+base+"}:log"
@@ -116,7 +116,7 @@ func testFenceConcurrent(t *testing.T, c goredis.UniversalClient) {
 // integers) compare right.
 func TestFenceRules(t *testing.T) {
 	c := standalone(t)
-	f := redis.NewFence(c)
+	f := newFence(t, c)
 	ctx := t.Context()
 	k, other, h := uniqueKey(t), uniqueKey(t), uniqueKey(t)
 	stale := func(err error) uint64 {
@@ -186,7 +186,7 @@ func TestFenceRules(t *testing.T) {
 // come back as go-redis gives them; a refusal runs nothing.
 func TestFencedScript(t *testing.T) {
 	c := standalone(t)
-	f := redis.NewFence(c)
+	f := newFence(t, c)
 	ctx := t.Context()
 	base := uniqueKey(t)
 	key, counter := "{"+base+"}:a", "{"+base+"}:n"
@@ -220,7 +220,7 @@ return {KEYS[1], KEYS[2], #KEYS, #ARGV, redis.call('INCRBY', KEYS[2], ARGV[2])}`
 // script call in INFO commandstats).
 func TestFenceBadInput(t *testing.T) {
 	c := standalone(t)
-	f := redis.NewFence(c)
+	f := newFence(t, c)
 	ctx := t.Context()
 	before := commandStats(t, c)
 	var nilCtx context.Context
@@ -238,7 +238,7 @@ func TestFenceBadInput(t *testing.T) {
 		{"other slot", f.Run(ctx, appendScript, "{a}x", 1, []string{"{b}y"}, "v").Err()},
 		{"nil script", f.Run(ctx, nil, "k", 1, nil).Err()},
 		{"nil context", f.Check(nilCtx, "k", 1)},
-		{"nil client", redis.NewFence(nil).Check(ctx, "k", 1)},
+		{"zero Fence", new(redis.Fence).Check(ctx, "k", 1)},
 	} {
 		if !errors.Is(b.err, distlock.ErrInvalid) {
 			t.Errorf("%s: %v; want ErrInvalid", b.name, b.err)
@@ -247,6 +247,22 @@ func TestFenceBadInput(t *testing.T) {
 	if d := statsDelta(before, commandStats(t, c)); len(d) != 0 {
 		t.Errorf("commands sent for bad input: %v", d)
 	}
+	var nilClient *goredis.Client
+	for _, nc := range []goredis.Scripter{nil, nilClient, (*goredis.ClusterClient)(nil)} {
+		if f, err := redis.NewFence(nc); !errors.Is(err, distlock.ErrInvalid) || f != nil {
+			t.Errorf("NewFence(%#v) = %v, %v; want nil, ErrInvalid", nc, f, err)
+		}
+	}
+}
+
+// newFence is NewFence over c, failing t on error.
+func newFence(t testing.TB, c goredis.Scripter) *redis.Fence {
+	t.Helper()
+	f, err := redis.NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // TestFenceKeyLayout: a key's fence key hashes to its slot, and no two
@@ -291,7 +307,7 @@ func TestFenceKeyLayout(t *testing.T) {
 // MOVED left unfollowed), and the fence key is where the server says.
 func TestFenceCluster(t *testing.T) {
 	c := cluster(t)
-	f := redis.NewFence(c)
+	f := newFence(t, c)
 	ctx := t.Context()
 	for i := range 40 {
 		key := fmt.Sprintf("%s-%d", uniqueKey(t), i)

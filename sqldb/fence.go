@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/fence"
 )
 
@@ -30,9 +30,9 @@ type PostgresFence struct {
 // I/O: create the table with [PostgresFence.CreateTable], or ahead of time
 // with the statement in [fence.SQL]'s documentation.
 func NewPostgresFence(table string) (*PostgresFence, error) {
-	c, err := buildConfig([]Option{WithTable(table)})
+	c, err := buildConfig("NewPostgresFence", []Option{WithTable(table)})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", err, distlock.ErrInvalid)
+		return nil, err
 	}
 	q := pgx.Identifier(c.table).Sanitize()
 	return &PostgresFence{
@@ -52,7 +52,7 @@ RETURNING token`,
 // CreateTable creates the table if it does not exist.
 func (f *PostgresFence) CreateTable(ctx context.Context, pool *pgxpool.Pool) error {
 	if ctx == nil || pool == nil {
-		return fmt.Errorf("sqldb: fence: CreateTable with a nil context or pool: %w", distlock.ErrInvalid)
+		return fmt.Errorf("sqldb: fence: CreateTable with a nil context or pool: %w", backend.ErrInvalid)
 	}
 	if _, err := pool.Exec(ctx, f.create); err != nil {
 		return fmt.Errorf("sqldb: fence: create table %s: %w", f.table, err)
@@ -79,13 +79,13 @@ func (f *PostgresFence) Check(ctx context.Context, tx pgx.Tx, resource string, t
 	switch {
 	case len(resource) > fence.MaxResourceLen:
 		return fmt.Errorf("sqldb: fence: resource %s is %d bytes long; the table holds at most %d: %w",
-			shortQuote(resource), len(resource), fence.MaxResourceLen, distlock.ErrInvalid)
+			shortQuote(resource), len(resource), fence.MaxResourceLen, backend.ErrInvalid)
 	case !utf8.ValidString(resource) || strings.IndexByte(resource, 0) >= 0:
-		return fmt.Errorf("sqldb: fence: resource %s is not UTF-8 text without NUL: %w", q, distlock.ErrInvalid)
+		return fmt.Errorf("sqldb: fence: resource %s is not UTF-8 text without NUL: %w", q, backend.ErrInvalid)
 	case token > math.MaxInt64:
-		return fmt.Errorf("sqldb: fence: %s: token %d is above bigint's range: %w", q, token, distlock.ErrInvalid)
+		return fmt.Errorf("sqldb: fence: %s: token %d is above bigint's range: %w", q, token, backend.ErrInvalid)
 	case ctx == nil || tx == nil:
-		return fmt.Errorf("sqldb: fence: check %s with a nil context or transaction: %w", q, distlock.ErrInvalid)
+		return fmt.Errorf("sqldb: fence: check %s with a nil context or transaction: %w", q, backend.ErrInvalid)
 	}
 	var highest int64
 	if err := tx.QueryRow(ctx, f.check, resource, int64(token)).Scan(&highest); err != nil {

@@ -78,7 +78,12 @@ func OpenFence(ctx context.Context, f Fence) (*FenceWriter, error) {
 			opts.Network, opts.Addr = "unix", f.Socket
 		}
 		rdb := goredis.NewClient(opts)
-		return &FenceWriter{kind: f.Kind, rdb: rdb, fence: redis.NewFence(rdb)}, nil
+		rf, err := redis.NewFence(rdb)
+		if err != nil {
+			rdb.Close()
+			return nil, err
+		}
+		return &FenceWriter{kind: f.Kind, rdb: rdb, fence: rf}, nil
 	case "postgres":
 		dsn := f.Addr
 		if f.Socket != "" {
