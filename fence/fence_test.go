@@ -84,7 +84,6 @@ func TestLocalConcurrent(t *testing.T) {
 	var l fence.Local
 	var next atomic.Uint64
 	var returned [resources]atomic.Uint64 // highest acceptance that returned
-	var accepted [resources]atomic.Uint64 // highest accepted
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -100,10 +99,7 @@ func TestLocalConcurrent(t *testing.T) {
 					if tok < floor {
 						t.Errorf("token %d accepted after %d had been", tok, floor)
 					}
-					for h := accepted[r].Load(); tok > h && !accepted[r].CompareAndSwap(h, tok); h = accepted[r].Load() {
-					}
-					for h := returned[r].Load(); tok > h && !returned[r].CompareAndSwap(h, tok); h = returned[r].Load() {
-					}
+					raise(&returned[r], tok)
 				case errors.As(err, &se):
 					if se.Highest <= tok {
 						t.Errorf("token %d refused with highest %d", tok, se.Highest)
@@ -116,7 +112,7 @@ func TestLocalConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	for r := range resources {
-		h := accepted[r].Load()
+		h := returned[r].Load()
 		if err := l.Check(context.Background(), string(rune('a'+r)), h); err != nil {
 			t.Errorf("resource %d: the highest accepted token %d is refused: %v", r, h, err)
 		}
@@ -160,5 +156,11 @@ func TestSQLBadInput(t *testing.T) {
 	}
 	if err := pg.CreateTable(ctx, nil); !errors.Is(err, distlock.ErrInvalid) {
 		t.Errorf("CreateTable(nil) = %v; want ErrInvalid", err)
+	}
+}
+
+// raise makes a hold v if v is larger than what it holds.
+func raise(a *atomic.Uint64, v uint64) {
+	for h := a.Load(); v > h && !a.CompareAndSwap(h, v); h = a.Load() {
 	}
 }

@@ -147,8 +147,7 @@ func TestMiddlewareConcurrent(t *testing.T) {
 				resp.Body.Close()
 				switch err := fence.CheckResponse(resp); {
 				case resp.StatusCode == http.StatusOK:
-					for h := highest.Load(); tok > h && !highest.CompareAndSwap(h, tok); h = highest.Load() {
-					}
+					raise(&highest, tok)
 				case errors.Is(err, fence.ErrStale):
 					refused.Add(1)
 					if se := err.(*fence.StaleError); se.Highest <= tok || se.Token != tok {

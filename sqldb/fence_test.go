@@ -388,15 +388,13 @@ func testFenceConcurrent(t *testing.T, impl fenceImpl) {
 					switch {
 					case err == nil && giveUp:
 						givenUp.Add(1)
-						for h := highestGivenUp.Load(); tok > h && !highestGivenUp.CompareAndSwap(h, tok); h = highestGivenUp.Load() {
-						}
+						raiseTo(&highestGivenUp, tok)
 					case err == nil:
 						if tok < floor {
 							t.Errorf("token %d accepted after %d had committed", tok, floor)
 						}
 						commits.Add(1)
-						for h := committed.Load(); tok > h && !committed.CompareAndSwap(h, tok); h = committed.Load() {
-						}
+						raiseTo(&committed, tok)
 					case errors.As(err, &se):
 						refusals.Add(1)
 						if se.Highest <= tok || se.Token != tok || se.Resource != res {
@@ -564,5 +562,11 @@ func testFenceBadInput(t *testing.T, impl fenceImpl) {
 	// And a good check on that transaction does reach the driver.
 	if err := tx.check(ctx, "r", 1); err == nil || errors.Is(err, distlock.ErrInvalid) {
 		t.Errorf("check on a rolled-back transaction = %v; want the driver's error", err)
+	}
+}
+
+// raiseTo makes a hold v if v is larger than what it holds.
+func raiseTo(a *atomic.Uint64, v uint64) {
+	for h := a.Load(); v > h && !a.CompareAndSwap(h, v); h = a.Load() {
 	}
 }
