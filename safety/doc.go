@@ -6,7 +6,10 @@
 // [github.com/distlock/distlock/safety/harness]) that take a lock, write to
 // a fenced store and increment an unfenced counter while they hold it
 // ([github.com/distlock/distlock/safety/resource]), and record what they
-// did ([github.com/distlock/distlock/safety/history]). The tests inject a
+// did ([github.com/distlock/distlock/safety/history]). On the Redis and
+// PostgreSQL targets the fenced store is a real one written through
+// distlock's public helpers (redis.Fence, fence.Postgres: see
+// harness.Fence), on a server of its own. The tests inject a
 // fault (a server killed or paused, a holder paused like a long GC pause,
 // a stalled network path through [github.com/distlock/distlock/safety/proxy],
 // a failover), then check the history: overlapping holders, stale writes

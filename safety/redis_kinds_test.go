@@ -26,53 +26,13 @@ import (
 // locks on Redis (issue 24): a cancel storm for each (limit never
 // exceeded, a writer never with another holder, 0 stale writes accepted,
 // tokens in order, 0 orphans), and a writer frozen past its TTL, whose
-// next write a fenced register must refuse.
+// next write a fenced register must refuse. Writers write the register
+// through redis.Fence (see redisRegister).
 func TestRedisKinds(t *testing.T) {
 	srv := testserver.Redis(t)
 	t.Run("SemaphoreCancelStorm", func(t *testing.T) { testKindsStorm(t, srv.Addr, backend.KindSemaphore) })
 	t.Run("RWMutexCancelStorm", func(t *testing.T) { testKindsStorm(t, srv.Addr, backend.KindWrite) })
 	t.Run("RWMutexFrozenWriter", func(t *testing.T) { testRWFrozenWriter(t, srv.Addr) })
-}
-
-// rwRegister is the resource a read/write lock protects: writers write
-// with their token, readers read with theirs. It accepts a write only when
-// its token is larger than every token it has seen, reads included, or
-// equal to the last write's from the same owner, so a writer whose grant
-// is older than a reader's or writer's it has served is refused. It
-// counts the stale writes it accepted: writes from a holder after it had
-// served a holder that acquired later (in real time). It can only accept
-// one if tokens are wrong.
-type rwRegister struct {
-	mu        sync.Mutex
-	maxSeen   uint64
-	lastOwner string
-	// latest is the latest acquisition call time among the holders served.
-	latest   int64
-	accepted int
-	refused  int
-	stale    int
-}
-
-// op serves a write (or a read) of owner, whose acquisition was called at
-// call and returned at ret, with token.
-func (g *rwRegister) op(owner string, call, ret int64, token uint64, write bool) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if write && !(token > g.maxSeen || (token == g.maxSeen && owner == g.lastOwner)) {
-		g.refused++
-		return false
-	}
-	if write && g.latest > ret {
-		g.stale++ // a holder that acquired after this one returned was served first
-	}
-	g.latest = max(g.latest, call)
-	if token > g.maxSeen {
-		g.maxSeen, g.lastOwner = token, owner
-	}
-	if write {
-		g.accepted++
-	}
-	return true
 }
 
 // testKindsStorm makes 1,000 acquisitions of one semaphore (limit 3), or
@@ -123,7 +83,7 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 		evMu                                                      sync.Mutex
 		evs                                                       []history.Event
 	)
-	reg := &rwRegister{}
+	reg := newRedisRegister(t, addr, key)
 	var wg sync.WaitGroup
 	for g := range workers {
 		write := kind == backend.KindWrite && g < 2
@@ -173,8 +133,10 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 						violations.Add(1)
 						t.Errorf("a reader holds with a writer")
 					}
-					if kind != backend.KindSemaphore {
-						reg.op(value, call, ret, lk.Token(), write)
+					if write {
+						if _, err := reg.write(context.Background(), value, lk.Token()); err != nil {
+							t.Errorf("write: %v", err)
+						}
 					}
 					time.Sleep(time.Duration(r.Int64N(int64(10 * time.Millisecond)))) // the holding: work
 					if write {
@@ -236,9 +198,10 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 		name = "read/write (2 writers, 4 readers)"
 		notes = fmt.Sprintf("%d writes, %d refused", reg.accepted, reg.refused)
 	}
+	stale := reg.stale(evs)
 	fault := fmt.Sprintf("%s: %d random ctx cancels mid-acquire, requests and replies delayed 0-20ms", name, total)
 	r := &harness.Result{Backend: "redis", Fault: fault, Acquisitions: int(acquired.Load()),
-		TokenIssues: history.TokenOrder(evs), Stale: make([]history.StaleWrite, reg.stale), Rejected: reg.refused,
+		TokenIssues: history.TokenOrder(evs), Stale: stale, Rejected: reg.refused,
 		Orphans: int(orphans.Load()) + left, LossLatency: -1, Recovery: -1,
 		Notes: fmt.Sprintf("%s; %d holdings broke the kind's rule; %d cancelled; %d cleaned up in the background within 2s",
 			notes, violations.Load(), cancelled.Load(), late.Load())}
@@ -249,9 +212,9 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 	if acquired.Load() == 0 || (kind == backend.KindSemaphore && most.Load() < 2) {
 		t.Errorf("%d acquisitions, at most %d holders at once: the run measured nothing", acquired.Load(), most.Load())
 	}
-	if len(r.TokenIssues) != 0 || reg.stale != 0 || reg.refused != 0 || r.Orphans != 0 {
+	if len(r.TokenIssues) != 0 || len(stale) != 0 || reg.refused != 0 || r.Orphans != 0 {
 		t.Errorf("%d token issues, %d stale writes accepted, %d writes refused, %d orphans; want 0 each",
-			len(r.TokenIssues), reg.stale, reg.refused, r.Orphans)
+			len(r.TokenIssues), len(stale), reg.refused, r.Orphans)
 	}
 }
 
@@ -259,8 +222,8 @@ func testKindsStorm(t *testing.T, addr string, kind backend.Kind) {
 // renewal) freezes for three TTLs, as a process in a long GC pause, not
 // looking at Done. Readers and then a writer take the lock once its grant
 // expired, and use the resource; the frozen writer wakes and writes with
-// its old token: the register must refuse it (the read grants' tokens are
-// larger than its), and it must have seen its Done closed.
+// its old token: the register must refuse it (the writer that followed
+// wrote with a larger token), and it must have seen its Done closed.
 func testRWFrozenWriter(t *testing.T, addr string) {
 	c := redisVia(t, addr)
 	key := uniqueKey(t)
@@ -279,7 +242,7 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = frozenD.Close() })
-	reg := &rwRegister{}
+	reg := newRedisRegister(t, addr, key)
 	var (
 		mu  sync.Mutex
 		evs []history.Event
@@ -309,8 +272,8 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 		t.FailNow()
 	}
 	done := frozen.Done() // watched, as a holder does; looked at only on waking
-	if !reg.op("frozen", fcall, fret, frozen.Token(), true) {
-		t.Fatalf("the frozen writer's first write was refused")
+	if ok, err := reg.write(t.Context(), "frozen", frozen.Token()); !ok || err != nil {
+		t.Fatalf("the frozen writer's first write: accepted %v, %v; want true", ok, err)
 	}
 	frozeAt := time.Now()
 	// Others queue while it holds, then get in once its grant expired.
@@ -326,8 +289,10 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 				return
 			}
 			grantedAfter.CompareAndSwap(0, int64(time.Since(frozeAt)))
-			if !reg.op(owner, call, ret, lk.Token(), write) {
-				t.Errorf("%s's write refused", owner)
+			if write {
+				if ok, err := reg.write(context.Background(), owner, lk.Token()); !ok || err != nil {
+					t.Errorf("%s's write: accepted %v, %v; want true", owner, ok, err)
+				}
 			}
 			time.Sleep(redisTTL / 2) // the holding: work
 			mu.Lock()
@@ -341,7 +306,10 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 	time.Sleep(3 * redisTTL) // the pause: the frozen writer does nothing, as a stopped process
 	woke := history.Now()
 	wg.Wait()
-	zombie := reg.op("frozen", fcall, fret, frozen.Token(), true)
+	zombie, err := reg.write(context.Background(), "frozen", frozen.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
 	lost := isDone(done)
 	if err := frozen.Unlock(context.Background()); !errors.Is(err, distlock.ErrNotHeld) {
 		t.Errorf("the frozen writer's Unlock = %v; want ErrNotHeld", err)
@@ -368,8 +336,9 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 	if zombie {
 		uncaught = overlaps
 	}
+	stale := reg.stale(evs)
 	r := &harness.Result{Backend: "redis", Fault: "read/write: writer frozen 3x TTL (2 readers and a writer wait)",
-		Acquisitions: len(evs), TokenIssues: history.TokenOrder(evs), Stale: make([]history.StaleWrite, reg.stale),
+		Acquisitions: len(evs), TokenIssues: history.TokenOrder(evs), Stale: stale,
 		Rejected: reg.refused, Overlaps: overlaps, Uncaught: uncaught,
 		Orphans: left, LossLatency: -1, Recovery: time.Duration(grantedAfter.Load()),
 		Notes: fmt.Sprintf("recovery from the freeze; the frozen writer's Done closed: %v; its write after waking refused: %v", lost, !zombie)}
@@ -377,9 +346,9 @@ func testRWFrozenWriter(t *testing.T, addr string) {
 	if len(overlaps) == 0 {
 		t.Errorf("no holding overlapped the frozen writer's: the run measured nothing")
 	}
-	if zombie || reg.stale != 0 || len(r.TokenIssues) != 0 || left != 0 || !lost {
+	if zombie || len(stale) != 0 || len(r.TokenIssues) != 0 || left != 0 || !lost {
 		t.Errorf("frozen writer's late write accepted %v, %d stale writes accepted, %d token issues, %d keys left, Done closed %v; want false, 0, 0, 0, true",
-			zombie, reg.stale, len(r.TokenIssues), left, lost)
+			zombie, len(stale), len(r.TokenIssues), left, lost)
 	}
 }
 

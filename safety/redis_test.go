@@ -17,11 +17,14 @@ import (
 const redisTTL = 300 * time.Millisecond
 
 // redisTarget is the Redis at addr; direct is a client that bypasses any
-// proxy, for the test's own checks.
+// proxy, for the test's own checks. Its workers' fenced writes go to a
+// Redis of their own, through redis.Fence: a resource apart from the lock
+// service, which the lock server's faults do not touch.
 func redisTarget(t testing.TB, addr string) (target, *goredis.Client) {
 	direct := goredis.NewClient(&goredis.Options{Addr: addr})
 	t.Cleanup(func() { _ = direct.Close() })
 	return target{
+		fence:   harness.Fence{Kind: "redis", Addr: testserver.Redis(t).Addr},
 		name:    "redis",
 		backend: harness.Backend{Kind: "redis", Addrs: []string{addr}, Timeout: redisTTL},
 		ttl:     redisTTL,

@@ -41,6 +41,10 @@ type target struct {
 	via    func(hostport string) harness.Backend
 	// leftovers lists what the store still holds for key.
 	leftovers func(ctx context.Context, key string) ([]string, error)
+	// fence, when set, is where the workers' fenced writes go: a store
+	// of the target's kind, written through distlock's public helpers
+	// (package fence), instead of the run's register.
+	fence harness.Fence
 }
 
 func (tg target) holdTime() time.Duration {
@@ -70,6 +74,7 @@ func mixConfig(tg target, key string, n int) harness.Config {
 		Ops:       3,
 		Hold:      tg.holdTime(),
 		Think:     tg.holdTime() / 2,
+		Fence:     tg.fence,
 	}
 }
 
@@ -106,9 +111,10 @@ func waitAcquisitions(t testing.TB, tg target, n int, ws ...*harness.Worker) {
 }
 
 // accepted reports whether the fenced store accepted a write by an owner
-// whose name starts with prefix after at.
+// whose name starts with prefix after at. (The register records its
+// writes in store.jsonl, the workers those of a Fence in their own files.)
 func accepted(r *harness.Run, prefix string, at int64) bool {
-	evs, err := history.ReadFiles(r.Dir + "/store.jsonl")
+	evs, err := history.ReadDir(r.Dir)
 	if err != nil {
 		return false
 	}

@@ -54,6 +54,10 @@ func pgTarget(t testing.TB, srv *testserver.PostgresServer) target {
 		t.Fatal(err)
 	}
 	return target{
+		// The workers' fenced writes go to a PostgreSQL of their own,
+		// guarded by fence.Postgres: a resource apart from the lock
+		// service, which the lock server's faults do not touch.
+		fence:   harness.Fence{Kind: "postgres", Addr: testserver.Postgres(t).DSN},
 		name:    "postgres",
 		backend: harness.Backend{Kind: "postgres", Addrs: []string{srv.DSN}, Timeout: 2 * time.Second},
 		server:  u.Host,

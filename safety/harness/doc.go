@@ -12,9 +12,11 @@
 // frozen with SIGSTOP ([Worker.Pause]) like a process in a long GC pause,
 // its lock's keep-alive goroutines included, or started in a network
 // namespace ([NewNetns]) and cut off. It takes the lock again and again
-// ([Config].Cycles), writes to the fenced store and increments the
-// unfenced counter of package safety/resource while it holds it, and
-// records every step with package safety/history. It tells the
+// ([Config].Cycles), writes to the fenced store (the register of package
+// safety/resource, or a [Fence]: a real store written through distlock's
+// public helpers) and increments the unfenced counter of package
+// safety/resource while it holds it, and records every step with package
+// safety/history. It tells the
 // controller what it does on stdout ("ready", "acquired owner token",
 // "lost owner", "released owner", "exit"; see [Worker.WaitLine]) and stops
 // when its stdin is closed ([Worker.Stop]).

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -24,10 +25,11 @@ type Run struct {
 	Dir   string
 	Store *resource.Server
 
-	t    testing.TB
-	sock string
-	ctrl *history.Recorder
-	n    int
+	t      testing.TB
+	sock   string
+	ctrl   *history.Recorder
+	n      int
+	fences map[string]string // a Fence's Addr -> the socket forwarding to it
 }
 
 // NewRun starts the protected resource for t in a fresh directory.
@@ -71,7 +73,34 @@ func (r *Run) Worker(cfg Config) *Worker {
 	}
 	cfg.History = filepath.Join(r.Dir, cfg.Name+".jsonl")
 	cfg.Resource = r.sock
+	if cfg.Fence.Kind != "" {
+		cfg.Fence.Socket = r.fenceSocket(cfg.Fence)
+	}
 	return StartWorker(r.t, cfg)
+}
+
+// fenceSocket returns the socket that forwards to f's store, starting it
+// (and setting the store up) the first time.
+func (r *Run) fenceSocket(f Fence) string {
+	r.t.Helper()
+	if path, ok := r.fences[f.Addr]; ok {
+		return path
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := setUpFence(ctx, f); err != nil {
+		r.t.Fatalf("harness: fence: %v", err)
+	}
+	fw, path, err := forward(f)
+	if err != nil {
+		r.t.Fatalf("harness: fence: %v", err)
+	}
+	r.t.Cleanup(fw.close)
+	if r.fences == nil {
+		r.fences = map[string]string{}
+	}
+	r.fences[f.Addr] = path
+	return path
 }
 
 // Note records what the controller did and returns when.

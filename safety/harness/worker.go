@@ -60,6 +60,10 @@ type Config struct {
 	// which its fellow holders would race.
 	Lock  string
 	Limit int
+	// Fence, when its Kind is set, takes the fenced writes instead of the
+	// run's register: the public helpers of package fence on a real
+	// store (see [Fence]); the counter stays the register's.
+	Fence Fence
 }
 
 // MaybeRunWorker runs the worker and exits when this process is a worker
@@ -98,6 +102,13 @@ func runWorker(cfg Config) error {
 		return err
 	}
 	defer store.Close()
+	var fw *FenceWriter
+	if cfg.Fence.Kind != "" {
+		if fw, err = OpenFence(context.Background(), cfg.Fence); err != nil {
+			return err
+		}
+		defer fw.Close()
+	}
 
 	// Closing stdin asks the worker to stop after the current holding.
 	var stopping atomic.Bool
@@ -129,7 +140,7 @@ func runWorker(cfg Config) error {
 	}
 	defer d.Close()
 
-	w := &worker{cfg: cfg, rec: rec, store: store, d: d, stop: stop, rnd: rand.New(rand.NewPCG(cfg.Seed, 0x5afe))}
+	w := &worker{cfg: cfg, rec: rec, store: store, fence: fw, d: d, stop: stop, rnd: rand.New(rand.NewPCG(cfg.Seed, 0x5afe))}
 	say("ready")
 	for cycle := 0; cfg.Cycles == 0 || cycle < cfg.Cycles; cycle++ {
 		if stopping.Load() {
@@ -147,6 +158,7 @@ type worker struct {
 	cfg   Config
 	rec   *history.Recorder
 	store *resource.Client
+	fence *FenceWriter // nil: fenced writes go to the register
 	d     *distlock.DistributeLock
 	stop  <-chan struct{} // closed when the controller asks the worker to stop
 	rnd   *rand.Rand
@@ -268,14 +280,28 @@ func (w *worker) acquire(ctx context.Context) (*distlock.Lock, error) {
 	return w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
 }
 
-// write makes one fenced write and records it. A lock without a token
-// (Redlock) cannot fence: no write then.
+// write makes one fenced write and records it: to the register, which
+// records the write as it saw it, or to the Fence, whose view the worker
+// records too (the store's sequence and time). The resource is the lock's
+// key. A lock without a token (Redlock) cannot fence: no write then.
 func (w *worker) write(ctx context.Context, owner string, token uint64) error {
 	if token == 0 {
 		return nil
 	}
 	call := history.Now()
-	accepted, seq, err := w.store.Write(ctx, owner, token)
+	var accepted bool
+	var seq int64
+	var err error
+	if w.fence != nil {
+		var sw history.Event
+		sw, err = w.fence.Write(ctx, w.cfg.Key, owner, token)
+		if err == nil {
+			accepted, seq = sw.Accepted, sw.Seq
+			err = w.rec.Add(sw)
+		}
+	} else {
+		accepted, seq, err = w.store.Write(ctx, owner, token)
+	}
 	ret := history.Now()
 	if err != nil {
 		return err

@@ -1,5 +1,8 @@
 // Package resource is the protected resource of the fault-injection tests:
 // what a lock guards, shared by the worker processes over a Unix socket.
+// (On the Redis and PostgreSQL targets the fenced writes go instead to a
+// real store through distlock's public helpers, harness.Fence; the
+// counter stays here.)
 //
 // A [Server] holds two things:
 //   - a fenced register: a write carries the writer's fencing token and is
