@@ -26,7 +26,7 @@ test:
 	./scripts/tidy.sh -check
 	$(GO) vet $(MODULES)
 	$(GO) vet scripts/deps.go
-	$(GO) test -race -count=1 $(MODULES)
+	$(GO) test -race -count=1 -timeout 30m $(MODULES)
 	$(GO) test -count=1 -run '^TestRandomizedStalls$$' ./zookeeper/
 	$(GO) run scripts/deps.go -check
 	$(MAKE) bench-check
