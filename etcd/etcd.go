@@ -75,6 +75,9 @@ type Resource struct {
 	// points, so that a test can force an interleaving that timers and
 	// the scheduler give only now and then.
 	hook func(point string)
+	// onRenew, set only by tests before the first acquire, is called by
+	// the shared leases' keep-alive goroutines after each renewal.
+	onRenew func()
 }
 
 var (
