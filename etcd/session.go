@@ -403,7 +403,13 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	}
 	sent = true
 	isHolder, err := r.enqueue(ctx, h)
+	if r.hook != nil {
+		r.hook("enqueued")
+	}
 	if err != nil {
+		if errors.Is(err, backend.ErrLimitMismatch) {
+			sent = false // the transaction made nothing, and said so
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
 			// created nothing): start a new one, once.
