@@ -652,7 +652,7 @@ type grant struct {
 func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grant, err error) {
 	path := c.path
 	name := path[len(parent)+1:]
-	if _, ok := sequence(name); !ok {
+	if _, _, ok := sequence(name); !ok {
 		return g, fmt.Errorf("server gave %q no sequence number", path)
 	}
 	kept := l.AutoRenew
