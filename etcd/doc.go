@@ -264,6 +264,30 @@
 // stays up to a third of its TTL (at least a second) longer, until the
 // lease expires.
 //
+// # What the store keeps
+//
+// Per lock key, only keys bound to leases: the queue keys of the
+// acquisitions in progress and of the holders, each gone with its lock's
+// release, its TTL, or its lease (a lease of its own: the lock's TTL; a
+// shared lease: a third of the TTL, at least a second, after its process
+// stopped renewing it), and on a shared lease the fence keys of the names
+// whose clean-up was in doubt (see Clean-up): one per such name, gone
+// with the lease, at [Resource.Close] or once its process is gone. So a
+// lock key used once costs nothing after its lock ends, but for fence
+// keys, which a long-lived Resource keeps as long as it lives, one per
+// name whose acquisition was cut short while its transaction was in
+// flight: a program that cancels acquisitions of ever new keys (job:<id>)
+// accumulates them, a few dozen bytes each, until it closes its Resource.
+//
+// Resources that share a cluster must use prefixes none of which is a
+// prefix of another ([WithPrefix]): the keys of a Resource under "/a/b/"
+// would sit in the queue directory of the lock key "b" of a Resource
+// under "/a/", where that lock's acquisitions would count them as
+// contenders (and wait for them) and Inspect would list them. Nothing is
+// granted wrongly, but the outer Resource's lock "b" waits on the inner
+// Resource's traffic. The Resource cannot see another's prefix to refuse
+// it.
+//
 // # Errors
 //
 // Store errors are returned wrapped with the operation and the lock key,

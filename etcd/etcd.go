@@ -92,7 +92,10 @@ type Option func(*Resource)
 
 // WithPrefix puts the Resource's keys under prefix instead of
 // [DefaultPrefix]. A prefix that does not end in '/' gets one; an empty
-// prefix means the default.
+// prefix means the default. Resources on one cluster must use prefixes
+// none of which is a prefix of another: the keys under "/a/b/" would sit
+// in the queue of the lock key "b" under "/a/" (see "What the store
+// keeps" in the package documentation).
 func WithPrefix(prefix string) Option {
 	return func(r *Resource) {
 		if prefix == "" {

@@ -247,6 +247,19 @@
 // server frees at the session's expiry): a znode in the queue's granted
 // prefix is always listed, since it keeps others out.
 //
+// # What the store keeps
+//
+// Per lock key and kind, one parent znode, a container, which the server
+// deletes once it is empty (ZooKeeper 3.5 and later; on 3.4, which has
+// no containers, the parents are persistent and stay), and one ephemeral
+// child per acquisition in progress or held, gone with its lock's
+// release, its TTL (deleted by its holder's process), or its session. So
+// a key locked once leaves nothing once its lock has ended and the
+// server's container check has run (every minute by default,
+// znode.container.checkIntervalMs), however many distinct keys are used.
+// The root ([WithRoot]) stays: it is a container too, but holds the
+// parents while any is in use.
+//
 // # Errors
 //
 // Acquire returns backend.ErrNotAcquired at its deadline,
