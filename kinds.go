@@ -3,6 +3,7 @@ package distlock
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/distlock/distlock/backend"
@@ -40,7 +41,8 @@ type Semaphore struct {
 }
 
 // Semaphore returns a handle to key's semaphore of limit holders. A limit
-// below 1 makes its methods fail with [ErrInvalid].
+// below 1 or above 2^31-1 (math.MaxInt32, the largest every store holds)
+// makes its methods fail with [ErrInvalid].
 func (d *DistributeLock) Semaphore(key string, limit int) *Semaphore {
 	return &Semaphore{d: d, key: key, limit: limit}
 }
@@ -50,7 +52,8 @@ func (d *DistributeLock) Semaphore(key string, limit int) *Semaphore {
 // same TTL, bounds, errors and reentrancy (a context carrying a permit of
 // this semaphore reenters it). Errors as TryLock's, and [ErrLimitMismatch]
 // when the holders use another limit, [ErrUnsupported] when the store holds
-// no semaphores (Redlock), [ErrInvalid] for a limit below 1 (no I/O).
+// no semaphores (Redlock), [ErrInvalid] for a limit below 1 or above
+// 2^31-1 (no I/O).
 func (s *Semaphore) TryAcquire(ctx context.Context, wait time.Duration) (*Lock, error) {
 	return s.d.tryLock(ctx, s.key, wait, KindSemaphore, s.limit)
 }
@@ -106,11 +109,16 @@ func (rw *RWMutex) RDo(ctx context.Context, wait time.Duration, fn func(ctx cont
 	return rw.d.do(ctx, rw.key, wait, KindRead, 0, fn)
 }
 
+// maxLimit is the largest semaphore limit: a 32-bit signed integer, what
+// the SQL stores keep it in (PostgreSQL int, MariaDB INT). One rule for
+// every store, so that a program behaves the same on each.
+const maxLimit = math.MaxInt32
+
 // checkKind refuses, before any I/O, a kind the store does not hold and a
-// semaphore's bad limit.
+// semaphore's bad limit (below 1, above maxLimit).
 func (d *DistributeLock) checkKind(key string, kind Kind, limit int) error {
-	if kind == KindSemaphore && limit < 1 {
-		return fmt.Errorf("%w: semaphore %s: limit %d must be >= 1", ErrInvalid, quote(key), limit)
+	if kind == KindSemaphore && (limit < 1 || limit > maxLimit) {
+		return fmt.Errorf("%w: semaphore %s: limit %d must be in [1, %d]", ErrInvalid, quote(key), limit, maxLimit)
 	}
 	if kind == KindMutex {
 		return nil

@@ -110,12 +110,13 @@
 // with a queue in a directory of its own, kept as a mutex's is (a key per
 // acquisition, on its lease, ordered by create revision):
 //
-//	<prefix><encoded key>/<resource ID>-<slot>           mutex
-//	<prefix>!sem/<encoded key>/<resource ID>-<slot>      semaphore
-//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>     reader
-//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>     writer
+//	<prefix><encoded key>/<resource ID>-<slot>                 mutex
+//	<prefix>!sem/<encoded key>/<limit>-<resource ID>-<slot>    semaphore
+//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>           reader
+//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>           writer
 //
-// (an encoded key never holds '!'). Each queue key's value is the owner
+// (an encoded key never holds '!'; <limit> is the semaphore's limit in 16
+// hex digits). Each queue key's value is the owner
 // value, the holder's label (distlock.WithLabel), a semaphore's limit (0
 // for the other kinds) and the lock's TTL in seconds, written as owner +
 // label + "|" + hex(len(label)) + "|" + hex(limit) + "|" + hex(TTL), which
@@ -134,8 +135,15 @@
 // puts again, unchanged, once it holds: a release wakes the first waiter,
 // and through it the next, as the internal lock of Curator's
 // InterProcessSemaphoreV2 lets one acquirer at a time watch the leases.
-// The semaphore's limit is its oldest key's: an acquire whose limit
-// differs fails with backend.ErrLimitMismatch, and its key is deleted.
+// The transaction that makes a semaphore's key also checks that the
+// queue holds no key of another limit (a compare over the directory's
+// ranges before and after the names of its own limit, which etcd applies
+// to every key of a range): an acquire whose limit differs from the
+// queue's fails with backend.ErrLimitMismatch and makes nothing. So every
+// key of a semaphore's queue has the same limit, the holders agree on it
+// at every revision, no acquire fails for the key of another that is
+// failing, and Inspect reads the limit from the oldest key. Once the
+// queue is empty, the next acquire sets the limit anew.
 //
 // Why this is a semaphore and a read/write lock, with tokens as promised.
 // A new key's create revision is above every existing key's, so a key
@@ -255,6 +263,30 @@
 // which deletes it unless refreshed in time; a lock whose process died
 // stays up to a third of its TTL (at least a second) longer, until the
 // lease expires.
+//
+// # What the store keeps
+//
+// Per lock key, only keys bound to leases: the queue keys of the
+// acquisitions in progress and of the holders, each gone with its lock's
+// release, its TTL, or its lease (a lease of its own: the lock's TTL; a
+// shared lease: a third of the TTL, at least a second, after its process
+// stopped renewing it), and on a shared lease the fence keys of the names
+// whose clean-up was in doubt (see Clean-up): one per such name, gone
+// with the lease, at [Resource.Close] or once its process is gone. So a
+// lock key used once costs nothing after its lock ends, but for fence
+// keys, which a long-lived Resource keeps as long as it lives, one per
+// name whose acquisition was cut short while its transaction was in
+// flight: a program that cancels acquisitions of ever new keys (job:<id>)
+// accumulates them, a few dozen bytes each, until it closes its Resource.
+//
+// Resources that share a cluster must use prefixes none of which is a
+// prefix of another ([WithPrefix]): the keys of a Resource under "/a/b/"
+// would sit in the queue directory of the lock key "b" of a Resource
+// under "/a/", where that lock's acquisitions would count them as
+// contenders (and wait for them) and Inspect would list them. Nothing is
+// granted wrongly, but the outer Resource's lock "b" waits on the inner
+// Resource's traffic. The Resource cannot see another's prefix to refuse
+// it.
 //
 // # Errors
 //

@@ -75,6 +75,9 @@ type Resource struct {
 	// points, so that a test can force an interleaving that timers and
 	// the scheduler give only now and then.
 	hook func(point string)
+	// onRenew, set only by tests before the first acquire, is called by
+	// the shared leases' keep-alive goroutines after each renewal.
+	onRenew func()
 }
 
 var (
@@ -89,7 +92,10 @@ type Option func(*Resource)
 
 // WithPrefix puts the Resource's keys under prefix instead of
 // [DefaultPrefix]. A prefix that does not end in '/' gets one; an empty
-// prefix means the default.
+// prefix means the default. Resources on one cluster must use prefixes
+// none of which is a prefix of another: the keys under "/a/b/" would sit
+// in the queue of the lock key "b" under "/a/" (see "What the store
+// keeps" in the package documentation).
 func WithPrefix(prefix string) Option {
 	return func(r *Resource) {
 		if prefix == "" {
@@ -312,6 +318,9 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		return acquireErr(ctx, l.Key, err)
 	}
 	isHolder, err := r.enqueue(ctx, h)
+	if r.hook != nil {
+		r.hook("enqueued")
+	}
 	if err != nil {
 		return acquireErr(ctx, l.Key, err)
 	}
@@ -389,7 +398,9 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 // standingAfterPut), all in one transaction. On a shared lease the
 // transaction also compares the fence of our key's name (see session):
 // when it is not where we thought, the transaction made nothing, and is
-// sent again.
+// sent again. A semaphore's transaction makes nothing, and enqueue fails
+// with backend.ErrLimitMismatch, when the queue holds a key of another
+// limit (see otherLimits).
 func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 	for range 100 {
 		var epoch int64
@@ -406,9 +417,14 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 			for _, op := range resp.Responses[1:] {
 				rs = append(rs, op.GetResponseRange())
 			}
-			return standingAfterPut(h, rs)
+			return standingAfterPut(h, rs), nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 && h.kind == backend.KindSemaphore {
+			if err := limitMismatch(h, resp.Responses[len(resp.Responses)-2:]); err != nil {
+				return false, err
+			}
+		}
 		if len(kvs) == 0 && h.sess != nil {
 			// The fence moved: learn where to, and try again.
 			var rev int64
@@ -430,8 +446,10 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 }
 
 // enqueueTxn is enqueue's transaction, comparing the fence key of h's
-// name on its shared lease (if any) with epoch. Then: the put of our key and enqueueReads;
-// else: our key and the fence key.
+// name on its shared lease (if any) with epoch, and for a semaphore that
+// no key of another limit exists (otherLimits). Then: the put of our key
+// and enqueueReads; else: our key, the fence key, and a key of another
+// limit before and after ours (otherLimitReads).
 func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
 	other := []clientv3.Op{clientv3.OpGet(h.key, clientv3.WithKeysOnly())}
@@ -439,6 +457,10 @@ func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*cli
 		f := s.fenceKey(h.key)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
 		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
+	}
+	if h.kind == backend.KindSemaphore {
+		cmps = append(cmps, otherLimits(h)...)
+		other = append(other, otherLimitReads(h)...)
 	}
 	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))}, enqueueReads(h)...)
 	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()

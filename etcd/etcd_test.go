@@ -744,3 +744,36 @@ func (r *Resource) evict(ctx context.Context, key string) error {
 	_, err := r.c.Txn(ctx).Then(ops...).Commit()
 	return err
 }
+
+// TestNestedPrefixes pins what the package doc says of Resources whose
+// prefixes nest (issue 30: refused or documented; a Resource cannot see
+// another's prefix): the keys of the inner one ("/a/b/") sit in the queue
+// of the outer one's lock "b" ("/a/"), whose acquisitions wait for them;
+// nothing is granted beside them, and the lock is granted once they go.
+func TestNestedPrefixes(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	ctx := t.Context()
+	base := "/" + uniqueKey(t) + "/"
+	outer := newResource(t, endpoints, WithPrefix(base))
+	inner := newResource(t, endpoints, WithPrefix(base+"b/"))
+	li := lease("x", time.Minute)
+	if err := inner.Acquire(ctx, li, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if keys := waitKeys(t, outer, "b", 1); !strings.HasPrefix(keys[0], base+"b/x/") {
+		t.Fatalf("the outer Resource's queue of \"b\" = %q; want the inner Resource's key", keys)
+	}
+	lo := lease("b", time.Minute)
+	if err := outer.Acquire(ctx, lo, time.Time{}); !errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("the outer Resource's lock \"b\" beside the inner one's key = %v; want ErrNotAcquired", err)
+	}
+	if err := inner.Release(ctx, li); err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Acquire(ctx, lo, time.Time{}); err != nil {
+		t.Fatalf("the outer Resource's lock \"b\" once the inner one's key is gone = %v", err)
+	}
+	if err := outer.Release(ctx, lo); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,7 +25,10 @@ var _ backend.Inspector = (*Resource)(nil)
 // locks by a third of their TTL and which the locks' owner keeps alive,
 // at most the lock's TTL. etcd tells it in whole seconds, rounded down (0:
 // less than a second). Holders whose lease ended between the two reads
-// are not listed. A semaphore's limit is its oldest key's.
+// are not listed. A semaphore's limit is its oldest key's: every key of
+// its queue has that limit, as no transaction makes a key of another
+// limit beside them (otherLimits), so no acquire failing for its limit
+// leaves a key to be read here.
 func (r *Resource) Inspect(ctx context.Context, key string, kind backend.Kind) (backend.Inspection, error) {
 	if r == nil || r.c == nil {
 		return backend.Inspection{}, errNilClient
@@ -63,8 +66,8 @@ func (r *Resource) Inspect(ctx context.Context, key string, kind backend.Kind) (
 			add(kind, kvs[0].CreateRevision, kvs[0].Lease, e)
 		}
 	case backend.KindSemaphore:
-		// The oldest Limit keys hold, but for keys whose acquire is
-		// failing for another limit.
+		// The oldest Limit keys hold (a key of a name no Resource
+		// writes, of another limit, is skipped).
 		if len(kvs) > 0 {
 			_, first, _ := parseEntry(kvs[0].Value)
 			in.Limit = first.limit

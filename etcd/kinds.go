@@ -18,11 +18,14 @@ import (
 
 // The queues of a lock key, one per kind, each a directory of its own:
 //
-//	<prefix><encoded key>/<resource ID>-<slot>          mutex
-//	<prefix>!sem/<encoded key>/<resource ID>-<slot>     semaphore
-//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>    read/write lock: a reader
-//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>    read/write lock: a writer
+//	<prefix><encoded key>/<resource ID>-<slot>                 mutex
+//	<prefix>!sem/<encoded key>/<limit>-<resource ID>-<slot>    semaphore
+//	<prefix>!rw/<encoded key>/r-<resource ID>-<slot>           read/write lock: a reader
+//	<prefix>!rw/<encoded key>/w-<resource ID>-<slot>           read/write lock: a writer
 //
+// where <limit> is the semaphore's limit in 16 hex digits (semTag), so
+// that the keys of one limit are one range of the directory, which the
+// transaction that makes a key can check for strangers (see enqueueTxn).
 // An encoded key never holds '!', so the semaphore and read/write
 // directories (and the shared leases' fence keys, <prefix>!fence/...)
 // are never a mutex's.
@@ -60,15 +63,48 @@ func (r *Resource) queueDir(k backend.Kind, key string) string {
 // lock's queue is its write lock's), in the order Leftovers lists them.
 var queueKinds = []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindWrite}
 
-// tag is what the names of kind k's keys start with in their directory.
-func tag(k backend.Kind) string {
+// tag is what the names of the keys of kind k (and limit, for a
+// semaphore) start with in their directory.
+func tag(k backend.Kind, limit int) string {
 	switch k {
 	case backend.KindRead:
 		return readTag
 	case backend.KindWrite:
 		return writeTag
+	case backend.KindSemaphore:
+		return semTag(limit)
 	}
 	return ""
+}
+
+// semTagLen is the length of a semaphore key's tag.
+const semTagLen = 17
+
+// semTag is the tag of the keys of a semaphore of limit: the limit in 16
+// hex digits and '-'. Tags of different limits are the same length, so
+// none is a prefix of another.
+func semTag(limit int) string {
+	const hex = "0123456789abcdef"
+	var b [semTagLen]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = hex[limit&15]
+		limit >>= 4
+	}
+	b[16] = '-'
+	return string(b[:])
+}
+
+// semTagLimit reads a semaphore key's limit from its name (after the
+// directory); ok is false for a name semTag did not start.
+func semTagLimit(name string) (limit int, ok bool) {
+	if len(name) < semTagLen || name[semTagLen-1] != '-' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(name[:semTagLen-1], 16, 63)
+	if err != nil {
+		return 0, false
+	}
+	return int(n), true
 }
 
 // entry is what a queue key holds besides the owner value.
@@ -112,12 +148,12 @@ func parseEntry(v []byte) (owner string, e entry, ok bool) {
 
 // enqueueReads are the reads enqueue's transaction makes after the put of
 // our key, at that revision, from which standingAfterPut tells whether we
-// hold: the oldest key of the queue (a mutex, a writer, a semaphore: its
-// limit), and the number of keys (a semaphore) or of writers (a reader).
+// hold: the oldest key of the queue (a mutex, a writer), the number of
+// keys (a semaphore) or of writers (a reader).
 func enqueueReads(h *handle) []clientv3.Op {
 	switch h.kind {
 	case backend.KindSemaphore:
-		return []clientv3.Op{clientv3.OpGet(h.dir(), clientv3.WithFirstCreate()...), clientv3.OpGet(h.dir(), clientv3.WithPrefix(), clientv3.WithCountOnly())}
+		return []clientv3.Op{clientv3.OpGet(h.dir(), clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	case backend.KindRead:
 		return []clientv3.Op{clientv3.OpGet(h.dir()+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	}
@@ -125,23 +161,65 @@ func enqueueReads(h *handle) []clientv3.Op {
 }
 
 // standingAfterPut tells from enqueueReads' responses (rs) whether h
-// holds: our key is the newest of its queue at that revision. A
-// semaphore whose oldest key has another limit than ours fails with
-// backend.ErrLimitMismatch.
-func standingAfterPut(h *handle, rs []*pb.RangeResponse) (bool, error) {
+// holds: our key is the newest of its queue at that revision. (A
+// semaphore's transaction made our key only if every key of the queue
+// has our limit: see enqueueTxn.)
+func standingAfterPut(h *handle, rs []*pb.RangeResponse) bool {
 	switch h.kind {
 	case backend.KindSemaphore:
-		if first := rs[0].Kvs; len(first) == 1 && first[0].CreateRevision != h.rev {
-			if _, e, ok := parseEntry(first[0].Value); ok && e.limit != h.limit {
-				return false, fmt.Errorf("%w: held with limit %d, asked with %d", backend.ErrLimitMismatch, e.limit, h.limit)
-			}
-		}
-		return rs[1].Count-1 < int64(h.limit), nil
+		return rs[0].Count-1 < int64(h.limit)
 	case backend.KindRead:
-		return rs[0].Count == 0, nil
+		return rs[0].Count == 0
 	}
 	first := rs[0].Kvs
-	return len(first) == 1 && first[0].CreateRevision == h.rev, nil
+	return len(first) == 1 && first[0].CreateRevision == h.rev
+}
+
+// otherLimits are the compares by which enqueueTxn makes a semaphore's
+// key only when the queue holds no key of another limit (or of a name
+// that no Resource writes): none in the directory before the range of
+// our limit's tag, none after it. etcd compares every key of a range
+// (an empty range compares as a key that does not exist), so the check
+// and the put are one atomic step: a key of another limit is never made,
+// and every key in a semaphore's queue has the limit of the others. The
+// holders therefore agree on the limit at every revision, and no
+// acquire fails for a key whose own acquire is failing.
+func otherLimits(h *handle) []clientv3.Cmp {
+	dir, ns := h.dir(), h.ns()
+	after := clientv3.GetPrefixRangeEnd(ns)
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithRange(ns),
+		clientv3.Compare(clientv3.CreateRevision(after), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(dir)),
+	}
+}
+
+// otherLimitReads are the reads, in enqueueTxn's else branch, of a key of
+// another limit before and after the range of ours (see otherLimits).
+func otherLimitReads(h *handle) []clientv3.Op {
+	dir, ns := h.dir(), h.ns()
+	after := clientv3.GetPrefixRangeEnd(ns)
+	return []clientv3.Op{
+		clientv3.OpGet(dir, clientv3.WithRange(ns), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
+		clientv3.OpGet(after, clientv3.WithRange(clientv3.GetPrefixRangeEnd(dir)), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
+	}
+}
+
+// limitMismatch returns the error of an acquire of h, a semaphore's,
+// whose transaction found the keys of other limits in rs (the responses
+// of otherLimitReads), or nil when it found none.
+func limitMismatch(h *handle, rs []*pb.ResponseOp) error {
+	for _, r := range rs {
+		kvs := r.GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue
+		}
+		name := strings.TrimPrefix(string(kvs[0].Key), h.dir())
+		if limit, ok := semTagLimit(name); ok {
+			return fmt.Errorf("%w: held with limit %d, asked with %d", backend.ErrLimitMismatch, limit, h.limit)
+		}
+		return fmt.Errorf("%w: queue key %s of an unknown limit, asked with %d", backend.ErrLimitMismatch, kvs[0].Key, h.limit)
+	}
+	return nil
 }
 
 // target is what a waiter watches: a key's deletion (one key, the

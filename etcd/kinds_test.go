@@ -218,6 +218,183 @@ func TestLimitMismatch(t *testing.T) {
 	}
 }
 
+// TestLimitAgainstEveryKey (issue 30): a semaphore's limit is checked
+// against every key of its queue, and a failing acquire of another limit
+// leaves no key that others would take for the queue's limit. A (limit
+// 5) holds; M (limit 1) fails, and is held just after its transaction
+// (where, before the fix, its key stayed until its clean-up); C (5)
+// holds; A releases; N (1) must fail at once, though the queue's oldest
+// key may then be M's; T (5) holds beside C. Before the fix N passed the
+// check against M's key alone, waited, and was granted beside T once C
+// released: two holders of limits 1 and 5, and Inspect showed only N,
+// with Limit 1.
+func TestLimitAgainstEveryKey(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := uniqueKey(t)
+			r := newResource(t, endpoints, m.opts...)
+			rm := newResource(t, endpoints, m.opts...)
+			reached, proceed := make(chan struct{}), make(chan struct{})
+			rm.hook = func(point string) {
+				if point == "enqueued" {
+					close(reached)
+					<-proceed
+				}
+			}
+			sem := func(limit int) *backend.Lease { return kindLease(key, backend.KindSemaphore, limit, 10*time.Second) }
+			a := sem(5)
+			if err := r.Acquire(ctx, a, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			mErr := make(chan error, 1)
+			go func() { mErr <- rm.Acquire(ctx, sem(1), time.Now().Add(5*time.Second)) }()
+			<-reached
+			c := sem(5)
+			if err := r.Acquire(ctx, c, time.Time{}); err != nil {
+				close(proceed)
+				t.Fatalf("C (limit 5) beside A (5), while M (1) fails: %v", err)
+			}
+			if err := r.Release(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			nErr := make(chan error, 1)
+			n := sem(1)
+			go func() { nErr <- r.Acquire(ctx, n, time.Now().Add(5*time.Second)) }()
+			var errN error
+			select {
+			case errN = <-nErr:
+			case <-time.After(time.Second):
+			}
+			close(proceed)
+			if err := <-mErr; !errors.Is(err, backend.ErrLimitMismatch) {
+				t.Errorf("M (limit 1) beside A (5) = %v; want ErrLimitMismatch", err)
+			}
+			tl := sem(5)
+			if err := r.Acquire(ctx, tl, time.Time{}); err != nil {
+				t.Errorf("T (limit 5) beside C (5) = %v; want the permit", err)
+			}
+			if err := r.Release(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			if errN == nil {
+				select {
+				case errN = <-nErr:
+				case <-time.After(5 * time.Second):
+					t.Fatal("N's Acquire did not return")
+				}
+			}
+			if !errors.Is(errN, backend.ErrLimitMismatch) {
+				t.Errorf("N (limit 1) while C (5) holds = %v; want ErrLimitMismatch at once", errN)
+				if errN == nil {
+					defer r.Release(ctx, n)
+				}
+			}
+			in, err := r.Inspect(ctx, key, backend.KindSemaphore)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if in.Limit != 5 || len(in.Holders) != 1 || in.Holders[0].Token != tl.Token {
+				t.Errorf("Inspect = %+v; want T (token %d) alone, with limit 5", in, tl.Token)
+			}
+			if err := r.Release(ctx, tl); err != nil {
+				t.Fatal(err)
+			}
+			waitKeys(t, r, key, 0)
+		})
+	}
+}
+
+// TestMixedLimitsRandomized: clients of two lease modes take permits of
+// one semaphore with limits 1 and 3 at random, with random waits and
+// holds, for a few seconds. Checked, at every grant: every holder asked
+// for the same limit, and there are no more holders than it; nothing is
+// left. Each acquire pauses up to 3ms after its transaction returns (a
+// slow client), where an acquire failing for its limit used to leave its
+// key for others to see. The seed is logged.
+func TestMixedLimitsRandomized(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	intn := newSeeded(t, 30).intn
+	var rs []*Resource
+	for i := range 4 {
+		r := newResource(t, endpoints, modes[i%2].opts...)
+		r.hook = func(point string) {
+			if point == "enqueued" {
+				time.Sleep(time.Duration(intn(3000)) * time.Microsecond) // the fault: a slow client
+			}
+		}
+		rs = append(rs, r)
+	}
+	key := uniqueKey(t)
+	var (
+		mu                           sync.Mutex
+		holders                      = map[int]int{} // limit -> holders
+		failures                     []string
+		grants, mismatches, timeouts atomic.Int64
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	end := time.Now().Add(4 * time.Second)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		r := rs[i%len(rs)]
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				limit := 1 + 2*intn(2)
+				l := kindLease(key, backend.KindSemaphore, limit, time.Minute)
+				l.AutoRenew = intn(2) == 0
+				deadline := time.Time{}
+				if intn(3) > 0 {
+					deadline = time.Now().Add(time.Duration(intn(100)) * time.Millisecond)
+				}
+				err := r.Acquire(context.Background(), l, deadline)
+				switch {
+				case errors.Is(err, backend.ErrNotAcquired):
+					timeouts.Add(1)
+					continue
+				case errors.Is(err, backend.ErrLimitMismatch):
+					mismatches.Add(1)
+					continue
+				case err != nil:
+					fail("Acquire(limit %d) = %v", limit, err)
+					continue
+				}
+				grants.Add(1)
+				mu.Lock()
+				for other, n := range holders {
+					if other != limit && n > 0 {
+						failures = append(failures, fmt.Sprintf("a permit of limit %d granted while %d of limit %d hold", limit, n, other))
+					}
+				}
+				if holders[limit]++; holders[limit] > limit {
+					failures = append(failures, fmt.Sprintf("%d permits of a semaphore of %d", holders[limit], limit))
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(intn(3000)) * time.Microsecond) // the hold: work, not synchronisation
+				mu.Lock()
+				holders[limit]--
+				mu.Unlock()
+				if err := r.Release(context.Background(), l); err != nil {
+					fail("Release(limit %d) = %v", limit, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d grants, %d limit mismatches, %d ended at their deadline", grants.Load(), mismatches.Load(), timeouts.Load())
+	for _, f := range failures {
+		t.Error(f)
+	}
+	if grants.Load() == 0 || mismatches.Load() == 0 {
+		t.Errorf("the run tested too little")
+	}
+	waitKeys(t, rs[0], key, 0)
+}
+
 // TestEntryValue: a queue key's value reads back whatever bytes the owner
 // value and the label hold, separators included.
 func TestEntryValue(t *testing.T) {
@@ -452,5 +629,24 @@ func TestInspect(t *testing.T) {
 			queue(rd, backend.KindRead, 0, 4)
 			check("two readers, a writer and a reader waiting", rd, backend.KindWrite, 0, r1, r2)
 		})
+	}
+}
+
+// TestSemTag: a semaphore key's tag reads back its limit, and every tag
+// is as long as every other (none is a prefix of another).
+func TestSemTag(t *testing.T) {
+	for _, limit := range []int{1, 2, 15, 16, 1<<31 - 1, 1 << 40, 1<<63 - 1} {
+		tag := semTag(limit)
+		if len(tag) != semTagLen {
+			t.Errorf("semTag(%d) = %q: %d bytes; want %d", limit, tag, len(tag), semTagLen)
+		}
+		if got, ok := semTagLimit(tag + "rid-0"); !ok || got != limit {
+			t.Errorf("semTagLimit(semTag(%d)) = %d, %v", limit, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "rid-0", "000000000000000g-x", "0000000000000001x", "8000000000000000-x"} {
+		if _, ok := semTagLimit(bad); ok {
+			t.Errorf("semTagLimit(%q) ok; want not", bad)
+		}
 	}
 }

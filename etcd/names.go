@@ -83,17 +83,18 @@ func (n *names) give(key string, slot int) {
 // name space are parts of the key's string.
 func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
 	dir := r.queueDir(l.Kind, l.Key)
-	nsLen := len(dir) + len(tag(l.Kind))
-	// Most acquisitions take slot 0: name it first, so that a new name
-	// space is kept under a part of the key's string.
-	key := dir + tag(l.Kind) + r.id + "-0"
-	slot := r.names.take(key[:nsLen])
-	if slot != 0 {
-		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
-	}
 	limit := 0
 	if l.Kind == backend.KindSemaphore {
 		limit = l.Limit
+	}
+	tag := tag(l.Kind, limit)
+	nsLen := len(dir) + len(tag)
+	// Most acquisitions take slot 0: name it first, so that a new name
+	// space is kept under a part of the key's string.
+	key := dir + tag + r.id + "-0"
+	slot := r.names.take(key[:nsLen])
+	if slot != 0 {
+		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
 	}
 	return &handle{key: key, dirLen: int32(len(dir)), nsLen: int32(nsLen), slot: int32(slot), ttl: ttl,
 		kind: l.Kind, limit: limit, owner: l.Value, label: l.Label}

@@ -175,11 +175,21 @@ func (s *session) fenced(name string, rev int64, learnt bool) {
 	s.epochs[name] = rev
 }
 
-// keepAlive renews the lease every period until ctx ends, the lease is
-// gone, or renewals failed for so long that it may expire on the server
-// any moment (loseAt). When it returns, done closes and every lock on the
-// lease reports itself lost: before the server can expire the lease and
-// let another holder in.
+// keepAlive renews the lease a period after the send of the last
+// successful renewal until ctx ends, the lease is gone, or renewals failed
+// for so long that it may expire on the server any moment (loseAt). When
+// it returns, done closes and every lock on the lease reports itself
+// lost: before the server can expire the lease and let another holder in.
+//
+// A renewal runs until it is answered or the loss deadline passes: a
+// server that stalls (an fsync, a frozen process, a congested link) and
+// answers before the lease would expire renews it, whenever in the
+// lease's life the stall began. A renewal that fails before the deadline
+// (an error, not a timeout) is tried again after renewRetry, doubling up
+// to the period, so that a server back after a short outage is renewed
+// at once. A hung stream is given up at the loss deadline only; the
+// client's own keep-alive (DialKeepAliveTime) is what notices a dead
+// connection sooner.
 func (s *session) keepAlive(ctx context.Context) {
 	defer s.r.sessionLost(s)
 	defer close(s.done)
@@ -187,41 +197,47 @@ func (s *session) keepAlive(ctx context.Context) {
 	defer ka.reset()
 	t := time.NewTimer(s.period)
 	defer t.Stop()
-	lose := time.NewTimer(time.Until(s.loseAt()))
-	defer lose.Stop()
+	retry := renewRetry
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-lose.C:
-			if d := time.Until(s.loseAt()); d > 0 {
-				lose.Reset(d)
-				continue
-			}
-			return // renewals failed too long: the lease may expire now
 		case <-t.C:
 		}
 		sent := time.Now()
-		until := sent.Add(s.period)
-		if l := s.loseAt(); l.Before(until) {
-			until = l
+		lose := s.loseAt()
+		if !sent.Before(lose) {
+			return // renewals failed too long: the lease may expire now
 		}
-		kctx, cancel := context.WithDeadline(ctx, until)
+		kctx, cancel := context.WithDeadline(ctx, lose)
 		err := ka.once(kctx, s.r, s.id)
 		cancel()
 		switch {
 		case err == nil:
 			s.mu.Lock()
-			s.lastSent = sent
+			if sent.After(s.lastSent) {
+				s.lastSent = sent
+			}
 			s.mu.Unlock()
-		case errors.Is(err, rpctypes.ErrLeaseNotFound), s.r.clientClosed():
+			if s.r.onRenew != nil {
+				s.r.onRenew()
+			}
+			retry = renewRetry
+			t.Reset(time.Until(s.sentAt().Add(s.period)))
+			continue
+		case errors.Is(err, rpctypes.ErrLeaseNotFound), s.r.clientClosed(), ctx.Err() != nil:
 			return // no renewal can succeed any more
 		case !time.Now().Before(s.loseAt()):
 			return // the lease may expire on the server now
 		}
-		t.Reset(s.period)
+		t.Reset(min(retry, time.Until(s.loseAt())))
+		retry = min(2*retry, s.period)
 	}
 }
+
+// renewRetry is the first pause before a failed renewal is tried again
+// (keepAlive); it doubles up to the renewal period.
+const renewRetry = 50 * time.Millisecond
 
 // keepAliveStream is a lease keep-alive stream that stays open between
 // renewals: a renewal then costs the server one message. KeepAliveOnce
@@ -387,7 +403,13 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	}
 	sent = true
 	isHolder, err := r.enqueue(ctx, h)
+	if r.hook != nil {
+		r.hook("enqueued")
+	}
 	if err != nil {
+		if errors.Is(err, backend.ErrLimitMismatch) {
+			sent = false // the transaction made nothing, and said so
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The shared lease ended behind our back (the transaction
 			// created nothing): start a new one, once.

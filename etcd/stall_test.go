@@ -487,3 +487,93 @@ func TestRandomizedStalls(t *testing.T) {
 		waitKeys(t, admin, key, 0)
 	}
 }
+
+// TestRenewalSurvivesStallInLastThird (issue 30): the server stalls
+// (SIGSTOP) just after a renewal of a shared lease and answers again
+// before the lease could expire, late in its life: past two thirds of it
+// for a lease of AutoRenew locks alone (3s, renewed every second, the
+// stall 2.2s), past 70% for one with WithSharedLease (4s for a TTL of
+// 3s). The renewal sent during the stall must succeed when the server
+// answers and the locks stay held: Lost open, the key still there, and
+// no one else granted. Before the fix a renewal that found no answer
+// gave up after one period and the next came a period later, past the
+// loss deadline: Lost closed 2.97s after the last renewal, 760ms after
+// the server answered again, while the lease had 2s left.
+func TestRenewalSurvivesStallInLastThird(t *testing.T) {
+	srv := testserver.Etcd(t)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			r := newResource(t, srv.Endpoints, m.opts...)
+			renewed := make(chan time.Time, 64)
+			r.onRenew = func() {
+				select {
+				case renewed <- time.Now():
+				default:
+				}
+			}
+			other := newResource(t, srv.Endpoints)
+			ctx := t.Context()
+			key := uniqueKey(t)
+			l := lease(key, 3*time.Second)
+			l.AutoRenew = true
+			if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			s := l.Handle.(*handle).sess
+			stall := s.life * 73 / 100
+			// Drain the renewals so far, then stall right after the next.
+			for len(renewed) > 0 {
+				<-renewed
+			}
+			var last time.Time
+			select {
+			case last = <-renewed:
+			case <-time.After(2 * s.period):
+				t.Fatalf("no renewal within two periods (%v)", 2*s.period)
+			}
+			resume := stalled(t, srv)
+			stallStart := time.Now()
+			select {
+			case <-l.Lost:
+				resume()
+				t.Fatalf("Lost closed %v into the stall (the lease lives %v)", time.Since(stallStart), s.life)
+			case <-time.After(stall):
+			}
+			resume()
+			answered := time.Now()
+			t.Logf("stalled %v, %v after the renewal at %v (lease life %v, renewed every %v)",
+				answered.Sub(stallStart).Round(time.Millisecond), stallStart.Sub(last).Round(time.Millisecond),
+				last.Format("15:04:05.000"), s.life, s.period)
+			// The next renewals land before the loss deadline that the last
+			// renewal before the stall set.
+			for range 2 {
+				select {
+				case at := <-renewed:
+					t.Logf("renewed %v after the server answered again", at.Sub(answered).Round(time.Millisecond))
+				case <-l.Lost:
+					t.Fatalf("Lost closed %v after the last renewal before the stall, %v after the server answered again",
+						time.Since(last).Round(time.Millisecond), time.Since(answered).Round(time.Millisecond))
+				case <-time.After(s.life):
+					t.Fatalf("no renewal within %v of the server answering again", s.life)
+				}
+			}
+			if isClosed(l.Lost) {
+				t.Fatal("Lost closed")
+			}
+			in, err := other.Inspect(ctx, key, backend.KindMutex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(in.Holders) != 1 || in.Holders[0].Token != l.Token {
+				t.Errorf("Inspect = %+v; want the holder with token %d", in, l.Token)
+			}
+			if err := other.Acquire(ctx, lease(key, time.Second), time.Time{}); !errors.Is(err, backend.ErrNotAcquired) {
+				t.Errorf("another client's Acquire = %v; want ErrNotAcquired", err)
+			}
+			if err := r.Release(ctx, l); err != nil {
+				t.Errorf("Release = %v", err)
+			}
+			waitKeys(t, other, key, 0)
+		})
+	}
+}

@@ -77,15 +77,12 @@ func (r *Resource) batch(ls []*backend.Lease) *refreshBatch {
 		}
 		lock := r.lockKey(l)
 		labeled := l.Label != ""
-		var flag any = ""
+		flag := noFlag
 		if labeled {
 			flag = labelFlag
 		}
 		if ring {
-			args := []any{l.Value, ms}
-			if labeled {
-				args = append(args, labelFlag)
-			}
+			args := []any{l.Value, ms, flag, fenceFlag}
 			b.reqs = append(b.reqs, &refreshReq{s: redisscript.Extend, keys: []string{lock}, args: args, idx: []int{i}})
 			continue
 		}

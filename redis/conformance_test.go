@@ -40,8 +40,9 @@ func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) test
 		},
 		// Every key of every kind of lock on key: the mutex and its label,
 		// the semaphore's and the read/write lock's sets and hashes. The
-		// fences stay on purpose (they keep tokens increasing), and a
-		// failed attempt's tombstone lives one TTL.
+		// fences outlive their lock by redisscript.FenceGrace on purpose
+		// (they keep tokens increasing), a release's trace lives out the
+		// lock's TTL, and a failed attempt's tombstone lives one TTL.
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
 			var left []string
 			for _, k := range redisscript.StateKeys(redis.DefaultPrefix, key) {

@@ -26,10 +26,11 @@
 //     from the fence (see Fencing tokens) and return it; on failure return
 //     the holder's PTTL, so the spin loop never sleeps past the holder's
 //     expiry;
-//   - release: compare-and-delete, then PUBLISH (SPUBLISH on Cluster) a
-//     release notice on the key's channel;
-//   - refresh: compare-and-PEXPIRE; many locks at once in one script
-//     (see Many locks).
+//   - release: compare-and-delete (a RENAME to the release's trace, see
+//     [Resource.Release]), then PUBLISH (SPUBLISH on Cluster) a release
+//     notice on the key's channel;
+//   - refresh: compare-and-PEXPIRE, of the lock and its fence; many locks
+//     at once in one script (see Many locks).
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -189,17 +190,28 @@
 // contains, and distinct keys never share names. The release channel is
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
 // sets another; it is escaped the same way, so its braces never make the
-// tag. The fence never expires: it is what makes tokens increase across
-// holders, and it costs a few bytes per distinct lock name.
-// A failed acquire's tombstone, prefix{k'}:dead:value, lives in the same
-// slot for one lease TTL. A mutex holder's label (distlock.WithLabel) is
-// kept beside the lock, in prefix{k'}:label, with the lock's expiry. The
-// semaphore of k uses prefix{k'}:sem (holders), prefix{k'}:sem:h (tokens,
-// labels, limit) and prefix{k'}:sem:fence; the read/write lock
-// prefix{k'}:rw, prefix{k'}:rw:h, prefix{k'}:rw:fence and, for intents,
-// prefix{k'}:rw:qw, :qr and :qx. Every one of them is in k's slot, so a
-// script can reach all of a lock's keys on Cluster. The layout and
-// scripts live in internal/redisscript, shared with the Redlock backend.
+// tag. A failed acquire's tombstone, prefix{k'}:dead:value, lives in the
+// same slot for one lease TTL. A mutex holder's label (distlock.WithLabel)
+// is kept beside the lock, in prefix{k'}:label, with the lock's expiry. A
+// release renames the lock to prefix{k'}:released (see
+// [Resource.Release]). The semaphore of k uses prefix{k'}:sem (holders),
+// prefix{k'}:sem:h (tokens, labels, limit) and prefix{k'}:sem:fence; the
+// read/write lock prefix{k'}:rw, prefix{k'}:rw:h, prefix{k'}:rw:fence
+// and, for intents, prefix{k'}:rw:qw, :qr and :qx. Every one of them is
+// in k's slot, so a script can reach all of a lock's keys on Cluster. The
+// layout and scripts live in internal/redisscript, shared with the
+// Redlock backend.
+//
+// Every one of these keys expires, so what a lock name costs is bounded
+// by its use: a program that locks job:<id> for ever new ids does not
+// grow Redis. The lock, its label, the sets and hashes of a semaphore or
+// read/write lock live as long as their holders' or intents' TTLs; the
+// release's trace at most what was left of the lock's TTL (one key per
+// lock name); a tombstone one TTL; a fence [redisscript.FenceGrace] (10s)
+// longer than the lock it last served (a renewal of a mutex lengthens its
+// fence with it). A name locked once leaves nothing once its TTL and the
+// grace have passed. (Before issue 30 the fences never expired: one key
+// per lock name ever used.)
 //
 // # TTL
 //
@@ -223,8 +235,16 @@
 // the highest it has seen and refuse writes carrying a lower one. Without
 // that check the lock is an efficiency hint, not a guarantee.
 //
-// The clock is what keeps tokens from going backwards when the fence key
-// is lost. A server without persistence (no AOF, as a cache node is often
+// The fence expires [redisscript.FenceGrace] after the lock it last
+// served would have: the next grant then comes at least that long after
+// the last token was issued, and takes the server's time, which has moved
+// past every earlier token (the counter runs ahead of the clock by the
+// grants within one microsecond only). So tokens never go backwards when
+// a fence expires, unless the server's clock was stepped back by more
+// than the grace meanwhile.
+//
+// The clock is also what keeps tokens from going backwards when the fence
+// key is lost. A server without persistence (no AOF, as a cache node is often
 // run) restarts empty; a failover can promote a replica that missed the
 // last grants; an operator can restore an older snapshot. The next token
 // then comes from the server's clock, which has moved on since the lost
@@ -251,8 +271,9 @@
 // back shows in the data: the fence key (prefix{k'}:fence) then holds a
 // token ahead of the server's TIME (tokens run on as a counter until the
 // clock catches up), and a token is never expected to lie ahead of the
-// time its server reported when it was issued. Without a loss the fence
-// key alone keeps tokens increasing, whatever the clock does.
+// time its server reported when it was issued. While it lives (no loss,
+// and a grant within the grace of the last lock's end) the fence key
+// alone keeps tokens increasing, whatever the clock does.
 //
 // # Failover
 //

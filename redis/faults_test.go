@@ -12,6 +12,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
@@ -424,4 +425,95 @@ func TestLateCopyOfEarlierAttempt(t *testing.T) {
 	if err := r.Release(ctx, l); err != nil {
 		t.Errorf("Release = %v", err)
 	}
+}
+
+// TestReleaseSentAgain (issue 30): the reply of a Release that deleted
+// the key is lost (the connection breaks as it comes back), and go-redis
+// sends the release again on a new connection, where it finds the key
+// gone: Release must say nil, not ErrNotHeld. A lock that expired, was
+// deleted from outside, or expired and was taken and released by another
+// owner, still says ErrNotHeld.
+func TestReleaseSentAgain(t *testing.T) {
+	srv := testserver.Redis(t)
+	p, err := proxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr, MaxRetries: 3,
+		MinRetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	r := newResource(t, c)
+	ctx := t.Context()
+
+	t.Run("ReplyLost", func(t *testing.T) {
+		for _, label := range []string{"", "host-1"} {
+			key := uniqueKey(t)
+			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+			l := newLease(key, time.Minute)
+			l.Label = label
+			mustAcquire(t, r, l)
+			held := p.Hold(proxy.Down, func(b []byte) bool { return string(b) == ":1\r\n" })
+			lost := make(chan struct{})
+			go func() {
+				select {
+				case <-held.Seen():
+					p.CloseConns() // the reply is lost with its connection
+				case <-ctx.Done():
+				}
+				close(lost)
+			}()
+			err := r.Release(ctx, l)
+			<-lost
+			select {
+			case <-held.Seen():
+			default:
+				t.Fatal("the release's reply was not held: the test proves nothing")
+			}
+			held.Release()
+			if err != nil {
+				t.Errorf("label %q: Release whose first reply was lost = %v; want nil (the first run deleted the key)", label, err)
+			}
+			if exists(t, c, lock) || exists(t, c, lock+redisscript.LabelSuffix) {
+				t.Errorf("label %q: the lock or its label is left", label)
+			}
+		}
+	})
+	t.Run("Expired", func(t *testing.T) {
+		key := uniqueKey(t)
+		lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+		l := newLease(key, 50*time.Millisecond)
+		mustAcquire(t, r, l)
+		waitFor(t, "the lock to expire", func() bool { return !exists(t, c, lock) })
+		if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release of an expired lock = %v; want ErrNotHeld", err)
+		}
+	})
+	t.Run("DeletedFromOutside", func(t *testing.T) {
+		key := uniqueKey(t)
+		lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+		l := newLease(key, time.Minute)
+		mustAcquire(t, r, l)
+		if err := c.Del(ctx, lock).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release of a lock deleted from outside = %v; want ErrNotHeld", err)
+		}
+	})
+	t.Run("ExpiredTakenReleased", func(t *testing.T) {
+		key := uniqueKey(t)
+		lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+		l := newLease(key, 50*time.Millisecond)
+		mustAcquire(t, r, l)
+		waitFor(t, "the lock to expire", func() bool { return !exists(t, c, lock) })
+		other := newLease(key, time.Minute)
+		mustAcquire(t, r, other)
+		if err := r.Release(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, l); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release of a lock that expired, then was taken and released = %v; want ErrNotHeld", err)
+		}
+	})
 }

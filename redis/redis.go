@@ -199,8 +199,10 @@ var (
 	batchExtendSHA  any = redisscript.BatchExtend.Hash()
 )
 
-// labelFlag is the scripts' argument that says a lock has a label key.
-var labelFlag any = "1"
+// labelFlag is the scripts' argument that says a lock has a label key;
+// fenceFlag, Extend's that says it has a fence; traceFlag, Release's that
+// asks for a trace; noFlag says no.
+var labelFlag, fenceFlag, traceFlag, noFlag any = "1", "1", "1", ""
 
 // boxMillis returns ms as a command argument. A process usually locks
 // with one TTL: the last one is kept boxed, and reused while it does not
@@ -438,10 +440,18 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 // Release implements [backend.RemoteResource] with one script call: delete
 // the key if it holds l.Value and publish a release notice on the key's
 // channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
-// key is gone or holds another value. It returns when ctx ends, with an
+// key expired or holds another value. It returns when ctx ends, with an
 // error wrapping ctx's: the lock may then still be held (the request may
 // also still reach the server and delete it), and Release may be called
 // again.
+//
+// A Release that runs twice (go-redis sends a command again when the
+// reply of the first run was lost to a read error, after that run deleted
+// the key) returns nil the second time too: the release renames the key
+// to prefix{k'}:released instead of deleting it (one command either way),
+// which keeps the owner value for what was left of the lock's TTL, and a
+// second run finds its value there. A lock that expired, or whose key
+// someone else deleted, leaves no such trace: ErrNotHeld.
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -449,10 +459,11 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if l.Kind != backend.KindMutex {
 		return r.releaseKind(ctx, l)
 	}
-	c := scriptCall(redisscript.Release, releaseSHA, r.lockKey(l), l.Value, r.publish, labelFlag)
+	flag := labelFlag
 	if l.Label == "" {
-		c.cmd = c.cmd[:6]
+		flag = noFlag
 	}
+	c := scriptCall(redisscript.Release, releaseSHA, r.lockKey(l), l.Value, r.publish, flag, traceFlag)
 	n, _, err := r.send(ctx, c)
 	if err != nil {
 		return fmt.Errorf("redis: release %q: %w", l.Key, err)
@@ -464,8 +475,9 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 }
 
 // Refresh implements [backend.Refresher] with one script call: reset the
-// key's expiry to l.TTL if it holds l.Value. It returns [backend.ErrNotHeld]
-// when the key is gone or holds another value. It returns when ctx ends.
+// key's expiry to l.TTL if it holds l.Value, and its fence's with it. It
+// returns [backend.ErrNotHeld] when the key is gone or holds another
+// value. It returns when ctx ends.
 func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
@@ -473,10 +485,11 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if l.Kind != backend.KindMutex {
 		return r.refreshKind(ctx, l)
 	}
-	c := scriptCall(redisscript.Extend, extendSHA, r.lockKey(l), l.Value, r.boxMillis(redisscript.Millis(l.TTL)), labelFlag)
+	flag := labelFlag
 	if l.Label == "" {
-		c.cmd = c.cmd[:6]
+		flag = noFlag
 	}
+	c := scriptCall(redisscript.Extend, extendSHA, r.lockKey(l), l.Value, r.boxMillis(redisscript.Millis(l.TTL)), flag, fenceFlag)
 	n, _, err := r.send(ctx, c)
 	if err != nil {
 		return fmt.Errorf("redis: refresh %q: %w", l.Key, err)

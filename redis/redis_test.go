@@ -86,8 +86,11 @@ func TestResource(t *testing.T) {
 			if err := r.Release(ctx, l1); err != nil {
 				t.Fatalf("Release = %v", err)
 			}
-			if err := r.Release(ctx, l1); !errors.Is(err, backend.ErrNotHeld) {
-				t.Errorf("second Release = %v; want ErrNotHeld", err)
+			// A second run of the release (go-redis resends after a lost
+			// reply: the store cannot tell) finds its trace and says
+			// nil, touching nothing.
+			if err := r.Release(ctx, l1); err != nil {
+				t.Errorf("second Release = %v; want nil (the release's trace)", err)
 			}
 			mustAcquire(t, r, l2)
 			if l2.Token <= l1.Token {
@@ -224,11 +227,11 @@ func TestResource(t *testing.T) {
 		})
 
 		t.Run("failed-acquire-cleans-up", func(t *testing.T) {
-			// A fence that is not an integer makes the script fail
-			// after its SET: the lock must not stay behind.
+			// A fence of the wrong type makes the script fail after its
+			// SET (its GET fails): the lock must not stay behind.
 			key := uniqueKey(t)
 			lock, fence := redisscript.Layout(redis.DefaultPrefix, key)
-			if err := c.Set(ctx, fence, "not a number", time.Minute).Err(); err != nil {
+			if err := c.RPush(ctx, fence, "not a string").Err(); err != nil {
 				t.Fatal(err)
 			}
 			l := newLease(key, time.Minute)
@@ -330,9 +333,11 @@ func TestRoundTrips(t *testing.T) {
 		delta  map[string]int64
 		inside map[string]int64
 	}{
-		// The token: TIME, then INCR and INCRBY of the fence (the hybrid clock).
-		{"acquire", statsDelta(before, mid), map[string]int64{"set": 1, "exists": 1, "time": 1, "incr": 1, "incrby": 1}},
-		{"release", statsDelta(mid, after), map[string]int64{"get": 1, "del": 1, "publish": 1}},
+		// The token: TIME, then a GET of the fence and a SET with its
+		// expiry (the hybrid clock; issue 30: the fence expires).
+		{"acquire", statsDelta(before, mid), map[string]int64{"set": 2, "exists": 1, "time": 1, "get": 1}},
+		// RENAME, not DEL: the release leaves its trace (issue 30).
+		{"release", statsDelta(mid, after), map[string]int64{"get": 1, "rename": 1, "publish": 1}},
 		{"contended attempt", statsDelta(s0, s1), map[string]int64{"set": 1, "get": 1, "pttl": 1}},
 	} {
 		want := maps.Clone(tc.inside)

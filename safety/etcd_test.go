@@ -82,6 +82,9 @@ func TestEtcd(t *testing.T) {
 	t.Run("StoreStalled", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, false) })
 	t.Run("StoreStalledSharedLease", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, true) })
 	t.Run("ConnectionStalled", func(t *testing.T) { testEtcdConnectionStalled(t, tg, c) })
+	// Issue 30: a server stall that ends in the last third of an
+	// auto-renewed lock's lease loses nothing.
+	t.Run("StoreStalledLastThird", func(t *testing.T) { testEtcdStallLastThird(t, tg, srv) })
 	// Issue 24: a semaphore and a read/write lock, a holder's connection
 	// stalled past its lease.
 	t.Run("SemaphoreHolderStalled", func(t *testing.T) { testEtcdSemaphoreStalled(t, tg) })
@@ -275,6 +278,72 @@ func testEtcdHolderEndedFromOutside(t *testing.T, tg target, fault string, end f
 	}
 	if lost.At == 0 || time.Duration(lost.At-endAt) > hcfg.TTL/2 {
 		t.Errorf("the holder's Done closed %v after the fault; want it long before its TTL (%v)", time.Duration(lost.At-endAt), hcfg.TTL)
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// testEtcdStallLastThird freezes the server (SIGSTOP) just after a
+// renewal of the lease that keeps an auto-renewed holder's lock (its
+// process's shared lease, granted with the lock: it lives the TTL, 2s,
+// and is renewed every third of it), for 73% of the lease's life: the
+// stall ends in the lease's last third, before the lease can expire on
+// the server. The holder must keep its lock (Done open, its writes
+// accepted), and a waiter started after the stall must get the lock only
+// once the holder released it. Several trials, a fresh holder each (its
+// lease granted as it acquires, so that its renewals' times are known).
+func testEtcdStallLastThird(t *testing.T, tg target, srv *testserver.EtcdServer) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	life := tg.ttl           // a lease of auto-renewed locks alone lives their TTL
+	period := life / 3       // and is renewed every third of it
+	stall := life * 73 / 100 // ends in the lease's last third
+	trials := 3 * soak
+	lost := 0
+	var answeredAt []int64
+	for i := range trials {
+		hcfg := mixConfig(tg, key, 2*i)
+		hcfg.Name, hcfg.Cycles, hcfg.Ops, hcfg.Hold = fmt.Sprintf("holder%d", i), 1, 20, 2*life
+		holder := r.Worker(hcfg)
+		if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		// The lease was granted as the acquire began, a few milliseconds
+		// before this: its first renewal is a period after that.
+		time.Sleep(period + 30*time.Millisecond) // the fault's timing
+		r.Note("SIGSTOP server")
+		srv.Pause()
+		time.Sleep(stall) // the fault's length
+		answeredAt = append(answeredAt, r.Note("SIGCONT server"))
+		srv.Resume()
+		wcfg := mixConfig(tg, key, 2*i+1)
+		wcfg.Name, wcfg.Cycles = fmt.Sprintf("waiter%d", i), 1
+		waiter := r.Worker(wcfg)
+		if _, err := waiter.WaitLine("acquired", 0, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		stopAll(t, tg, holder, waiter)
+		lost += holder.Count("lost")
+	}
+
+	evs := r.History()
+	fault := fmt.Sprintf("server SIGSTOP for %d%% of an auto-renewed lock's lease, just after a renewal: the stall ends in the lease's last third", 73)
+	res := harness.Check(t, tg.name, fault, evs)
+	res.Orphans = orphans(t, tg, key)
+	// A loss, if any, counts from the moment the server answered again.
+	for i, at := range answeredAt {
+		if l, ok := lostOf(evs, fmt.Sprintf("holder%d-0", i)); ok {
+			res.LossLatency = max(res.LossLatency, time.Duration(l.At-at))
+		}
+	}
+	res.Notes = fmt.Sprintf("%d trials (TTL %v, lease renewed every %v, stall %v): holders' Done closed %d times (loss latency from SIGCONT); every waiter granted after its holder's release",
+		trials, life, period.Round(time.Millisecond), stall, lost)
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	if lost != 0 {
+		t.Errorf("a holder's Done closed %d times in %d trials; want 0: the lease was renewed when the server answered, before it could expire", lost, trials)
 	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)

@@ -2,16 +2,19 @@ package safety
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
+	"github.com/distlock/distlock/safety/history"
 )
 
 const redisTTL = 300 * time.Millisecond
@@ -47,7 +50,7 @@ func redisTarget(t testing.TB, addr string) (target, *goredis.Client) {
 
 func TestRedis(t *testing.T) {
 	srv := testserver.Redis(t)
-	tg, _ := redisTarget(t, srv.Addr)
+	tg, direct := redisTarget(t, srv.Addr)
 
 	t.Run("NoFault", func(t *testing.T) { testNoFault(t, tg) })
 	t.Run("HolderPause", func(t *testing.T) { testHolderPause(t, tg) })
@@ -55,6 +58,8 @@ func TestRedis(t *testing.T) {
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 	t.Run("StalledStore", func(t *testing.T) { testRedisStalledServer(t, srv) })
+	// Issue 30: fences expire, and tokens go on rising.
+	t.Run("FenceExpiry", func(t *testing.T) { testRedisFenceExpiry(t, tg, direct) })
 }
 
 // testRedisServerKill kills the server (SIGKILL) in the middle of a mix
@@ -96,5 +101,107 @@ func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 	}
 	if res.Orphans != 0 {
 		t.Errorf("%d orphans; want 0", res.Orphans)
+	}
+}
+
+// keysOf lists the Redis keys of key's locks under prefix: the lock, its
+// fence and every other key in its hash slot's names.
+func keysOf(t testing.TB, c *goredis.Client, prefix, key string) []string {
+	t.Helper()
+	lock, _ := redisscript.Layout(prefix, key)
+	keys, err := c.Keys(context.Background(), lock+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// testRedisFenceExpiry: two rounds of workers on one key, with no grant
+// between them until every key of the lock has expired (the fence a
+// grace, redisscript.FenceGrace, after the last lock): the tokens of the
+// second round must be larger than every token of the first (the hybrid
+// clock; the token checkers and porcupine look at the whole history), and
+// nothing of the lock is left in the end. Then, in this process, 1000
+// distinct keys are locked and released, as a job runner that locks
+// job:<id> would: their keys must all expire too.
+func testRedisFenceExpiry(t *testing.T, tg target, direct *goredis.Client) {
+	r := harness.NewRun(t)
+	key := uniqueKey(t)
+	round := func(n int) {
+		ws := startMix(r, tg, key, 2)
+		waitAcquisitions(t, tg, n, ws...)
+		stopAll(t, tg, ws...)
+	}
+	round(5 * soak)
+	endAt := r.Note("round 1 over")
+	if got := keysOf(t, direct, redis.DefaultPrefix, key); len(got) == 0 {
+		t.Fatalf("no key of the lock after round 1; want its fence at least")
+	}
+	waitUntil(t, tg.ttl+redisscript.FenceGrace+10*time.Second, "every key of the lock to expire",
+		func() bool { return len(keysOf(t, direct, redis.DefaultPrefix, key)) == 0 })
+	goneAt := r.Note("every key of the lock expired")
+	round(5 * soak)
+	settle := time.Now()
+	waitUntil(t, tg.ttl+redisscript.FenceGrace+10*time.Second, "every key of the lock to expire again",
+		func() bool { return len(keysOf(t, direct, redis.DefaultPrefix, key)) == 0 })
+	settled := time.Since(settle)
+
+	// Distinct keys, in this process.
+	prefix := "jobs-" + key + ":"
+	jobsRes, err := redis.New(direct, redis.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := distlock.New(jobsRes, distlock.WithDefaultTTL(tg.ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	const jobs = 1000
+	for i := range jobs {
+		lk, err := d.TryLock(t.Context(), fmt.Sprintf("job:%d", i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Unlock(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() int {
+		keys, err := direct.Keys(context.Background(), redisscript.EscapeTag(prefix)+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys)
+	}
+	after := count()
+	jobsEnd := time.Now()
+	waitUntil(t, tg.ttl+redisscript.FenceGrace+10*time.Second, "the jobs' keys to expire", func() bool { return count() == 0 })
+	jobsGone := time.Since(jobsEnd)
+
+	evs := r.History()
+	var before, next uint64
+	for _, e := range evs {
+		if e.Kind != history.Acquire || e.Err != "" {
+			continue
+		}
+		if e.Return < endAt {
+			before = max(before, e.Token)
+		} else if e.Call > goneAt && (next == 0 || e.Token < next) {
+			next = e.Token
+		}
+	}
+	res := harness.Check(t, tg.name, fmt.Sprintf("fences expire (TTL + %v grace): no grant until every key of the lock expired, then more grants; %d distinct keys locked and released", redisscript.FenceGrace, jobs), evs)
+	res.Orphans = len(keysOf(t, direct, redis.DefaultPrefix, key)) + count()
+	res.Notes = fmt.Sprintf("the lock's keys gone %v after round 1; its first token after that %d above round 1's largest (µs of the server's clock); %d keys right after the %d jobs, 0 after %v; the lock's keys gone %v after round 2 (orphans: keys left of both)",
+		time.Duration(goneAt-endAt).Round(100*time.Millisecond), int64(next)-int64(before), after, jobs, jobsGone.Round(100*time.Millisecond), settled.Round(100*time.Millisecond))
+	res.Log(t)
+	assertSafe(t, res)
+	assertNoOverlap(t, res)
+	if next <= before {
+		t.Errorf("first token after the fence expired = %d; want above %d, round 1's largest", next, before)
+	}
+	if res.Orphans != 0 {
+		t.Errorf("%d keys left; want 0", res.Orphans)
 	}
 }

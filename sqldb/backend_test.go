@@ -25,6 +25,7 @@ func TestPostgres(t *testing.T) {
 	runCommon(t, f)
 	t.Run("NoClientTimeSent", func(t *testing.T) { testNoClientTime(t, pg) })
 	t.Run("SerializationFailureIsContention", func(t *testing.T) { testSerializationFailure(t, pg) })
+	t.Run("ReleaseRacingRefresh", func(t *testing.T) { testReleaseRacingRefresh(t, pg) })
 	t.Run("SerializableWorkload", func(t *testing.T) { testSerializableWorkload(t, pg) })
 	t.Run("Notify", func(t *testing.T) { testNotify(t, pg) })
 	t.Run("NotifyKinds", func(t *testing.T) { testNotifyKinds(t, pg) })

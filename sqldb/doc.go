@@ -336,7 +336,13 @@
 //
 // # Cleanup of expired rows
 //
-// A lock that is released leaves no row, of any kind. A holder that dies
+// Per lock key the store keeps one row while the lock is held or waited
+// for (a mutex's in the main table, a semaphore's or read/write lock's in
+// the kinds table), and besides rows per key only a bounded set: on
+// PostgreSQL the token sequence, one per table; on MySQL the fencing
+// counter rows, at most 1024 in each table (the bucket of a key is a
+// hash of it, so a million distinct keys share the same 1024 rows). A
+// lock that is released leaves no row, of any kind. A holder that dies
 // leaves its row (or its entry in a group's row) until the next acquirer
 // takes it over or drops it (it is expired, so that is one statement) —
 // no dead end. Rows of keys that are never locked again stay; remove them

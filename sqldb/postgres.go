@@ -282,6 +282,14 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // grant's mode, $5 the channel, $6 the payload. It returns one row
 // (whether our entry was live) when it was there, none otherwise.
 //
+// Whether our entry was live is read by cur, which locks the row (FOR
+// UPDATE) and so reads its latest version, the one the DELETE or the
+// UPDATE then removes our entry from: no other statement can change the
+// row in between. (A read of the row from the statement's snapshot, as
+// before issue 30, saw our entry expired when a refresh that began
+// before the expiry committed a longer life after the snapshot: the
+// release removed a live grant and said ErrNotHeld.)
+//
 // The DELETE and the UPDATE are exclusive: the UPDATE runs only where the
 // DELETE deleted nothing. The DELETE rechecks its condition on the latest
 // version of the row if a concurrent statement changed it (READ
@@ -296,8 +304,6 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // its own (its snapshot sees what the first one committed; a row changed
 // since is rechecked on its latest version).
 func groupRemove(kq, arr, mine string) string {
-	live := `(SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM ` + kq + ` o, jsonb_array_elements(o.state->'` + arr + `') x
-    WHERE o.lock_key = $1::bytea AND o.kind = $3::smallint AND ` + mine + ` LIMIT 1)`
 	mineH, mineI := `false`, `false`
 	if arr == "h" {
 		mineH = mine
@@ -308,17 +314,22 @@ func groupRemove(kq, arr, mine string) string {
 		return `coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'` + a + `') x
       WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + m + `)), '[]')`
 	}
-	return `WITH d AS (
-  DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
+	return `WITH cur AS (
+  SELECT (SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM jsonb_array_elements(o.state->'` + arr + `') x WHERE ` + mine + ` LIMIT 1) AS live
+  FROM ` + kq + ` AS o WHERE o.lock_key = $1::bytea AND o.kind = $3::smallint
+  FOR UPDATE
+), d AS (
+  DELETE FROM ` + kq + ` AS g USING cur WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineH + `))
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineI + `))
-  RETURNING g.waited, ` + live + ` AS live
+  RETURNING g.waited, cur.live
 ), u AS (
   UPDATE ` + kq + ` AS g SET state = jsonb_build_object('h', ` + keep("h", mineH) + `, 'i', ` + keep("i", mineI) + `)
+  FROM cur
   WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint AND NOT EXISTS (SELECT FROM d)
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
-  RETURNING g.waited, ` + live + ` AS live, g.state = '{"h": [], "i": []}'::jsonb AS empty
+  RETURNING g.waited, cur.live, g.state = '{"h": [], "i": []}'::jsonb AS empty
 )
 SELECT coalesce(r.live, false), CASE WHEN r.waited THEN pg_notify($5, $6) END::text, r.empty
 FROM (SELECT *, false AS empty FROM d UNION ALL SELECT * FROM u) r`

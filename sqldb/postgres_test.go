@@ -3,7 +3,9 @@ package sqldb
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -141,6 +143,63 @@ func waitLockWaiters(t *testing.T, pg *pgFixture, n int) {
 			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got)
 		return got >= n, err
 	})
+}
+
+// testReleaseRacingRefresh (issue 30): a Release of a semaphore's permit
+// whose snapshot sees the permit expired, while a Refresh that began
+// before the expiry, and holds the row, commits a longer life: the
+// release deletes the permit as the refresh left it (live), and must say
+// so (nil), not ErrNotHeld. Before the fix the statement judged "live"
+// from its snapshot's version of the row while it deleted the latest one.
+func testReleaseRacingRefresh(t *testing.T, pg *pgFixture) {
+	ctx := t.Context()
+	p := pg.resource(t, pg.pool(t, nil))
+	key := testsuite.Key(t)
+	l := newLease(t, key, time.Second)
+	l.Kind, l.Limit = backend.KindSemaphore, 2
+	mustAcquire(t, p, l)
+	// The refresh, in a transaction left open: it holds the row's lock.
+	tx, err := pg.admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	tag, err := tx.Exec(ctx, p.kRef, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), micros(time.Minute))
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("the refresh = %v, %v; want one row", tag, err)
+	}
+	// The permit's first life ends, by the server's clock, as the
+	// committed row has it.
+	eventually(t, 10*time.Second, "the permit's first expiry", func() (bool, error) {
+		var state []byte
+		var lim int
+		var now int64
+		if err := pg.admin.QueryRow(ctx, p.kInspect, bytesArg(l.Key), groupRow(l.Kind)).Scan(&state, &lim, &now); err != nil {
+			return false, err
+		}
+		var st struct {
+			H []struct {
+				E int64 `json:"e"`
+			} `json:"h"`
+		}
+		if err := json.Unmarshal(state, &st); err != nil || len(st.H) != 1 {
+			return false, fmt.Errorf("state %s: %v", state, err)
+		}
+		return now > st.H[0].E, nil
+	})
+	errc := make(chan error, 1)
+	go func() { errc <- p.Release(context.Background(), l) }()
+	waitLockWaiters(t, pg, 1)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Errorf("Release of a permit a committed refresh kept live = %v; want nil", err)
+	}
+	in, err := p.Inspect(ctx, key, backend.KindSemaphore)
+	if err != nil || len(in.Holders) != 0 {
+		t.Errorf("Inspect after the release = %+v, %v; want no holder", in, err)
+	}
 }
 
 // testSerializationFailure makes the database raise a real serialization

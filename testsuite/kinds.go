@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -57,6 +58,7 @@ func testSemaphore(t *testing.T, h *Harness) {
 	t.Run("FrozenHolder", func(t *testing.T) { testSemaphoreFrozen(t, h) })
 	t.Run("CancelledWait", func(t *testing.T) { testSemaphoreCancelled(t, h) })
 	t.Run("BadLimit", func(t *testing.T) { testSemaphoreBadLimit(t, h) })
+	t.Run("LimitRange", func(t *testing.T) { testSemaphoreLimitRange(t, h) })
 	t.Run("Reentrancy", func(t *testing.T) { testSemaphoreReentrancy(t, h) })
 }
 
@@ -245,6 +247,31 @@ func testSemaphoreBadLimit(t *testing.T, h *Harness) {
 		wantInvalid(t, fmt.Sprintf("limit %d", limit), lk, err)
 	}
 	wantNoCalls(t, c, "a bad limit")
+}
+
+// testSemaphoreLimitRange: every store holds a semaphore of limit 2^31-1
+// (math.MaxInt32) and none of a larger limit: the facade refuses those
+// with ErrInvalid before any I/O, the same on every store (issue 30: the
+// SQL stores failed at the driver or the server, Redis took them).
+func testSemaphoreLimitRange(t *testing.T, h *Harness) {
+	r, c := wrapCounting(t, h.NewResource(t))
+	d := newLockOver(t, r)
+	key := Key(t)
+	lk, err := d.Semaphore(key, math.MaxInt32).TryAcquire(t.Context(), 0)
+	if err != nil {
+		t.Fatalf("a permit of a semaphore of limit %d = %v; want it", math.MaxInt32, err)
+	}
+	if err := lk.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	noLeftovers(t, h, key)
+	c.calls.Store(0)
+	above := int64(math.MaxInt32) + 1
+	for _, limit := range []int64{above, 1 << 40, math.MaxInt64} {
+		lk, err := d.Semaphore(Key(t), int(limit)).TryAcquire(t.Context(), time.Second)
+		wantInvalid(t, fmt.Sprintf("limit %d", limit), lk, err)
+	}
+	wantNoCalls(t, c, "a limit above 2^31-1")
 }
 
 func testSemaphoreReentrancy(t *testing.T, h *Harness) {

@@ -147,9 +147,9 @@
 //
 //   - With [WithSessionTimeout](d), where d is the negotiated session
 //     timeout: the server expires a session no sooner than d after it
-//     last heard from the client, so the resource, while locks are held,
-//     asks the server for a small read when none of its requests sent in
-//     the last d/3 was answered (go-zookeeper's own pings, as frequent,
+//     last heard from the client, so the resource, while locks are held
+//     or waits are in progress, asks the server for a small read when
+//     none of its requests sent in the last d/3 was answered (go-zookeeper's own pings, as frequent,
 //     are answered out of its sight), and closes Lost when 0.9 x d have
 //     passed since it sent the last request the server answered (it
 //     looks every 25ms from 0.9 x d - 25ms on). Lost closes d/10 before
@@ -160,7 +160,12 @@
 //     That tenth absorbs the lateness of the resource's timers and
 //     scheduling. A lock survives a disconnection if the client is back
 //     in its session before that deadline. Holding locks thus costs a
-//     read per d/3 for all of them, as many as the session's pings.
+//     read per d/3 for all of them, as many as the session's pings, and
+//     so does waiting: a waiter granted the lock by an event, after a
+//     wait of any length, then finds the deadline counted from a request
+//     answered less than d/3 before, not from the listing that began its
+//     wait (before issue 30, a wait longer than 0.9 x d gave a lock lost
+//     as soon as granted).
 //   - Without it, go-zookeeper does not expose the negotiated timeout and
 //     any disconnection is loss. A silent connection is noticed after
 //     go-zookeeper's receive timeout, 2/3 of the session timeout after the
@@ -179,7 +184,8 @@
 //     270 bytes of it), and no goroutine or timer. A lock with a TTL notices a deletion by another
 //     client at its next Refresh or Release, as ErrNotHeld.
 //
-// The connection is sampled every 25 ms while locks are held; the
+// The connection is sampled every 25 ms while locks are held or waits are
+// in progress; the
 // resource does not need the event channel of zk.Connect, which stays the
 // caller's. Locking on a connection that has no session yet is fine:
 // go-zookeeper queues the requests until the session is established.
@@ -240,6 +246,19 @@
 // still there (a lock that queued long, or a holder that died, which the
 // server frees at the session's expiry): a znode in the queue's granted
 // prefix is always listed, since it keeps others out.
+//
+// # What the store keeps
+//
+// Per lock key and kind, one parent znode, a container, which the server
+// deletes once it is empty (ZooKeeper 3.5 and later; on 3.4, which has
+// no containers, the parents are persistent and stay), and one ephemeral
+// child per acquisition in progress or held, gone with its lock's
+// release, its TTL (deleted by its holder's process), or its session. So
+// a key locked once leaves nothing once its lock has ended and the
+// server's container check has run (every minute by default,
+// znode.container.checkIntervalMs), however many distinct keys are used.
+// The root ([WithRoot]) stays: it is a container too, but holds the
+// parents while any is in use.
 //
 // # Errors
 //

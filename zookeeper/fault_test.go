@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -406,6 +407,60 @@ func testSilentPartition(t *testing.T, addrs []string) {
 			}
 			if err := other.Release(t.Context(), next); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestHandoffAfterLongWait (issue 30): a waiter granted the lock by its
+// only predecessor's deletion after waiting longer than the session
+// timeout holds it, with a resource that counts the loss deadline
+// (WithSessionTimeout): Lost stays open for a session timeout after the
+// grant, and the znode is there. Before the fix the deadline counted from
+// the listing made before the wait (the session watcher probed only while
+// locks were held): the first poll after the grant found it passed,
+// closed Lost and deleted the znode of a healthy session, 26ms after
+// Acquire returned (leader election by waiting on a lock never held).
+func TestHandoffAfterLongWait(t *testing.T) {
+	addrs := []string{testserver.ZooKeeper(t).Addr}
+	for _, kept := range []bool{true, false} {
+		t.Run(fmt.Sprintf("AutoRenew=%v", kept), func(t *testing.T) {
+			ctx := t.Context()
+			a, _ := newResource(t, addrs, WithSessionTimeout(sessionTimeout))
+			b, admin := newResource(t, addrs, WithSessionTimeout(sessionTimeout))
+			key := uniqueKey(t)
+			la, lb := lease(key, time.Minute), lease(key, time.Minute)
+			la.AutoRenew, lb.AutoRenew = kept, kept
+			if err := a.Acquire(ctx, la, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- b.Acquire(ctx, lb, time.Now().Add(time.Minute)) }()
+			waitFor(t, 10*time.Second, "the waiter to queue", func() bool { return len(mustChildren(t, admin, a, key)) == 2 })
+			time.Sleep(2 * sessionTimeout) // the fault: a wait longer than the session timeout
+			if err := a.Release(ctx, la); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter was not granted the lock")
+			}
+			if err != nil {
+				t.Fatalf("the waiter's Acquire = %v", err)
+			}
+			granted := time.Now()
+			select {
+			case <-lb.Lost:
+				t.Fatalf("Lost closed %v after the grant, the session alive", time.Since(granted))
+			case <-time.After(sessionTimeout):
+			}
+			if got := mustChildren(t, admin, b, key); len(got) != 1 || b.parentPath(key)+"/"+got[0] != pathOf(lb) {
+				t.Fatalf("children = %v; want the waiter's znode %s", got, pathOf(lb))
+			}
+			if err := b.Release(ctx, lb); err != nil {
+				t.Errorf("Release = %v; want nil", err)
 			}
 		})
 	}

@@ -136,9 +136,9 @@ func children(conn *zk.Conn, r *Resource, key string) ([]string, error) {
 		return nil, nil
 	}
 	sort.Slice(cs, func(i, j int) bool {
-		a, _ := sequence(cs[i])
-		b, _ := sequence(cs[j])
-		return a < b
+		a, _, _ := sequence(cs[i])
+		b, _, _ := sequence(cs[j])
+		return seqCompare(a, b) < 0
 	})
 	return cs, err
 }

@@ -24,6 +24,15 @@ import (
 // created or its TTL last written) against this process's clock, and 0
 // when the session keeps the lock alive or that time has passed.
 //
+// A semaphore's limit is its holders', the limit of the queue's first
+// child: a permit of another limit queued behind them (an acquire that
+// fails for it, until its deletion lands, a round trip) is neither
+// listed nor read. When the holders of the other limit have all gone
+// before that deletion, such a child heads the queue and is listed, with
+// its limit: the acquires queued after it count it as a holder too (they
+// wait for it, or fail for its limit), so Inspect says what the store
+// grants.
+//
 // It returns when ctx ends, with ctx's error; the store's errors wrapped.
 func (r *Resource) Inspect(ctx context.Context, key string, kind backend.Kind) (backend.Inspection, error) {
 	var in backend.Inspection

@@ -20,6 +20,7 @@ func TestKinds(t *testing.T) {
 		{"SemaphoreFirstWaiterAnyRelease", testSemaphoreFirstWaiterAnyRelease},
 		{"SemaphoreGrantMark", testSemaphoreGrantMark},
 		{"SemaphoreMismatchLeavesNothing", testSemaphoreMismatchLeavesNothing},
+		{"InspectBesideFailingPermit", testInspectBesideFailingPermit},
 		{"ReadersQueueBehindWriter", testReadersQueueBehindWriter},
 		{"KeptAlive", testKeptAlive},
 		{"KeptAliveNoRequestPerLock", testKeptAliveNoRequestPerLock},
@@ -151,6 +152,38 @@ func testSemaphoreMismatchLeavesNothing(t *testing.T, addrs []string) {
 	}
 	cs, _, err := conn.Children(r.kindParent(key, backend.KindSemaphore))
 	if err != nil || len(cs) != 1 || r.kindParent(key, backend.KindSemaphore)+"/"+cs[0] != pathOf(h) {
+		t.Errorf("the semaphore's children = %v, %v; want only the holder's", cs, err)
+	}
+	mustRelease(t, r, h)
+}
+
+// testInspectBesideFailingPermit (issue 30): a permit of another limit
+// queued behind the holders, as a failing acquire's znode is until its
+// deletion lands, gives Inspect neither the limit nor a holder; an
+// acquire of the holders' limit queued behind it fails (the package
+// doc's rule: a child of another limit before it), and leaves nothing.
+func testInspectBesideFailingPermit(t *testing.T, addrs []string) {
+	r, conn := newResource(t, addrs)
+	key := uniqueKey(t)
+	h := kindLease(key, backend.KindSemaphore, 2)
+	mustAcquire(t, r, h)
+	parent := r.kindParent(key, backend.KindSemaphore)
+	failing, err := conn.Create(parent+"/"+guidPrefix+newGUID()+"-"+semTag+"5-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := r.Inspect(t.Context(), key, backend.KindSemaphore)
+	if err != nil || in.Limit != 2 || len(in.Holders) != 1 || in.Holders[0].Token != h.Token {
+		t.Errorf("Inspect = %+v, %v; want the holder (token %d) alone, with limit 2", in, err, h.Token)
+	}
+	if err := r.Acquire(t.Context(), kindLease(key, backend.KindSemaphore, 2), time.Time{}); !errors.Is(err, backend.ErrLimitMismatch) {
+		t.Errorf("Acquire of limit 2 behind a child of limit 5 = %v; want ErrLimitMismatch", err)
+	}
+	if err := conn.Delete(failing, -1); err != nil {
+		t.Fatal(err)
+	}
+	cs, _, err := conn.Children(parent)
+	if err != nil || len(cs) != 1 || parent+"/"+cs[0] != pathOf(h) {
 		t.Errorf("the semaphore's children = %v, %v; want only the holder's", cs, err)
 	}
 	mustRelease(t, r, h)

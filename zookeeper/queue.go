@@ -23,7 +23,8 @@ const (
 )
 
 // Children are named like Curator's protected lock nodes:
-// "_c_" + guid + "-" + tag + "-" + the server's ten-digit sequence number.
+// "_c_" + guid + "-" + tag + "-" + the server's sequence number (ten
+// digits, or a sign and more after 2^31-1 creates: see sequence).
 // The tag says what the child asks for: "lock" (a mutex), "read" or
 // "write" (a read/write lock), "sem<limit>" (a semaphore's permit, with
 // the limit its holder asked for), so that one listing tells every
@@ -50,23 +51,53 @@ func tagOf(l *backend.Lease) string {
 	return mutexTag
 }
 
-// sequence returns the sequence number of a lock child, false for a name
-// that does not end in one (not a contender).
-func sequence(name string) (int64, bool) {
+// sequence returns the sequence number of a lock child and the length
+// of its text at the end of the name, false for a name that does not end
+// in one (not a contender). ZooKeeper appends the parent's child version,
+// a signed 32-bit counter, with "%010d": after 2^31-1 creates under one
+// parent (a container znode lives as long as its queue is never empty)
+// the counter goes on from -2147483648, written after the name's own '-'
+// in eleven characters ("-2147483648" ... "-1000000000"), then in ten
+// ("-999999999" ... "-000000001"), then "0000000000" again. The number is
+// returned as the counter's 32 bits, which seqCompare orders across the
+// wrap.
+func sequence(name string) (seq uint32, n int, ok bool) {
 	if len(name) < seqDigits {
-		return 0, false
+		return 0, 0, false
 	}
-	n, err := strconv.ParseInt(name[len(name)-seqDigits:], 10, 64)
-	if err != nil || n < 0 {
-		return 0, false
+	field := name[len(name)-seqDigits:]
+	if field[0] == '-' { // "-999999999" ... "-000000001" after the name's '-'
+		u, err := strconv.ParseUint(field[1:], 10, 32)
+		if err != nil || u == 0 || len(name) == seqDigits || name[len(name)-seqDigits-1] != '-' {
+			return 0, 0, false
+		}
+		return uint32(-int32(u)), seqDigits, true
 	}
-	return n, true
+	u, err := strconv.ParseUint(field, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	if u >= 1e9 && u <= 1<<31 && len(name) >= seqDigits+2 && name[len(name)-seqDigits-2:len(name)-seqDigits] == "--" {
+		return uint32(-int64(u)), seqDigits + 1, true // "-2147483648" ... "-1000000000" after the name's '-'
+	}
+	if u >= 1<<31 {
+		return 0, 0, false
+	}
+	return uint32(u), seqDigits, true
+}
+
+// seqCompare orders two sequence numbers by serial number arithmetic
+// (RFC 1982): a before b when b is fewer than 2^31 creates after a, so
+// that the queue keeps its order when the counter wraps. Children alive
+// at once are never that far apart.
+func seqCompare(a, b uint32) int {
+	return cmp.Compare(int32(a-b), 0)
 }
 
 // entry is one contender in a queue.
 type entry struct {
 	name  string
-	seq   int64
+	seq   uint32 // see sequence
 	kind  backend.Kind
 	limit int // a semaphore's: the limit its holder asked for; 0 if unreadable
 }
@@ -79,12 +110,12 @@ type entry struct {
 // as a permit of another limit. A stranger can then only make others
 // wait or fail, never let too many in.
 func parseEntry(name string, kind backend.Kind) (entry, bool) {
-	seq, ok := sequence(name)
+	seq, n, ok := sequence(name)
 	if !ok {
 		return entry{}, false
 	}
 	e := entry{name: name, seq: seq, kind: kind}
-	tag := tagIn(name)
+	tag := tagIn(name[:len(name)-n])
 	switch kind {
 	case backend.KindRead, backend.KindWrite:
 		e.kind = backend.KindWrite
@@ -103,9 +134,10 @@ func parseEntry(name string, kind backend.Kind) (entry, bool) {
 	return e, true
 }
 
-// tagIn returns the tag of a name "..-<tag>-<seq>", "" when it has none.
+// tagIn returns the tag of a name "..-<tag>-" (without its sequence
+// number), "" when it has none.
 func tagIn(name string) string {
-	rest, ok := strings.CutSuffix(name[:len(name)-seqDigits], "-")
+	rest, ok := strings.CutSuffix(name, "-")
 	if !ok {
 		return ""
 	}
@@ -125,7 +157,7 @@ func queueOf(children []string, kind backend.Kind) []entry {
 		}
 	}
 	slices.SortFunc(q, func(a, b entry) int {
-		return cmp.Or(cmp.Compare(a.seq, b.seq), strings.Compare(a.name, b.name))
+		return cmp.Or(seqCompare(a.seq, b.seq), strings.Compare(a.name, b.name))
 	})
 	return q
 }

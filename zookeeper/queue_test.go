@@ -47,12 +47,65 @@ func TestParseEntry(t *testing.T) {
 	}
 }
 
+// TestSequenceWrap (issue 30): ZooKeeper's sequence counter is a signed
+// 32-bit number, written with "%010d", that goes negative after 2^31-1
+// creates under one parent. Names across the wrap parse, keep their tag,
+// and order as they were made. (A real server would need 2^31 creates
+// under one parent to show it: these are the names its documentation
+// gives.) Before, "-2147483647" read as 2147483647 and the children made
+// after the wrap sorted before the older ones: two holders at once.
+func TestSequenceWrap(t *testing.T) {
+	const g = "_c_0123456789abcdef0123456789abcdef-sem2-"
+	made := []struct {
+		suffix string
+		seq    int64
+	}{
+		{"0000000007", 7}, {"1000000000", 1000000000}, {"2147483646", 2147483646}, {"2147483647", 2147483647},
+		{"-2147483648", -2147483648}, {"-2147483647", -2147483647}, {"-1000000000", -1000000000},
+		{"-999999999", -999999999}, {"-000000001", -1}, {"0000000000", 0}, {"0000000001", 1},
+	}
+	var names []string
+	for _, m := range made {
+		name := g + m.suffix
+		seq, n, ok := sequence(name)
+		if !ok || int32(seq) != int32(m.seq) || n != len(m.suffix) {
+			t.Errorf("sequence(%q) = %d, %d, %v; want %d, %d", name, int32(seq), n, ok, m.seq, len(m.suffix))
+		}
+		e, ok := parseEntry(name, backend.KindSemaphore)
+		if !ok || e.limit != 2 {
+			t.Errorf("parseEntry(%q) = %+v, %v; want a permit of limit 2", name, e, ok)
+		}
+		names = append(names, name)
+	}
+	// Children alive at once span fewer than 2^31 creates: each window of
+	// the names above that does, listed backwards, comes back in order.
+	for lo := range names {
+		for hi := lo + 1; hi <= len(names); hi++ {
+			if uint32(made[hi-1].seq)-uint32(made[lo].seq) >= 1<<31 {
+				continue // not alive at once
+			}
+			window := slices.Clone(names[lo:hi])
+			slices.Reverse(window)
+			for i, e := range queueOf(window, backend.KindSemaphore) {
+				if e.name != names[lo+i] {
+					t.Fatalf("queueOf(%v)[%d] = %s; want %s", window, i, e.name, names[lo+i])
+				}
+			}
+		}
+	}
+	for _, bad := range []string{g + "2147483648", g[:len(g)-1] + "-2147483648", g + "-000000000", g + "x000000001", "-2147483649", g + "99999999999"} {
+		if seq, n, ok := sequence(bad); ok {
+			t.Errorf("sequence(%q) = %d, %d, ok; want not", bad, seq, n)
+		}
+	}
+}
+
 // q builds a queue from specs: "r", "w", "m" (mutex), or a semaphore
 // limit as a number.
 func q(specs ...any) []entry {
 	out := make([]entry, len(specs))
 	for i, s := range specs {
-		e := entry{name: fmt.Sprint("c", i), seq: int64(i)}
+		e := entry{name: fmt.Sprint("c", i), seq: uint32(i)}
 		switch s {
 		case "r":
 			e.kind = backend.KindRead
@@ -199,7 +252,7 @@ type queueModel struct {
 	rnd     *rand.Rand
 	kind    backend.Kind
 	limits  []int
-	seq     int64
+	seq     uint32
 	clients []*modelClient // in queue order; removed when their child goes
 	pending []func()       // reactions not yet made, made in random order
 }

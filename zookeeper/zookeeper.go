@@ -37,11 +37,11 @@ var errNotNew = fmt.Errorf("zookeeper: %w: a Resource not made by New", backend.
 const DefaultRoot = "/distlock"
 
 // pollInterval is how often the session watcher samples the connection
-// while locks are held.
+// while locks are held or waits are in progress.
 const pollInterval = 25 * time.Millisecond
 
 // With [WithSessionTimeout](d), the session watcher asks the server for
-// something while locks are held once no request sent in the last
+// something while locks are held or waits are in progress once no request sent in the last
 // d/probeDivisor was answered (go-zookeeper pings as often), and reports
 // them lost once no request sent in the last d - d/marginDivisor -
 // pollInterval was answered (see lossDeadline).
@@ -91,9 +91,9 @@ func WithACL(acl ...zk.ACL) Option {
 
 // WithSessionTimeout tells the resource the session timeout the connection
 // negotiated (the one given to zk.Connect, unless the server clamped it to
-// its [2, 20] tickTime bounds). While locks are held, the resource then
-// sends the server a small read when it has answered none for d/3 (as
-// often as go-zookeeper pings it), and reports the locks lost
+// its [2, 20] tickTime bounds). While locks are held or waits are in
+// progress, the resource then sends the server a small read when it has
+// answered none for d/3 (as often as go-zookeeper pings it), and reports the locks lost
 // (Lease.Lost closed) when nine tenths of d have passed since it sent the
 // last request the server answered: the server cannot expire the session
 // before d has passed since it last heard from the client, so Lost closes
@@ -143,7 +143,11 @@ type Resource struct {
 	// timers are the TTL timers of the held locks that are not kept
 	// alive by the session (each deletes its znode when it fires): a
 	// lock the session keeps, the many, has no field for one.
-	timers  map[*held]*time.Timer
+	timers map[*held]*time.Timer
+	// waiting counts the waits in progress that count a loss deadline
+	// (WithSessionTimeout): the session watcher runs while there are
+	// locks held or waits in progress.
+	waiting int
 	polling bool
 	closed  bool
 	stop    chan struct{} // closed by Close: waits and the session watcher end
@@ -648,7 +652,7 @@ type grant struct {
 func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grant, err error) {
 	path := c.path
 	name := path[len(parent)+1:]
-	if _, ok := sequence(name); !ok {
+	if _, _, ok := sequence(name); !ok {
 		return g, fmt.Errorf("server gave %q no sequence number", path)
 	}
 	kept := l.AutoRenew
@@ -696,6 +700,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 		}
 		return g, nil
 	}
+	defer r.waitBegins()()
 	type listing struct {
 		children []string
 		watch    <-chan zk.Event
@@ -725,6 +730,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 			return g, err
 		}
 		g.heard = sent
+		r.hear(sent)
 		children := ls.children[:0:0]
 		for _, c := range ls.children {
 			if c != name && strings.Contains(c, guid) {
@@ -944,17 +950,47 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 	if h.sid != r.sidSeen {
 		r.recheck = true
 	}
-	if !r.polling {
-		r.polling = true
-		r.wg.Add(1)
-		go r.poll()
-	}
+	r.startPollLocked()
 	r.mu.Unlock()
 	l.Token = uint64(g.token)
 	l.Handle = h
 	l.Lost = h.lost
 	l.KeptAlive = h.kept
 	return nil
+}
+
+// startPollLocked starts the session watcher unless it runs; r.mu is
+// held.
+func (r *Resource) startPollLocked() {
+	if !r.polling {
+		r.polling = true
+		r.wg.Add(1)
+		go r.poll()
+	}
+}
+
+// waitBegins records a wait in progress, with [WithSessionTimeout]: the
+// session watcher then probes the server as it does while locks are held
+// (see poll), so that when the wait is granted (by an event, with no
+// request of its own) the loss deadline counts from a request answered
+// less than a third of the session timeout before, not from the listing
+// made before the wait began. The returned function ends the wait.
+func (r *Resource) waitBegins() (ends func()) {
+	if r.cfg.tolerance <= 0 {
+		return func() {}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return func() {}
+	}
+	r.waiting++
+	r.startPollLocked()
+	return func() {
+		r.mu.Lock()
+		r.waiting--
+		r.mu.Unlock()
+	}
 }
 
 // rearmNow is a watch that has fired with no event: the session watcher
@@ -1020,7 +1056,8 @@ func (r *Resource) lose(h *held) {
 	}
 }
 
-// poll watches the connection while locks are held: a changed session id
+// poll watches the connection while locks are held or waits are in
+// progress (waitBegins): a changed session id
 // means the old session expired with our znodes. Without
 // [WithSessionTimeout] any disconnection may have lost them; with it, it
 // probes the server (see probe) and reports the locks lost at
@@ -1084,7 +1121,7 @@ func (r *Resource) poll() {
 				}
 			}
 		}
-		last := len(r.held) == 0
+		last := len(r.held) == 0 && r.waiting == 0
 		if last {
 			r.polling = false
 		}

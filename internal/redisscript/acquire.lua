@@ -47,6 +47,6 @@ if ARGV[3] then
   redis.call('SET', KEYS[1] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
 end
 if KEYS[2] then
-  return next_token(KEYS[2])
+  return next_token(KEYS[2], ARGV[2])
 end
 return 1

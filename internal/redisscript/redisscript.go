@@ -42,6 +42,21 @@ var (
 	batchExtendSrc string
 )
 
+// FenceGrace is how long a fence outlives the lock it last served: every
+// grant writes its fence with the lock's TTL plus FenceGrace, and a
+// renewal of a mutex ([Extend] with its fence flag, [BatchExtend])
+// lengthens the fence with the lock. Tokens stay strictly increasing when
+// a fence has expired (the hybrid clock, see [Acquire]) unless the
+// server's clock steps back by more than FenceGrace. The scripts read it
+// as FENCE_GRACE_MS, written in front of their text.
+const FenceGrace = 10 * time.Second
+
+// graceSrc defines FENCE_GRACE_MS for the scripts.
+var graceSrc = "local FENCE_GRACE_MS = " + strconv.FormatInt(FenceGrace.Milliseconds(), 10) + "\n"
+
+// tokenSrc is what every script that makes tokens starts with.
+var tokenSrc = graceSrc + clockSrc
+
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token (see [Clock]); when the lock is held it returns minus the
 // holder's remaining milliseconds. A lock that already holds the value
@@ -55,7 +70,7 @@ var (
 // With a label, it keeps the label beside the lock (the key lock +
 // [LabelSuffix], with the lock's expiry), for [Inspect].
 // KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
-var Acquire = goredis.NewScript(clockSrc + acquireSrc)
+var Acquire = goredis.NewScript(tokenSrc + acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
@@ -70,26 +85,30 @@ var Cleanup = goredis.NewScript(cleanupSrc)
 
 // Release deletes the lock if it holds the value and optionally publishes a
 // release notice on the channel named like the lock key. KEYS: lock. ARGV:
-// value [, "PUBLISH" | "SPUBLISH" | "" [, "1": delete the label key too]].
-// Reply: 1 deleted, 0 not held.
+// value [, "PUBLISH" | "SPUBLISH" | "" [, "1" | "": delete the label key
+// too [, "1": leave a trace]]]. Reply: 1 deleted, 0 not held. With a
+// trace, the lock key is renamed to lock + [ReleasedSuffix] (keeping its
+// expiry) instead of deleted, and a release of the same value that runs
+// again (a client that sends it again after losing the first reply)
+// replies 1 too.
 var Release = goredis.NewScript(releaseSrc)
 
 // Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
-// value, ttl ms [, "1": the label key's too]. Reply: 1 extended, 0 not
-// held.
-var Extend = goredis.NewScript(extendSrc)
+// value, ttl ms [, "1" | "": the label key's too [, "1": the fence's too,
+// to ttl plus [FenceGrace]]]. Reply: 1 extended, 0 not held.
+var Extend = goredis.NewScript(graceSrc + extendSrc)
 
 // SemAcquire takes a permit of a semaphore: KEYS: [SemaphoreKeys].
 // ARGV: value, ttl ms, limit [, label]. Reply: the token (> 0), or minus
 // the milliseconds until the first holder expires (<= 0); a LIMIT error
 // ([IsLimit]) when the live holders took it with another limit, a DEAD
 // error as [Acquire]'s.
-var SemAcquire = goredis.NewScript(clockSrc + groupSrc + semAcquireSrc)
+var SemAcquire = goredis.NewScript(tokenSrc + groupSrc + semAcquireSrc)
 
 // RWAcquire takes the read ("r") or write ("w") side of a read/write lock,
 // or records (renews) the request's intent: KEYS: [RWKeys]. ARGV: value,
 // ttl ms, "r" | "w" [, label]. Reply as [SemAcquire]'s, without LIMIT.
-var RWAcquire = goredis.NewScript(clockSrc + groupSrc + rwAcquireSrc)
+var RWAcquire = goredis.NewScript(tokenSrc + groupSrc + rwAcquireSrc)
 
 // GroupRelease gives back a semaphore's permit or a read/write lock's
 // grant: KEYS: the first three of [SemaphoreKeys] or [RWKeys]. ARGV:
@@ -125,26 +144,28 @@ var Inspect = goredis.NewScript(groupSrc + inspectSrc)
 // ttl ms [, label]. Reply: the tokens, one per lock, or minus the first
 // held lock's holder's remaining milliseconds (<= 0); a DEAD error as
 // [Acquire]'s, taking none.
-var MultiAcquire = goredis.NewScript(clockSrc + multiAcquireSrc)
+var MultiAcquire = goredis.NewScript(tokenSrc + multiAcquireSrc)
 
-// BatchExtend extends many mutexes at once: KEYS: the locks (one hash
-// slot on Cluster). ARGV: value, ttl ms, "1" | "" (a label key) per lock.
-// Reply: 1 extended or 0 not held, per lock.
-var BatchExtend = goredis.NewScript(batchExtendSrc)
+// BatchExtend extends many mutexes at once, each with its fence (to ttl
+// plus [FenceGrace]): KEYS: the locks (one hash slot on Cluster). ARGV:
+// value, ttl ms, "1" | "" (a label key) per lock. Reply: 1 extended or 0
+// not held, per lock.
+var BatchExtend = goredis.NewScript(graceSrc + batchExtendSrc)
 
 // Suffixes of the keys of a semaphore and of a read/write lock, appended
 // to the lock key of [Layout].
 const (
 	SemSuffix        = ":sem"       // holders, by expiry
 	SemRecordsSuffix = ":sem:h"     // tokens and labels, and the limit
-	SemFenceSuffix   = ":sem:fence" // the last token
+	SemFenceSuffix   = ":sem:fence" // the last token (see FenceGrace)
 	RWSuffix         = ":rw"        // holders, by expiry
 	RWRecordsSuffix  = ":rw:h"      // kinds, tokens and labels, and the writer
-	RWFenceSuffix    = ":rw:fence"  // the last token (and intent number)
+	RWFenceSuffix    = ":rw:fence"  // the last token (and intent number; see FenceGrace)
 	RWWritersSuffix  = ":rw:qw"     // writers' intents, by arrival
 	RWReadersSuffix  = ":rw:qr"     // readers' intents, by arrival
 	RWIntentsSuffix  = ":rw:qx"     // every intent, by expiry
 	LabelSuffix      = ":label"     // a mutex holder's label
+	ReleasedSuffix   = ":released"  // the last released owner value (Release's trace)
 )
 
 // SemaphoreKeys returns the keys of the semaphore whose lock key (from
@@ -164,9 +185,9 @@ func RWKeys(lock string) []string {
 
 // StateKeys returns every key that holds state of key's locks, of every
 // kind, under prefix: the lock, its label, the semaphore's and the
-// read/write lock's sets and hashes. Fences (which stay, to keep tokens
-// increasing) and tombstones (which expire after one lease TTL) are not
-// among them.
+// read/write lock's sets and hashes. Fences (which expire [FenceGrace]
+// after their lock) and tombstones (which expire after one lease TTL) are
+// not among them.
 func StateKeys(prefix, key string) []string {
 	lock, _ := Layout(prefix, key)
 	return []string{lock, lock + LabelSuffix, lock + SemSuffix, lock + SemRecordsSuffix,

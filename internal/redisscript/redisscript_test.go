@@ -189,3 +189,21 @@ func TestSlot(t *testing.T) {
 		t.Errorf("Slot(%q): an empty tag must hash the whole key", "{}foo")
 	}
 }
+
+// TestScriptsNameSuffixes: the names the scripts build from the lock key
+// are the ones the Go side knows them by.
+func TestScriptsNameSuffixes(t *testing.T) {
+	for _, c := range []struct {
+		src, suffix string
+	}{
+		{extendSrc, FenceSuffix}, {batchExtendSrc, FenceSuffix}, {releaseSrc, ReleasedSuffix},
+		{releaseSrc, LabelSuffix}, {extendSrc, LabelSuffix}, {cleanupSrc, DeadInfix}, {acquireSrc, DeadInfix},
+	} {
+		if !strings.Contains(c.src, "KEYS[1] .. '"+c.suffix+"'") && !strings.Contains(c.src, "KEYS[i] .. '"+c.suffix+"'") {
+			t.Errorf("a script does not build its key name with %q:\n%s", c.suffix, c.src)
+		}
+	}
+	if !strings.Contains(graceSrc, "FENCE_GRACE_MS = 10000") || FenceGrace != 10*time.Second {
+		t.Errorf("graceSrc = %q; want FenceGrace, %v, in milliseconds", graceSrc, FenceGrace)
+	}
+}

@@ -7,15 +7,33 @@
 --         denies PUBLISH never fails the release.
 -- ARGV[3] optional: '1' when the lock has a label key (acquire.lua), to
 --         delete with it
--- Returns 1 when deleted, 0 when the key did not hold ARGV[1].
+-- ARGV[4] optional: '1' to leave a trace of the release: the lock key is
+--         renamed to KEYS[1]..':released' instead of deleted (one command
+--         either way), which keeps the released owner value for what was
+--         left of the lock's TTL (RENAME keeps the expiry), one key per
+--         lock name (the next release overwrites it). A release that runs
+--         again (go-redis sends a command again after a read error, when
+--         the first run's reply was lost) finds its value there and
+--         succeeds again, at the cost of one GET; a lock that expired, or
+--         was deleted by anyone else, leaves no trace of its value.
+-- Returns 1 when deleted (or, with a trace, deleted by an earlier run),
+-- 0 when the key did not hold ARGV[1].
+local trace = ARGV[4] == '1'
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[3] then
+  if trace then
+    redis.call('RENAME', KEYS[1], KEYS[1] .. ':released')
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  if ARGV[3] == '1' then
     redis.call('DEL', KEYS[1] .. ':label')
   end
   if ARGV[2] and ARGV[2] ~= '' then
     redis.pcall(ARGV[2], KEYS[1], '')
   end
+  return 1
+end
+if trace and redis.call('GET', KEYS[1] .. ':released') == ARGV[1] then
   return 1
 end
 return 0

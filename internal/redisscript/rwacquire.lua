@@ -57,7 +57,7 @@ if not held then
 end
 if blocked then
   if not own then
-    redis.call('ZADD', line, string.format('%d', next_token(KEYS[4])), v)
+    redis.call('ZADD', line, string.format('%d', next_token(KEYS[4], ttl)), v)
   end
   redis.call('ZADD', KEYS[7], now + ttl, v)
   lengthen(line, ttl)
@@ -69,7 +69,7 @@ if blocked then
   end
   return -(first - now)
 end
-local tok = next_token(KEYS[4])
+local tok = next_token(KEYS[4], ttl)
 redis.call('ZADD', KEYS[2], now + ttl, v)
 redis.call('HSET', KEYS[3], v, ARGV[3] .. string.format('%d:', tok) .. (ARGV[4] or ''))
 if w then

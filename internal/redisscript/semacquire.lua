@@ -28,7 +28,7 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
     return redis.error_reply(DEAD)
   end
 end
-local tok = next_token(KEYS[4])
+local tok = next_token(KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('HSET', KEYS[3], '', ARGV[3], ARGV[1], string.format('%d:', tok) .. (ARGV[4] or ''))
 lengthen(KEYS[2], ARGV[2])
