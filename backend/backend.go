@@ -240,8 +240,11 @@ type MultiSpinner interface {
 type RemoteResource interface {
 	// Release deletes the lock if and only if the store still holds
 	// l.Value under l.Key (compare-and-delete). It returns ErrNotHeld when
-	// the store does not, and touches nothing then. Errors from the store
-	// are wrapped with the operation and key.
+	// the store does not, and touches nothing then; a store that can tell
+	// that it released l.Value itself within the lease's TTL (a request
+	// its client sent again after the first run's reply was lost: Redis)
+	// returns nil for it. Errors from the store are wrapped with the
+	// operation and key.
 	Release(ctx context.Context, l *Lease) error
 }
 
