@@ -637,7 +637,7 @@ func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 				// renewal, no watch) and the store frees it with its TTL.
 				g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: Close could not release it: %w", ErrNotHeld, quote(g.lease.Key), err)}))
 				mu.Lock()
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("distlock: close: release %s: %w", quote(g.lease.Key), err))
 				mu.Unlock()
 			}
 		})
