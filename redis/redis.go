@@ -287,7 +287,8 @@ func (r *Resource) ValidateKey(key string) error {
 // the holder's remaining time. It returns when ctx ends, whatever the
 // server does.
 //
-// On any error the request may have run, or may still run (its reply was
+// On any error but a failed dial (see notSent: nothing was sent, nothing
+// is cleaned up) the request may have run, or may still run (its reply was
 // lost, or ctx ended before it came): the attempt is then cleaned up with
 // one script that deletes the key if it holds l.Value and writes l.Value's
 // tombstone for one TTL, so that the request sets nothing should it reach

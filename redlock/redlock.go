@@ -345,7 +345,8 @@ func (r *Resource) ValidateKey(key string) error {
 // and l.Token stays 0: Redlock makes no fencing tokens.
 //
 // Otherwise the key is deleted (compare-and-delete) on every node, those
-// that timed out or failed included, and TryAcquire returns:
+// that timed out or failed included (unless no node could be dialled:
+// nothing was sent), and TryAcquire returns:
 //   - false and a nil error when other owners hold it on enough nodes that
 //     a majority answered but too few said yes; holderTTL is then the time
 //     until enough of their keys expire for a majority to be free (0 when
