@@ -8,10 +8,12 @@
 //	if err != nil { ... }
 //	d, err := distlock.New(res)
 //
-// N must be odd and at least 3 ([New] fails otherwise, with no I/O). The
-// nodes must fail independently: not replicas of one another, not shards
-// of one Cluster, ideally not on one host. The caller owns the clients;
-// create them with ContextTimeoutEnabled: true (see [New]).
+// N must be odd and at least 3, no client nil ([New] fails otherwise, as
+// for a bad option, with an error wrapping distlock.ErrInvalid and no
+// I/O). The nodes must fail independently: not replicas of one another,
+// not shards of one Cluster, ideally not on one host. The caller owns the
+// clients; create them with ContextTimeoutEnabled: true and DialerRetries:
+// 1 (see [New] and Clients).
 //
 // # Algorithm
 //
