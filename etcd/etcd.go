@@ -375,8 +375,16 @@ func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.Lease
 	resp, err := r.leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: id, TTL: ttlSeconds(ttl)},
 		grpc.WaitForReady(true), grpc.Peer(&sentTo))
 	if err != nil {
-		if sentTo.Addr == nil {
-			return 0, 0, err // never sent
+		if sentTo.Addr == nil { // never sent
+			if cerr := ctx.Err(); cerr != nil {
+				// The context's own error, and gRPC's word on why no
+				// connection came (a refused dial, say).
+				if m := status.Convert(err).Message(); m != cerr.Error() {
+					return 0, 0, fmt.Errorf("%w: %s", cerr, m)
+				}
+				return 0, 0, cerr
+			}
+			return 0, 0, err
 		}
 		err = clientv3.ContextError(ctx, err)
 		if errors.Is(err, rpctypes.ErrLeaseExist) {
