@@ -346,3 +346,46 @@ func TestReleaseFailureSaidOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestOneAttemptFrozenStore: -n on a store that accepts connections but
+// does not answer (frozen, SIGSTOP) exits 69 within about two seconds
+// (a second to connect, a second for the attempt), whatever the clients'
+// own timeouts (the Redis PING's read timeout is 3s) and the TTL; before,
+// a run took 5s and more.
+func TestOneAttemptFrozenStore(t *testing.T) {
+	type frozen struct {
+		name  string
+		start func(t *testing.T) (url string, pause, resume func())
+	}
+	for _, f := range []frozen{
+		{"redis", func(t *testing.T) (string, func(), func()) {
+			srv := testserver.Redis(t)
+			return "redis://" + srv.Addr, srv.Pause, srv.Resume
+		}},
+		{"etcd", func(t *testing.T) (string, func(), func()) {
+			srv := testserver.Etcd(t)
+			return "etcd://" + strings.TrimPrefix(srv.Endpoints[0], "http://"), srv.Pause, srv.Resume
+		}},
+		{"zookeeper", func(t *testing.T) (string, func(), func()) {
+			srv := testserver.ZooKeeper(t)
+			return "zk://" + srv.Addr, srv.Pause, srv.Resume
+		}},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			url, pause, resume := f.start(t)
+			pause()
+			t.Cleanup(resume)
+			began := time.Now()
+			code, stderr := runDistlock(t, nil, "run", "--store", url, "-n", "--ttl", "1m", uniqueKey(t), "--", "true")
+			el := time.Since(began)
+			if code != exitUnavailable {
+				t.Errorf("-n on a frozen store: status %d; want %d; stderr:\n%s", code, exitUnavailable, stderr)
+			}
+			// Two bounds of a second each, and a second of slack for a
+			// loaded machine (the process's own start included).
+			if el > 3*time.Second {
+				t.Errorf("-n on a frozen store took %v; want about 2s at most; stderr:\n%s", el, stderr)
+			}
+		})
+	}
+}

@@ -34,6 +34,12 @@ const releaseTimeout = 5 * time.Second
 // timeouts apply within it).
 const setupTimeout = 30 * time.Second
 
+// oneAttemptSetup bounds connecting to the store for one attempt (-n,
+// --wait 0): as the attempt itself is bounded by a second, so is the
+// setup, and a store that does not answer is reported within about two
+// seconds, not after the clients' own timeouts.
+const oneAttemptSetup = time.Second
+
 // runner is one `distlock run`.
 type runner struct {
 	cfg    *runConfig
@@ -93,13 +99,20 @@ func runCommand(cfg *runConfig, stdout, stderr io.Writer) int {
 		return 0, false
 	}
 
-	octx, cancel := context.WithTimeout(ctx, setupTimeout)
+	setup := setupTimeout
+	if cfg.wait == 0 {
+		setup = oneAttemptSetup
+	}
+	octx, cancel := context.WithTimeout(ctx, setup)
 	res, closeClients, err := cfg.store.open(octx, cfg.ttl)
 	cancel()
 	if err != nil {
 		stopWatching()
 		if code, ok := interrupted(); ok {
 			return code
+		}
+		if cfg.wait == 0 && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (one attempt: the store had %v to answer)", err, oneAttemptSetup)
 		}
 		r.say("store %s: %v", cfg.store, err)
 		if errors.Is(err, distlock.ErrInvalid) { // --table, found bad before any I/O

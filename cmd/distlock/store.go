@@ -78,6 +78,17 @@ func (o storeOptions) check(scheme string, prefix, table bool) error {
 	return nil
 }
 
+// within is d, or less when ctx ends sooner: the bound a wait of d under
+// ctx has, for messages.
+func within(ctx context.Context, d time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl).Round(time.Millisecond); left < d {
+			return max(left, 0)
+		}
+	}
+	return d
+}
+
 // spinHolds is holds for the stores the facade renews.
 func spinHolds(ttl time.Duration) string {
 	return fmt.Sprintf("TTL %v, renewed every third of it", ttl)
@@ -520,12 +531,13 @@ func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteRe
 	// cluster is reported now, whatever the wait. It waits for a
 	// connection (WaitForReady), so that gRPC's error says why none came
 	// (a refused connection, say), not only that the time ran out.
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	bound := within(ctx, s.cfg.DialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	req := &pb.RangeRequest{Key: []byte(etcd.DefaultPrefix), CountOnly: true}
 	if _, err := clientv3.RetryKVClient(c).Range(pctx, req, grpc.WaitForReady(true)); err != nil {
 		c.Close()
-		return nil, nil, fmt.Errorf("reading from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), s.cfg.DialTimeout, err)
+		return nil, nil, fmt.Errorf("reading from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), bound, err)
 	}
 	res, err := etcd.New(c, s.opts...)
 	if err != nil {
@@ -618,16 +630,17 @@ func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 		}
 	}()
 	// The resource needs a session: wait for one, within the dial timeout.
-	ctx, cancel := context.WithTimeout(ctx, s.dial)
+	bound := within(ctx, s.dial)
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	select {
 	case s.granted = <-zl.session:
 	case <-ctx.Done():
 		conn.Close()
 		if last := zl.lastError(); last != "" {
-			return nil, nil, fmt.Errorf("no session with %s within %v: %s", strings.Join(s.servers, ","), s.dial, last)
+			return nil, nil, fmt.Errorf("no session with %s within %v: %s", strings.Join(s.servers, ","), bound, last)
 		}
-		return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), s.dial, context.Cause(ctx))
+		return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), bound, context.Cause(ctx))
 	}
 	res, err := zookeeper.New(conn, s.opts...)
 	if err != nil {

@@ -61,7 +61,8 @@ Flags of run:
   -w, --wait DURATION
                      how long to wait for KEY while another owner holds it
                      (default: until acquired or interrupted); 0 makes one
-                     attempt, bounded by a second
+                     attempt: connecting and the attempt are bounded by a
+                     second each
   -n                 one attempt: --wait 0, like flock -n
   --ttl DURATION     the lock's lease: how long the store keeps KEY for a
                      holder that stopped renewing it, after a crash, a
