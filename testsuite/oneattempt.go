@@ -36,12 +36,7 @@ func RefusingAddr(t testing.TB) string {
 // a store error that names the key and wraps context.DeadlineExceeded;
 // once the store answers again, the attempt left nothing.
 func testOneAttemptStalled(t *testing.T, h *Harness) {
-	if h.Stall == nil {
-		if h.NoStall != "" {
-			t.Skip(h.NoStall)
-		}
-		t.Fatal("the harness sets neither Stall nor NoStall")
-	}
+	needStall(t, h)
 	ctx := context.Background()
 	d := newManual(t, h.NewResource(t), distlock.WithCloseTimeout(500*time.Millisecond))
 	t.Cleanup(func() { d.Close() })

@@ -305,25 +305,34 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// freezable are stores a test can freeze (SIGSTOP) and thaw: start starts
+// one and returns its URL, and what freezes and thaws it.
+var freezable = []struct {
+	name  string
+	start func(t *testing.T) (url string, pause, resume func())
+}{
+	{"redis", func(t *testing.T) (string, func(), func()) {
+		srv := testserver.Redis(t)
+		return "redis://" + srv.Addr, srv.Pause, srv.Resume
+	}},
+	{"etcd", func(t *testing.T) (string, func(), func()) {
+		srv := testserver.Etcd(t)
+		return "etcd://" + strings.TrimPrefix(srv.Endpoints[0], "http://"), srv.Pause, srv.Resume
+	}},
+	{"zookeeper", func(t *testing.T) (string, func(), func()) {
+		srv := testserver.ZooKeeper(t)
+		return "zk://" + srv.Addr, srv.Pause, srv.Resume
+	}},
+}
+
 // TestReleaseFailureSaidOnce: when the release after the command fails
 // (the store froze as the command ran), distlock says so once, even with
 // -v, though it tries the release again (etcd keeps a renewed lock alive
 // on a lease: the facade retries it until Close's bound) and fails again.
 func TestReleaseFailureSaidOnce(t *testing.T) {
-	type frozen struct {
-		name  string
-		start func(t *testing.T) (url string, pause, resume func())
-	}
-	for _, f := range []frozen{
-		{"redis", func(t *testing.T) (string, func(), func()) {
-			srv := testserver.Redis(t)
-			return "redis://" + srv.Addr, srv.Pause, srv.Resume
-		}},
-		{"etcd", func(t *testing.T) (string, func(), func()) {
-			srv := testserver.Etcd(t)
-			return "etcd://" + strings.TrimPrefix(srv.Endpoints[0], "http://"), srv.Pause, srv.Resume
-		}},
-	} {
+	// Redis: a lock with a TTL; etcd: one its lease keeps alive, which
+	// the facade releases again in the background.
+	for _, f := range freezable[:2] {
 		t.Run(f.name, func(t *testing.T) {
 			url, pause, resume := f.start(t)
 			key := uniqueKey(t)
@@ -353,24 +362,7 @@ func TestReleaseFailureSaidOnce(t *testing.T) {
 // own timeouts (the Redis PING's read timeout is 3s) and the TTL; before,
 // a run took 5s and more.
 func TestOneAttemptFrozenStore(t *testing.T) {
-	type frozen struct {
-		name  string
-		start func(t *testing.T) (url string, pause, resume func())
-	}
-	for _, f := range []frozen{
-		{"redis", func(t *testing.T) (string, func(), func()) {
-			srv := testserver.Redis(t)
-			return "redis://" + srv.Addr, srv.Pause, srv.Resume
-		}},
-		{"etcd", func(t *testing.T) (string, func(), func()) {
-			srv := testserver.Etcd(t)
-			return "etcd://" + strings.TrimPrefix(srv.Endpoints[0], "http://"), srv.Pause, srv.Resume
-		}},
-		{"zookeeper", func(t *testing.T) (string, func(), func()) {
-			srv := testserver.ZooKeeper(t)
-			return "zk://" + srv.Addr, srv.Pause, srv.Resume
-		}},
-	} {
+	for _, f := range freezable {
 		t.Run(f.name, func(t *testing.T) {
 			url, pause, resume := f.start(t)
 			pause()
