@@ -6,10 +6,14 @@ import (
 	"time"
 )
 
+// attemptBound bounds a single attempt (wait == 0), and an inspection,
+// from when the store is first asked: see TryLock.
+const attemptBound = time.Second
+
 // acqCtx is the context an acquisition passes down its handler chain and
 // to the store: the caller's context, ended also by the facade's bound (the
-// wait's end plus attemptGrace; for a single attempt, the TTL, at least
-// minAttemptBound) and, when the acquisition may wait, by Close.
+// wait's end plus attemptGrace; for a single attempt, attemptBound) and,
+// when the acquisition may wait, by Close.
 //
 // It is allocated with what else the acquisition needs only while it runs
 // (see acquisition), not with the grant: a held lock does not keep it.
@@ -24,8 +28,7 @@ import (
 type acqCtx struct {
 	parent context.Context
 	d      *DistributeLock // nil: Close does not end it (a single attempt)
-	bound  time.Time       // zero until needed, for a single attempt
-	ttl    time.Duration   // a single attempt's bound, counted from when it is needed
+	bound  time.Time       // zero until needed, for a single attempt: attemptBound from then
 
 	mu         sync.Mutex
 	done       chan struct{}
@@ -39,14 +42,12 @@ func (c *acqCtx) init(parent context.Context, d *DistributeLock, r *Request) {
 	c.parent = parent
 	if r.Wait > 0 {
 		c.d, c.bound = d, r.Deadline.Add(attemptGrace)
-	} else {
-		c.ttl = max(r.TTL, minAttemptBound)
 	}
 }
 
 func (c *acqCtx) boundLocked() time.Time {
 	if c.bound.IsZero() {
-		c.bound = time.Now().Add(c.ttl)
+		c.bound = time.Now().Add(attemptBound)
 	}
 	return c.bound
 }

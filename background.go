@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,22 +65,25 @@ func (b *background) wait(bound time.Time) error {
 	b.mu.Lock()
 	idle := b.idle
 	b.mu.Unlock()
-	var late error
 	if idle != nil {
 		t := time.NewTimer(time.Until(bound))
+		defer t.Stop()
 		select {
 		case <-idle:
 		case <-t.C:
+			// The tasks still running end with the context now: they
+			// are reported as one, not each with the error it ends with.
 			b.mu.Lock()
-			late = fmt.Errorf("distlock: close: %d clean-ups still running at the bound; their keys expire with their TTL", b.n)
+			errs := append(slices.Clip(b.failed), fmt.Errorf("distlock: close: %d clean-ups still running at the bound; their keys expire with their TTL", b.n))
 			b.mu.Unlock()
+			b.cancel()
+			return errors.Join(errs...)
 		}
-		t.Stop()
 	}
 	b.cancel()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return errors.Join(append(b.failed, late)...)
+	return errors.Join(b.failed...)
 }
 
 // retry calls fn until it returns nil or an error wrapping ErrNotHeld

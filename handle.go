@@ -8,7 +8,10 @@ import (
 )
 
 // Lock is a handle of a held lock, returned by [DistributeLock.TryLock].
-// Its methods are safe for concurrent use. The zero Lock holds nothing.
+// Its methods are safe for concurrent use. The zero Lock, and a nil *Lock
+// (what TryLock returns with an error), hold nothing: their getters return
+// zero values, Done a closed channel, and Extend and Unlock an [ErrInvalid]
+// error; none panics.
 type Lock struct {
 	g        *grant
 	unlocked atomic.Bool
@@ -16,7 +19,7 @@ type Lock struct {
 
 // Key returns the lock's key.
 func (l *Lock) Key() string {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return ""
 	}
 	return l.g.lease.Key
@@ -28,7 +31,7 @@ func (l *Lock) Key() string {
 // seen: that keeps a holder whose lock expired while it was paused from
 // doing harm. 0 if the backend has no tokens (Redlock).
 func (l *Lock) Token() uint64 {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return 0
 	}
 	return l.g.lease.Token
@@ -37,7 +40,7 @@ func (l *Lock) Token() uint64 {
 // Keys returns the keys of a lock of several keys
 // ([DistributeLock.TryLockAll]) in canonical order, or the one key.
 func (l *Lock) Keys() []string {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return nil
 	}
 	subs := l.g.subLeases()
@@ -51,7 +54,7 @@ func (l *Lock) Keys() []string {
 // Tokens returns the fencing token of each key, in the order of
 // [Lock.Keys].
 func (l *Lock) Tokens() []uint64 {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return nil
 	}
 	subs := l.g.subLeases()
@@ -75,11 +78,14 @@ func (l *Lock) Tokens() []uint64 {
 //
 // Errors: [ErrNotHeld] when the lock is gone (Done closes: it is lost),
 // expired, or released, and nothing is touched then; an [ErrInvalid] error
-// for ttl <= 0 or a Lock not returned by TryLock, with no I/O;
+// for ttl <= 0 or a Lock not returned by TryLock (a nil *Lock among
+// them), with no I/O;
 // [ErrUnsupported] when the store cannot extend locks or change a lock's
 // TTL; otherwise the store's error, the lock unchanged.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	switch {
+	case l == nil:
+		return fmt.Errorf("%w: Extend of a nil *Lock (TryLock returned an error?)", ErrInvalid)
 	case ctx == nil:
 		return fmt.Errorf("%w: nil context", ErrInvalid)
 	case l.g == nil:
@@ -96,7 +102,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 // backend reports the loss of its session or lease. All handles of a
 // reentered lock share it.
 func (l *Lock) Done() <-chan struct{} {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return closedChan
 	}
 	return l.g.doneChan()
@@ -115,7 +121,7 @@ var closedChan = func() chan struct{} {
 // lock was renewed; renewals move it. The zero time once the lock is lost
 // or released.
 func (l *Lock) Deadline() time.Time {
-	if l.g == nil {
+	if l == nil || l.g == nil {
 		return time.Time{}
 	}
 	return l.g.deadline()
@@ -131,7 +137,7 @@ func (l *Lock) Deadline() time.Time {
 // lost; nothing is touched then. The last handle of a lock known lost
 // (Done closed) still deletes it if the store still holds it, and then
 // returns nil. An [ErrInvalid] error for a nil ctx or a Lock not
-// returned by TryLock. A store error is returned wrapped; the lock is then
+// returned by TryLock (a nil *Lock among them). A store error is returned wrapped; the lock is then
 // still held: Unlock may be called again, and renewal has stopped, so the
 // TTL frees it at the latest. A lock the store keeps alive itself (etcd's
 // shared lease, ZooKeeper's session: no TTL runs) is released again in the
@@ -140,6 +146,8 @@ func (l *Lock) Deadline() time.Time {
 // in flight. Unlock returns when ctx ends.
 func (l *Lock) Unlock(ctx context.Context) error {
 	switch {
+	case l == nil:
+		return fmt.Errorf("%w: Unlock of a nil *Lock (TryLock returned an error?)", ErrInvalid)
 	case ctx == nil:
 		return fmt.Errorf("%w: nil context", ErrInvalid)
 	case l.g == nil:

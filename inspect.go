@@ -27,7 +27,8 @@ type Info struct {
 func (i Info) Held() bool { return len(i.Holders) > 0 }
 
 // Inspect reads who holds key's mutex, without taking it: held or not, and
-// the holder's token, time left and label.
+// the holder's token, time left and label. It is one request, bounded by
+// ctx and by the bound of one attempt (1s, as a TryLock with no wait).
 //
 // Errors: an [ErrInvalid] error for a bad key or nil ctx, with no I/O;
 // [ErrUnsupported] when the store cannot tell; otherwise the store's error.
@@ -64,7 +65,7 @@ func (d *DistributeLock) inspect(ctx context.Context, key string, kind Kind) (In
 	if d.isClosed() {
 		return Info{}, ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(d.cfg.ttl, minAttemptBound))
+	ctx, cancel := context.WithTimeout(ctx, attemptBound)
 	defer cancel()
 	got, err := in.Inspect(ctx, key, kind)
 	if err != nil {

@@ -62,10 +62,6 @@ const attemptGrace = 10 * time.Millisecond
 // its wait waits for the store to withdraw its intent before it returns.
 const withdrawBound = 50 * time.Millisecond
 
-// minAttemptBound is the least time a single attempt (wait 0) is given:
-// its bound is the TTL, but a store may round a short TTL up.
-const minAttemptBound = time.Second
-
 // New returns a DistributeLock over r, configured by opts. r must implement
 // [backend.Spinner] (a pull store) or [backend.Waiter] (a push store).
 //
@@ -140,10 +136,16 @@ const WaitForever time.Duration = math.MaxInt64
 // ([ContextWithTTL]) or the default ([WithDefaultTTL]).
 //
 // TryLock returns within a few milliseconds of the earlier of ctx's end and
-// the wait's end, even when the store stops answering; a single attempt
-// (wait == 0) is bounded by ctx and by the lease time (at least a second). What an attempt cut
-// short may have done in the store is undone in the background (Close
-// waits for it).
+// the wait's end, even when the store stops answering. A single attempt
+// (wait == 0, what flock -n does) is bounded by ctx and by one second from
+// when it reaches the store: one attempt is one or two round trips, so a
+// store that has not answered in a second is down, frozen or cut off, and
+// a caller who asked for one attempt wants to know at once; the bound is
+// fixed, not the TTL, so that a long lease does not make a dead store's
+// answer slow. A caller who wants longer passes a wait. What an attempt
+// cut short may have done in the store is undone in the background (Close
+// waits for it); an attempt the store could not send (a refused
+// connection) leaves nothing to undo.
 //
 // When ctx carries a live lock of key on d ([ContextWithLock], [Do]), TryLock
 // reenters it at once, with no I/O: the new handle shares the token, Done
@@ -160,8 +162,9 @@ const WaitForever time.Duration = math.MaxInt64
 // during Close (a nested attempt too); [ErrReentrancy] for a nested attempt over the limit, and
 // [ErrNotHeld] for a nested attempt of a lock that was lost or whose
 // validity ended, with no I/O; otherwise the store's error, wrapped with
-// the operation and key (wrapping [context.DeadlineExceeded] when the store
-// did not answer within the wait).
+// the operation and key, and its cause (a refused connection, a timeout)
+// kept; when the store did not answer within the wait (or the bound of
+// one attempt), the error says so and wraps [context.DeadlineExceeded].
 func (d *DistributeLock) TryLock(ctx context.Context, key string, wait time.Duration) (*Lock, error) {
 	return d.tryLock(ctx, key, wait, KindMutex, 0)
 }
@@ -364,10 +367,7 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 	case actx.pastBound() && r.answered > 0:
 		return fmt.Errorf("%w: %s was held for the whole wait (the last attempt was cut at its end: %v)", ErrNotAcquired, quote(r.Key), err)
 	case actx.pastBound():
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("distlock: acquire %s: the store did not answer within the wait: %w", quote(r.Key), err)
-		}
-		return fmt.Errorf("distlock: acquire %s: the store did not answer within the wait: %w: %w", quote(r.Key), context.DeadlineExceeded, err)
+		return unansweredError(r, err)
 	}
 	return err
 }
@@ -393,6 +393,28 @@ func cleanups(err error, fns []func(context.Context) error) []func(context.Conte
 		return cleanups(e.Unwrap(), fns)
 	}
 	return fns
+}
+
+// unansweredError is the error of an acquisition that the bound ended
+// before the store answered: err, the store's (which names the operation
+// and key), and how long the store had. A bare context error from the
+// store gets the operation and key. It wraps context.DeadlineExceeded.
+func unansweredError(r *Request, err error) error {
+	within := fmt.Sprintf("the wait, %v", r.Wait)
+	if r.Wait == 0 {
+		within = fmt.Sprintf("%v, the bound of one attempt", attemptBound)
+	}
+	bare := err
+	if ab, ok := err.(*backend.AbandonedError); ok {
+		bare = ab.Err
+	}
+	switch {
+	case bare == context.DeadlineExceeded:
+		return fmt.Errorf("distlock: acquire %s: no answer within %s: %w", quote(r.Key), within, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w (no answer within %s)", err, within)
+	}
+	return fmt.Errorf("%w (no answer within %s: %w)", err, within, context.DeadlineExceeded)
 }
 
 // enter counts an acquisition in, unless d is closed.
@@ -615,7 +637,7 @@ func (d *DistributeLock) releaseHeld(bound time.Time) []error {
 				// renewal, no watch) and the store frees it with its TTL.
 				g.apply(g.step(event{kind: evLose, cause: fmt.Errorf("%w: %s: Close could not release it: %w", ErrNotHeld, quote(g.lease.Key), err)}))
 				mu.Lock()
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("distlock: close: release %s: %w", quote(g.lease.Key), err))
 				mu.Unlock()
 			}
 		})

@@ -113,7 +113,7 @@ func (r *Resource) undo(ctx context.Context, err error, clean func(ctx context.C
 	default:
 	}
 	if !errors.Is(err, ctx.Err()) && !errors.Is(err, backend.ErrNotAcquired) {
-		err = errors.Join(err, ctx.Err())
+		err = fmt.Errorf("%w: %w", err, ctx.Err())
 	}
 	return &backend.AbandonedError{Err: err, Cleanup: j.wait}
 }

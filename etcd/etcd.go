@@ -15,7 +15,9 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/distlock/distlock/backend"
@@ -298,13 +300,11 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	start := time.Now()
 	id, ttl, err := r.grant(ctx, l.TTL)
 	if err != nil {
-		if err != ctx.Err() {
-			err = fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
-		}
+		err = fmt.Errorf("etcd: acquire %q: grant lease: %w", l.Key, err)
 		if id != 0 { // the grant may have happened
 			return r.undo(ctx, err, r.revoker(id, nil))
 		}
-		return err
+		return err // never sent: nothing to revoke
 	}
 	h := r.newHandle(l, ttl)
 	h.lease = id
@@ -315,14 +315,14 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
-		return acquireErr(ctx, l.Key, err)
+		return acquireErr(l.Key, err)
 	}
 	isHolder, err := r.enqueue(ctx, h)
 	if r.hook != nil {
 		r.hook("enqueued")
 	}
 	if err != nil {
-		return acquireErr(ctx, l.Key, err)
+		return acquireErr(l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
 		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
@@ -344,7 +344,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			return nil
 		}
 		if err := r.await(ctx, h, deadline, ttl, renew, h.lost); err != nil {
-			if err == backend.ErrNotAcquired || err == ctx.Err() {
+			if err == backend.ErrNotAcquired {
 				return err
 			}
 			return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)
@@ -364,11 +364,28 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 
 // grant creates a lease of at least ttl, rounded up to whole seconds, with
 // an ID we choose, so that a grant whose reply was lost can be revoked.
-// It returns the ID whenever the grant may have happened.
+// It returns the ID whenever the grant may have happened, and 0 with
+// gRPC's error when it was never sent: no try of it (the client retries)
+// found a connection to send it on (gRPC records the peer of a try that
+// did). It waits for a connection until ctx ends (WaitForReady), so that
+// gRPC's error then says why none came (a refused connection, say).
 func (r *Resource) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
 	id := rand.Int64N(math.MaxInt64-1) + 1
-	resp, err := r.leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: id, TTL: ttlSeconds(ttl)})
+	var sentTo peer.Peer
+	resp, err := r.leases.LeaseGrant(ctx, &pb.LeaseGrantRequest{ID: id, TTL: ttlSeconds(ttl)},
+		grpc.WaitForReady(true), grpc.Peer(&sentTo))
 	if err != nil {
+		if sentTo.Addr == nil { // never sent
+			if cerr := ctx.Err(); cerr != nil {
+				// The context's own error, and gRPC's word on why no
+				// connection came (a refused dial, say).
+				if m := status.Convert(err).Message(); m != cerr.Error() {
+					return 0, 0, fmt.Errorf("%w: %s", cerr, m)
+				}
+				return 0, 0, cerr
+			}
+			return 0, 0, err
+		}
 		err = clientv3.ContextError(ctx, err)
 		if errors.Is(err, rpctypes.ErrLeaseExist) {
 			// The client retried a grant that had succeeded: the lease is
@@ -488,9 +505,13 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 	// Requests here must not outlive the deadline.
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	var last error // the last transient error: the cause when ctx ends
 	stop := func(err error) error {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if cerr := ctx.Err(); cerr != nil {
+			if last != nil {
+				return fmt.Errorf("%w: %w", last, cerr)
+			}
+			return cerr
 		}
 		if dctx.Err() != nil {
 			return backend.ErrNotAcquired
@@ -538,6 +559,7 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 			if !transient(err) || dctx.Err() != nil {
 				return stop(err)
 			}
+			last = err
 			if err := pause(dctx, lost); err != nil {
 				return stop(err)
 			}
@@ -627,12 +649,8 @@ func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct
 	}
 }
 
-// acquireErr is err as Acquire returns it: ctx's own error as it is, any
-// other wrapped with the lock key.
-func acquireErr(ctx context.Context, key string, err error) error {
-	if err == ctx.Err() {
-		return err
-	}
+// acquireErr is err as Acquire returns it: wrapped with the lock key.
+func acquireErr(key string, err error) error {
 	return fmt.Errorf("etcd: acquire %q: %w", key, err)
 }
 

@@ -23,9 +23,14 @@ import (
 var modes = []struct {
 	name string
 	opts []Option
+	// refusedCause is what an attempt's error says when the server
+	// refuses connections: a lease of its own is granted by the
+	// attempt, which gets gRPC's error; the shared lease in the
+	// background, which outlives the attempt.
+	refusedCause string
 }{
-	{"LeasePerLock", nil},
-	{"SharedLease", []Option{WithSharedLease()}},
+	{"LeasePerLock", nil, "connection refused"},
+	{"SharedLease", []Option{WithSharedLease()}, "TRANSIENT_FAILURE"},
 }
 
 func newClient(t testing.TB, endpoints []string) *clientv3.Client {
@@ -99,6 +104,16 @@ func TestConformance(t *testing.T) {
 					t.Cleanup(resume)
 					return resume
 				},
+				// Nothing listens at the endpoint: every dial is refused.
+				NewRefusedResource: func(t *testing.T) backend.RemoteResource {
+					c, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + testsuite.RefusingAddr(t)}, Logger: zap.NewNop()})
+					if err != nil {
+						t.Fatalf("clientv3.New: %v", err)
+					}
+					t.Cleanup(func() { _ = c.Close() })
+					return newResourceOn(t, c, m.opts...)
+				},
+				RefusedCause: m.refusedCause,
 				NewClosedResource: func(t *testing.T) backend.RemoteResource {
 					c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 					if err != nil {

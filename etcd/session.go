@@ -105,7 +105,14 @@ func (r *Resource) session(ctx context.Context, ttl time.Duration) (*session, er
 	select {
 	case <-s.ready:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		// The grant's own error comes later, if ever: say at least how
+		// the client's connection stands (TRANSIENT_FAILURE: its dials
+		// fail).
+		state := "unknown"
+		if cc := r.c.ActiveConnection(); cc != nil {
+			state = cc.GetState().String()
+		}
+		return nil, fmt.Errorf("shared lease of %v not granted yet (the client's connection is %s): %w", s.ttl, state, ctx.Err())
 	}
 	if s.err != nil {
 		return nil, s.err
@@ -376,7 +383,7 @@ func (s *session) close() error {
 func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline time.Time, retried bool) (err error) {
 	s, err := r.session(ctx, l.TTL)
 	if err != nil {
-		return acquireErr(ctx, l.Key, err)
+		return acquireErr(l.Key, err)
 	}
 	start := time.Now()
 	h := r.newHandle(l, s.ttl)
@@ -396,7 +403,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		}
 	}()
 	if err := r.watchKey(ctx, h); err != nil {
-		return acquireErr(ctx, l.Key, err)
+		return acquireErr(l.Key, err)
 	}
 	if s.isDone() { // its locks were told before h was registered
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
@@ -420,7 +427,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 				return r.acquireShared(ctx, l, deadline, true)
 			}
 		}
-		return acquireErr(ctx, l.Key, err)
+		return acquireErr(l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
 		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
@@ -431,7 +438,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 			return backend.ErrNotAcquired
 		}
 		if err := r.await(ctx, h, deadline, s.ttl, nil, h.lost); err != nil {
-			if err == backend.ErrNotAcquired || err == ctx.Err() {
+			if err == backend.ErrNotAcquired {
 				return err
 			}
 			return fmt.Errorf("etcd: acquire %q: %w", l.Key, err)

@@ -35,6 +35,15 @@ func TestConformance(t *testing.T) {
 // reaches, which Stall freezes (SIGSTOP) all at once.
 func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) testsuite.Harness {
 	return testsuite.Harness{
+		// A client as the package doc advises (DialerRetries: 1): it
+		// reports a refused dial at once, not after go-redis's ~1.7s of
+		// retries, past the bound of one attempt.
+		NewRefusedResource: func(t *testing.T) backend.RemoteResource {
+			rc := goredis.NewClient(&goredis.Options{Addr: testsuite.RefusingAddr(t), DialerRetries: 1})
+			t.Cleanup(func() { _ = rc.Close() })
+			return newResource(t, rc)
+		},
+		RefusedCause: "connection refused",
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return newResource(t, c)
 		},

@@ -182,6 +182,21 @@
 // callers all stopped waiting no longer counts among the four in flight:
 // the next batch goes on another connection.
 //
+// # A server that refuses connections
+//
+// A request that go-redis could not dial (its last try failed to connect:
+// refused, no route) was never sent: TryAcquire returns the error as it
+// is, with no clean-up, and distlock's Close has nothing to wait for.
+// go-redis retries a failed dial before it says so: by default 5 dials
+// 100ms apart (DialerRetries, DialerRetryTimeout) per try, and 4 tries
+// (MaxRetries 3), about 1.7s in all, longer than distlock's bound of one
+// attempt (1s). Cut by that bound, a request's fate is unknown, and it is
+// cleaned up as one whose reply was lost. To have a refused connection
+// reported as one, at once, give the client DialerRetries: 1 (the
+// distlock command does):
+//
+//	rdb := goredis.NewClient(&goredis.Options{Addr: addr, DialerRetries: 1, ContextTimeoutEnabled: true})
+//
 // # Keys
 //
 // A lock on key k uses prefix{k'} for the lock and prefix{k'}:fence for the
@@ -321,8 +336,9 @@
 //
 // # Errors
 //
-// Store errors are wrapped with the operation and key ("redis: acquire
-// \"k\": ..."). Release and Refresh return backend.ErrNotHeld when the key
+// Store errors are wrapped with the operation and key, and keep the
+// client's cause ("redis: acquire \"k\": dial tcp 10.0.0.5:6379: connect:
+// connection refused"), on one line. Release and Refresh return backend.ErrNotHeld when the key
 // expired or holds another owner's value. [Resource.ValidateKey] rejects
 // empty keys and keys over [MaxKeyLen] before any I/O.
 package redis

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,7 +287,8 @@ func (r *Resource) ValidateKey(key string) error {
 // the holder's remaining time. It returns when ctx ends, whatever the
 // server does.
 //
-// On any error the request may have run, or may still run (its reply was
+// On any error but a failed dial (see notSent: nothing was sent, nothing
+// is cleaned up) the request may have run, or may still run (its reply was
 // lost, or ctx ended before it came): the attempt is then cleaned up with
 // one script that deletes the key if it holds l.Value and writes l.Value's
 // tombstone for one TTL, so that the request sets nothing should it reach
@@ -348,10 +350,11 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 
 // failed cleans up after an attempt that failed with err, with clean: at
 // once while ctx lives, else (or when that fails) by returning an
-// AbandonedError whose Cleanup does it.
+// AbandonedError whose Cleanup does it. A request that was never sent
+// (see notSent) needs none: err is returned as it is.
 func (r *Resource) failed(ctx context.Context, err error, clean func(context.Context) error) error {
-	if errors.Is(err, goredis.ErrClosed) {
-		// The client was closed: nothing more can be sent.
+	if errors.Is(err, goredis.ErrClosed) || notSent(err) {
+		// The client was closed, or the request never left it.
 		return err
 	}
 	if ctx.Err() == nil {
@@ -360,16 +363,27 @@ func (r *Resource) failed(ctx context.Context, err error, clean func(context.Con
 			return err
 		}
 		if errors.Is(cerr, goredis.ErrClosed) {
-			return errors.Join(err, fmt.Errorf("clean up: %w", cerr))
-		}
-		if ctx.Err() == nil {
-			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
+			// Nothing more can be sent: what the request set expires
+			// with its TTL.
+			return fmt.Errorf("%w (not cleaned up: %w)", err, cerr)
 		}
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %w", err, cerr)
 	}
 	return &backend.AbandonedError{Err: err, Cleanup: clean}
+}
+
+// notSent reports whether a request that failed with err never reached
+// the wire: go-redis's last try could not dial (a refused connection, no
+// route). go-redis tries a written request again only when its
+// connection broke (the server, or a proxy before it, closed it), so a
+// written try can precede a failed dial only when that server has since
+// stopped taking connections: what the try set there lives at most its
+// TTL, and no late copy of it can arrive on a connection that is gone.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // acquireWait runs the acquire script s (cmd, a prebuilt EVALSHA with

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/redlock"
@@ -58,5 +60,22 @@ func TestConformance(t *testing.T) {
 		MaxKeyLen: redlock.MaxKeyLen,
 		// A majority frozen: no round can be decided.
 		Stall: func(t *testing.T) func() { return c.stall(t, 2, 3, 4) },
+		// Clients as the package doc advises (DialerRetries: 1): a
+		// refused dial is reported at once, within the per-node timeout.
+		NewRefusedResource: func(t *testing.T) backend.RemoteResource {
+			cs := make([]goredis.UniversalClient, 3)
+			for i := range cs {
+				cl := goredis.NewClient(&goredis.Options{Addr: testsuite.RefusingAddr(t), DialerRetries: 1})
+				t.Cleanup(func() { _ = cl.Close() })
+				cs[i] = cl
+			}
+			r, err := redlock.New(cs)
+			if err != nil {
+				t.Fatalf("redlock.New: %v", err)
+			}
+			t.Cleanup(func() { _ = r.Close() })
+			return r
+		},
+		RefusedCause: "connection refused",
 	})
 }

@@ -8,10 +8,12 @@
 //	if err != nil { ... }
 //	d, err := distlock.New(res)
 //
-// N must be odd and at least 3 ([New] fails otherwise, with no I/O). The
-// nodes must fail independently: not replicas of one another, not shards
-// of one Cluster, ideally not on one host. The caller owns the clients;
-// create them with ContextTimeoutEnabled: true (see [New]).
+// N must be odd and at least 3, no client nil ([New] fails otherwise, as
+// for a bad option, with an error wrapping distlock.ErrInvalid and no
+// I/O). The nodes must fail independently: not replicas of one another,
+// not shards of one Cluster, ideally not on one host. The caller owns the
+// clients; create them with ContextTimeoutEnabled: true and DialerRetries:
+// 1 (see [New] and Clients).
 //
 // # Algorithm
 //
@@ -163,6 +165,15 @@
 // then, and the request ends within the client's ReadTimeout. Every call
 // returns when its context ends, whatever the nodes do.
 //
+// A node whose request go-redis could not dial was sent nothing; when no
+// node could be dialled, a failed acquire sends no clean-up round. By
+// default go-redis retries a refused dial for about 1.7s (5 dials per try,
+// 4 tries), past the per-node timeout (5% of the TTL): such a node then
+// counts as one that did not answer. Create the clients with
+// DialerRetries: 1 to have a refused node reported as one at once, with
+// its cause (see the redis package's "A server that refuses
+// connections").
+//
 // # Mutexes only
 //
 // Redlock holds mutexes, not semaphores nor read/write locks
@@ -189,7 +200,8 @@
 //
 // Store errors are wrapped with the operation and key ("redlock: acquire
 // \"k\": ..."). [ErrNoQuorum]: fewer than a majority of nodes answered
-// (the error joins each failed node's error, with its index and address).
+// (the error lists each failed node's error, with its index and address,
+// on one line, separated by "; ").
 // [ErrNoValidity]: a majority answered too late. Release and Refresh
 // return errors wrapping backend.ErrNotHeld when the lock expired or was
 // taken. [Resource.ValidateKey] rejects empty keys and keys over

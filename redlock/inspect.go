@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -85,7 +84,7 @@ func (r *Resource) Inspect(ctx context.Context, key string, kind backend.Kind) (
 	}
 	if len(got) < r.quorum {
 		return backend.Inspection{}, fmt.Errorf("redlock: inspect %q: %w: %d of %d nodes failed, %d must answer: %w",
-			key, ErrNoQuorum, len(errs), len(r.nodes), r.quorum, errors.Join(errs...))
+			key, ErrNoQuorum, len(errs), len(r.nodes), r.quorum, joined(errs))
 	}
 	byValue := map[string][]answer{}
 	for _, a := range got {

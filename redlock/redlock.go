@@ -345,7 +345,8 @@ func (r *Resource) ValidateKey(key string) error {
 // and l.Token stays 0: Redlock makes no fencing tokens.
 //
 // Otherwise the key is deleted (compare-and-delete) on every node, those
-// that timed out or failed included, and TryAcquire returns:
+// that timed out or failed included (unless no node could be dialled:
+// nothing was sent), and TryAcquire returns:
 //   - false and a nil error when other owners hold it on enough nodes that
 //     a majority answered but too few said yes; holderTTL is then the time
 //     until enough of their keys expire for a majority to be free (0 when
@@ -443,6 +444,10 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// waiters spinning on a held lock would otherwise leave one per round
 	// and node, each living a TTL.
 	ctxErr := ctx.Err()
+	if ctxErr == nil && unsent(rd.res) {
+		// No node could be dialled: nothing was sent, nothing to clean.
+		return false, 0, rd.noQuorum("acquire", l.Key, r.quorum)
+	}
 	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
 	cl := r.cleanUp(rd, timeout, !contended || unanswered > 0, contended)
 	var err error
@@ -472,7 +477,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		if cerr == nil {
 			return false, 0, err
 		}
-		err = errors.Join(err, cerr)
+		err = fmt.Errorf("%w; %w", err, cerr)
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %w", err, cerr)
@@ -538,6 +543,20 @@ func settled(err error) bool {
 		(errors.As(err, &oerr) && oerr.Op == "dial")
 }
 
+// unsent reports whether every node's request failed without being sent:
+// its last try could not dial (see redis's notSent: an earlier try that
+// was written can precede it only when that node has since stopped
+// taking connections).
+func unsent(res []reply) bool {
+	for _, rep := range res {
+		var oerr *net.OpError
+		if !errors.As(rep.err, &oerr) || oerr.Op != "dial" {
+			return false
+		}
+	}
+	return true
+}
+
 // try waits for the round in flight (sending a new one to the nodes that
 // still must confirm when there is none) until it ends or ctx does. It
 // returns nil when every node that must confirm its delete has, else an
@@ -578,7 +597,7 @@ func (c *cleaner) try(ctx context.Context) error {
 		c.rd = nil
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("clean up: %w", errors.Join(errs...))
+		return fmt.Errorf("clean up: %w", joined(errs))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -215,8 +216,25 @@ func (rd *round) noQuorum(op, key string, quorum int) error {
 		}
 	}
 	return fmt.Errorf("redlock: %s %q: %w: %d of %d nodes failed, %d must answer: %w",
-		op, key, ErrNoQuorum, len(errs), len(rd.nodes), quorum, errors.Join(errs...))
+		op, key, ErrNoQuorum, len(errs), len(rd.nodes), quorum, joined(errs))
 }
+
+// joined is errors.Join on one line: the errors' texts separated by "; ".
+type joined []error
+
+func (j joined) Error() string {
+	var b strings.Builder
+	for i, err := range j {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the errors, for errors.Is and errors.As.
+func (j joined) Unwrap() []error { return j }
 
 // run sends the round's request to node i and records the reply.
 func (rd *round) run(i int) {

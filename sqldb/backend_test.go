@@ -68,6 +68,9 @@ func harness(f fixture) testsuite.Harness {
 		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },
 		// Another session locks the lock table, as a migration would.
 		Stall: f.stallHarness,
+		// The server's address refuses the pool's new connections.
+		NewRefusedResource: func(t *testing.T) backend.RemoteResource { return f.refused(t) },
+		RefusedCause:       "connection refused",
 	}
 }
 

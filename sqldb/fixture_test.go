@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // resource is what both backends are, for tests that run on both.
@@ -48,6 +51,9 @@ type fixture struct {
 	killable func(t testing.TB) (resource, func())
 	// closed returns a resource whose client is closed: any I/O fails.
 	closed func(t testing.TB) resource
+	// refused returns a resource whose client's connections are closed
+	// and whose dials from then on go to an address that refuses them.
+	refused func(t testing.TB) resource
 	// stall makes acquire statements of key wait on the server, on a lock
 	// an admin session holds, until release; waiting polls whether one
 	// is waiting there now.
@@ -77,6 +83,23 @@ type fixture struct {
 // stallHarness is the Harness.Stall of the conformance suite: another
 // session locks the lock table.
 func (f fixture) stallHarness(t *testing.T) (resume func()) { return f.lockTable(t, DefaultTable) }
+
+// refusingDialer dials the server until on is set, and from then on an
+// address where nothing listens, whose dials the kernel refuses.
+type refusingDialer struct {
+	on   atomic.Bool
+	once sync.Once
+	addr string
+}
+
+func (d *refusingDialer) dial(t testing.TB, ctx context.Context, network, addr string) (net.Conn, error) {
+	if d.on.Load() {
+		d.once.Do(func() { d.addr = testsuite.RefusingAddr(t) })
+		addr = d.addr
+	}
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, addr)
+}
 
 // once makes fn safe to call twice and registers it with t's cleanup.
 func once(t testing.TB, fn func()) func() {
@@ -228,6 +251,18 @@ func (f *pgFixture) fixture() fixture {
 			pool := f.pool(t, nil)
 			r := f.resource(t, pool)
 			pool.Close()
+			return r
+		},
+		refused: func(t testing.TB) resource {
+			var refuse refusingDialer
+			pool := f.pool(t, func(c *pgxpool.Config) {
+				c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					return refuse.dial(t, ctx, network, addr)
+				}
+			})
+			r := f.resource(t, pool)
+			refuse.on.Store(true)
+			pool.Reset() // the next acquire dials
 			return r
 		},
 		stall: func(t testing.TB, key string) (func() (bool, error), func()) {
@@ -446,6 +481,19 @@ func (f *myFixture) fixture() fixture {
 			db := f.db(t, nil)
 			r := f.resource(t, db)
 			db.Close()
+			return r
+		},
+		refused: func(t testing.TB) resource {
+			var refuse refusingDialer
+			db := f.db(t, func(c *mysql.Config) {
+				c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					return refuse.dial(t, ctx, network, addr)
+				}
+			})
+			r := f.resource(t, db)
+			refuse.on.Store(true)
+			db.SetMaxIdleConns(0) // closes the idle connections: the next statement dials
+			db.SetMaxIdleConns(2)
 			return r
 		},
 		stall: func(t testing.TB, key string) (func() (bool, error), func()) {

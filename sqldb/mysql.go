@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -470,7 +471,7 @@ func (m *MySQL) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	if cerr := m.deleteAny(cctx, l); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+		err = fmt.Errorf("%w (not cleaned up: %w)", err, cerr)
 	}
 	return err
 }
@@ -574,9 +575,13 @@ func myLate(err error) bool {
 }
 
 // myAmbiguous reports whether a failed statement may have committed: the
-// server did not answer with an error. (A cleanup after a request that
-// was never sent costs one statement and deletes nothing.)
+// server did not answer with an error, and the statement was sent. One
+// that could not get a connection (the dial failed: refused, no route)
+// was not: database/sql tries another connection only after the driver
+// said the last one sent nothing (driver.ErrBadConn). (A cleanup after a
+// request that was never sent costs one statement and deletes nothing.)
 func myAmbiguous(err error) bool {
 	var me *mysql.MySQLError
-	return !errors.As(err, &me)
+	var op *net.OpError
+	return !errors.As(err, &me) && !(errors.As(err, &op) && op.Op == "dial")
 }

@@ -654,13 +654,13 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 }
 
 // undo deletes l.Value's row of l.Key, live or expired, after an acquire
-// whose outcome is unknown, and returns err joined with the delete's
-// error.
+// whose outcome is unknown, and returns err, with the delete's error if
+// it failed.
 func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	if cerr := p.cleanup(cctx, l); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+		err = fmt.Errorf("%w (not cleaned up: %w)", err, cerr)
 	}
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,6 +264,9 @@ func TestErrorClasses(t *testing.T) {
 		{my(1062), false, false},
 		{wrap(mysql.ErrInvalidConn), false, true},
 		{wrap(context.DeadlineExceeded), false, true},
+		// The dial failed: nothing was sent.
+		{wrap(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), false, false},
+		{wrap(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), false, true},
 	}
 	for _, tt := range mtests {
 		if got := myContention(tt.err); got != tt.contention {

@@ -19,6 +19,7 @@ func TestConformance(t *testing.T) {
 	testsuite.Run(t, testsuite.Harness{
 		NewResource: func(*testing.T) backend.RemoteResource { return store },
 		NoStall:     "the in-process store answers in the caller's goroutine: nothing to stall",
+		NoRefuse:    "the in-process store has no connection to refuse",
 		Leftovers: func(_ context.Context, key string) ([]string, error) {
 			return store.Contents(key), nil
 		},

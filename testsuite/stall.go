@@ -20,12 +20,7 @@ const stallSlack = time.Second
 // within its bound; once the store answers again, nothing an abandoned
 // attempt did is left, and no abandoned attempt takes a key later.
 func testStalledStore(t *testing.T, h *Harness) {
-	if h.Stall == nil {
-		if h.NoStall != "" {
-			t.Skip(h.NoStall)
-		}
-		t.Fatal("the harness sets neither Stall nor NoStall")
-	}
+	needStall(t, h)
 	ctx := context.Background()
 	d := newManual(t, h.NewResource(t), distlock.WithCloseTimeout(500*time.Millisecond))
 	closer := newManual(t, h.NewResource(t), distlock.WithCloseTimeout(500*time.Millisecond))
@@ -111,5 +106,17 @@ func testStalledStore(t *testing.T, h *Harness) {
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("Close once the store answers = %v", err)
+	}
+}
+
+// needStall skips t, saying why, when h cannot stall its store, and fails
+// it when h says nothing.
+func needStall(t *testing.T, h *Harness) {
+	t.Helper()
+	if h.Stall == nil {
+		if h.NoStall != "" {
+			t.Skip(h.NoStall)
+		}
+		t.Fatal("the harness sets neither Stall nor NoStall")
 	}
 }

@@ -79,8 +79,22 @@ type Harness struct {
 	// as well). The StalledStore case needs it, or NoStall.
 	Stall func(t *testing.T) (resume func())
 	// NoStall says why the store cannot be stalled (an in-process store);
-	// the StalledStore case then skips with it.
+	// the StalledStore and OneAttemptOnStalledStore cases then skip with it.
 	NoStall string
+	// NewRefusedResource returns a fresh resource, as NewResource makes
+	// them, whose client's connections are refused (nothing listens at
+	// its address: see RefusingAddr), with the client options the
+	// store's documentation gives for a refused connection to be
+	// reported within the bound of one attempt. The RefusedConnection
+	// case needs it, or NoRefuse.
+	NewRefusedResource func(t *testing.T) backend.RemoteResource
+	// RefusedCause is what the error of an attempt on the refused
+	// resource must say of its cause ("connection refused"); empty when
+	// the client does not report it.
+	RefusedCause string
+	// NoRefuse says why the store cannot be given a refusing client (an
+	// in-process store); the RefusedConnection case then skips with it.
+	NoRefuse string
 	// Unsupported declares the kinds of lock the store does not hold, each
 	// with the reason (Redlock: a semaphore cannot be bounded by
 	// majorities). The suite then expects ErrUnsupported, with no I/O, for
@@ -139,6 +153,8 @@ func Run(t *testing.T, h Harness) {
 		{"Inspect", testInspect},
 		{"TryLockAll", testTryLockAll},
 		{"StalledStore", testStalledStore},
+		{"OneAttemptOnStalledStore", testOneAttemptStalled},
+		{"RefusedConnection", testRefusedConnection},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })

@@ -72,7 +72,7 @@
 //   - context_ended: the acquisition's context ended before the wait did
 //     (the caller's context, or Close). error.type is "context.Canceled"
 //     or "context.DeadlineExceeded". A single attempt (wait 0) stopped by
-//     the facade's own bound on it (the TTL, at least a second) on a store
+//     the facade's own bound on it (a second) on a store
 //     that does not answer is reported so too.
 //   - error: any other error, a store's. error.type is
 //     "context.DeadlineExceeded" when the store did not answer within the

@@ -55,5 +55,19 @@ func TestConformance(t *testing.T) {
 			conn.Close()
 			return r
 		},
+		// Nothing listens at the address: the client never gets a
+		// session. go-zookeeper logs the dial's error but returns only
+		// zk.ErrNoServer.
+		NewRefusedResource: func(t *testing.T) backend.RemoteResource {
+			conn, _, err := zk.Connect([]string{testsuite.RefusingAddr(t)}, sessionTimeout, zk.WithLogger(silentLogger{}))
+			if err != nil {
+				t.Fatalf("zk.Connect: %v", err)
+			}
+			t.Cleanup(conn.Close)
+			r := mustNew(t, conn)
+			t.Cleanup(func() { _ = r.Close() })
+			return r
+		},
+		RefusedCause: "could not connect to a server",
 	})
 }

@@ -396,20 +396,55 @@ func (r *Resource) discard(ctx context.Context, c cleanup, err error) error {
 // when ctx ended (err is why it failed: ctx's error, or ErrNotAcquired).
 func (r *Resource) abandoned(err error, ctx context.Context, j *job) error {
 	if !errors.Is(err, ctx.Err()) && !errors.Is(err, backend.ErrNotAcquired) {
-		err = errors.Join(err, ctx.Err())
+		err = fmt.Errorf("%w: %w", err, ctx.Err())
 	}
 	return &backend.AbandonedError{Err: err, Cleanup: j.wait}
 }
 
-// wrap adds op and key to store errors; sentinels and context errors pass
-// as they are.
+// wrap adds op and key to store errors; sentinels and bare context errors
+// pass as they are.
 func (r *Resource) wrap(op, key string, err error) error {
 	if errors.Is(err, backend.ErrNotAcquired) || errors.Is(err, backend.ErrNotHeld) ||
 		errors.Is(err, backend.ErrLimitMismatch) || errors.Is(err, ErrClosed) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		err == context.Canceled || err == context.DeadlineExceeded {
 		return err
 	}
 	return fmt.Errorf("zookeeper: %s %q: %w", op, key, err)
+}
+
+// sessionPoll is how often awaitSession looks at the connection's state.
+const sessionPoll = 5 * time.Millisecond
+
+// awaitSession returns once the connection has a session, or is in a
+// state where a request fails at once (closed, expired), or with an error
+// when ctx ends first. go-zookeeper keeps a request made while it is
+// connecting in its queue and sends it once it has a session: a create
+// queued so and abandoned could still be applied later, and would need a
+// clean-up. Made only with a session, a create that ctx cut short before
+// one came was never sent: against a server that refuses connections an
+// attempt fails with nothing to undo. go-zookeeper has no event for the
+// session but the caller's channel: this polls its state, within ctx.
+func (r *Resource) awaitSession(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var t *time.Ticker
+	for {
+		switch st := r.conn.State(); st {
+		case zk.StateConnecting, zk.StateConnected:
+			if t == nil {
+				t = time.NewTicker(sessionPoll)
+				defer t.Stop()
+			}
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return fmt.Errorf("%w: no session with %s yet (the client is %v; it logs why): %w", zk.ErrNoServer, r.conn.Server(), st, ctx.Err())
+			}
+		default:
+			return nil
+		}
+	}
 }
 
 // created is what a create returned: the znode's path and its czxid, the
@@ -454,7 +489,7 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 		}
 	}()
 	for range 5 {
-		if err = ctx.Err(); err != nil {
+		if err = r.awaitSession(ctx); err != nil {
 			return created{}, err
 		}
 		sent := time.Now()
@@ -506,7 +541,7 @@ func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []
 			lostReply = true
 			found, ferr := r.find(ctx, parent, guid)
 			if ferr != nil {
-				return created{}, errors.Join(err, ferr)
+				return created{}, fmt.Errorf("%w; looking for the znode it may have made: %w", err, ferr)
 			}
 			if found != "" {
 				// Ours, from a create whose reply was lost; any other
@@ -562,7 +597,7 @@ func (r *Resource) find(ctx context.Context, parent, guid string) (string, error
 			return "", nil // no parent, or our session's nodes died with it
 		}
 		if serr := sleep(ctx, r.stop, time.Duration(i+1)*100*time.Millisecond); serr != nil {
-			return "", errors.Join(err, serr)
+			return "", fmt.Errorf("%w: %w", err, serr)
 		}
 	}
 	return "", err

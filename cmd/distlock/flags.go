@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 )
 
 // runConfig is a parsed `distlock run` command line.
 type runConfig struct {
 	store    store
 	key      string
-	argv     []string      // COMMAND and its ARGS
+	argv     []string      // COMMAND and its ARGS; nil: hold KEY until a signal
 	path     string        // COMMAND found in PATH
 	wait     time.Duration // distlock.WaitForever unless --wait was given
 	ttl      time.Duration
@@ -28,12 +29,18 @@ type runConfig struct {
 	verbose  bool
 	kind     distlock.Kind // KindMutex, or KindSemaphore (--limit), KindRead (--shared), KindWrite (--exclusive)
 	limit    int           // KindSemaphore: --limit
+	label    string        // stored with the grant: --label, or HOST:PID
 }
 
-// Defaults of run's flags: the help text says them too.
+// Defaults and bounds of run's flags: the help text says them too.
 const (
 	defaultTTL   = 10 * time.Second
 	defaultGrace = 5 * time.Second
+	// minTTL is the shortest --ttl: the lock is renewed every third of
+	// its TTL, and a renewal must reach the store and come back, on a
+	// busy machine, well within that (a TTL of 10ms was lost and renewed
+	// in turns on a healthy Redis).
+	minTTL = 500 * time.Millisecond
 )
 
 // parseRun parses the arguments of `distlock run`. All its errors mean
@@ -41,62 +48,114 @@ const (
 func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	fs := newFlagSet("run")
 	storeURL := fs.String("store", "", "")
+	var so storeOptions
+	fs.StringVar(&so.prefix, "prefix", "", "")
+	fs.StringVar(&so.table, "table", "", "")
 	var wait, ttl, grace durationFlag
 	fs.Var(&wait, "wait", "")
+	fs.Var(&wait, "w", "")
+	nonblock := fs.Bool("n", false, "")
 	fs.Var(&ttl, "ttl", "")
 	fs.Var(&grace, "grace", "")
-	conflict := fs.Int("conflict-exit-code", exitNotAcquired, "")
+	var conflict int
+	fs.IntVar(&conflict, "conflict-exit-code", exitNotAcquired, "")
+	fs.IntVar(&conflict, "E", exitNotAcquired, "")
 	limit := fs.Int("limit", 0, "")
-	shared := fs.Bool("shared", false, "")
-	exclusive := fs.Bool("exclusive", false, "")
-	var verbose bool
+	var shared, exclusive, verbose bool
+	fs.BoolVar(&shared, "shared", false, "")
+	fs.BoolVar(&shared, "s", false, "")
+	fs.BoolVar(&exclusive, "exclusive", false, "")
+	fs.BoolVar(&exclusive, "x", false, "")
 	fs.BoolVar(&verbose, "v", false, "")
 	fs.BoolVar(&verbose, "verbose", false, "")
+	var shell string
+	fs.StringVar(&shell, "c", "", "")
+	fs.StringVar(&shell, "shell", "", "")
+	label := fs.String("label", "", "")
 	err := parseFlags(fs, args)
 	if err != nil {
 		return nil, err
 	}
+	for _, pair := range [][2]string{{"wait", "w"}, {"wait", "n"}, {"w", "n"}, {"conflict-exit-code", "E"},
+		{"shared", "s"}, {"exclusive", "x"}, {"c", "shell"}} {
+		if isSet(fs, pair[0]) && isSet(fs, pair[1]) {
+			return nil, usageErrorf("run: %s and %s say the same thing: give one", flagName(pair[0]), flagName(pair[1]))
+		}
+	}
+	byShell := isSet(fs, "c") || isSet(fs, "shell")
+	if byShell && shell == "" {
+		return nil, usageErrorf("run: %s: an empty command string", flagName(setOf(fs, "c", "shell")))
+	}
+	// KEY, then nothing (hold KEY until a signal, or run -c's string), or
+	// -- and COMMAND. Anything else before -- is a mistake: a second KEY
+	// or a COMMAND without -- would otherwise run as the wrong program.
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return nil, usageErrorf("run: missing KEY and COMMAND")
+		return nil, usageErrorf("run: missing KEY")
 	}
 	// Without --wait, until acquired or interrupted (a signal ends the
 	// acquisition's context).
 	cfg := &runConfig{key: rest[0], wait: distlock.WaitForever, ttl: defaultTTL, grace: defaultGrace,
-		conflict: *conflict, verbose: verbose}
+		conflict: conflict, verbose: verbose}
 	rest = rest[1:]
 	switch {
-	case len(rest) > 0 && rest[0] == "--":
-		rest = rest[1:]
-	case len(rest) > 0 && strings.HasPrefix(rest[0], "-"):
+	case len(rest) == 0:
+	case rest[0] == "--":
+		if len(rest) == 1 {
+			return nil, usageErrorf("run: missing COMMAND after --")
+		}
+		if byShell {
+			return nil, usageErrorf("run: %s and a COMMAND after -- exclude each other", flagName(setOf(fs, "c", "shell")))
+		}
+		cfg.argv = rest[1:]
+	case strings.HasPrefix(rest[0], "-"):
 		return nil, usageErrorf("run: %s after KEY: flags go before KEY, COMMAND after --", rest[0])
+	default:
+		return nil, usageErrorf("run: %q after KEY %q: one KEY, then -- and COMMAND (distlock run [flags] KEY -- COMMAND)", rest[0], cfg.key)
 	}
-	if len(rest) == 0 {
-		return nil, usageErrorf("run: missing COMMAND after KEY %q", cfg.key)
+	if byShell {
+		sh := getenv("SHELL")
+		if sh == "" {
+			sh = "/bin/sh"
+		}
+		cfg.argv = []string{sh, "-c", shell}
 	}
-	cfg.argv = rest
 	if cfg.key == "" {
 		return nil, usageErrorf("run: empty KEY")
 	}
-	if wait.set {
+	switch {
+	case *nonblock:
+		cfg.wait = 0
+	case wait.set:
 		cfg.wait = wait.d
 	}
 	if ttl.set {
-		if ttl.d <= 0 {
+		switch {
+		case ttl.d <= 0:
 			return nil, usageErrorf("run: --ttl %s: want a duration > 0", ttl.s)
+		case ttl.d < minTTL:
+			return nil, usageErrorf("run: --ttl %s is below the minimum, %v: the lock is renewed every third of its TTL, and each renewal must reach the store and come back well within that", ttl.s, minTTL)
 		}
 		cfg.ttl = ttl.d
 	}
 	if grace.set {
 		cfg.grace = grace.d
 	}
-	if *conflict < 0 || *conflict > 255 {
-		return nil, usageErrorf("run: --conflict-exit-code %d: want 0 to 255", *conflict)
+	if conflict < 0 || conflict > 255 {
+		return nil, usageErrorf("run: %s %d: want 0 to 255", flagName(setOf(fs, "conflict-exit-code", "E")), conflict)
 	}
-	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, *shared, *exclusive); err != nil {
+	cfg.label = holderLabel()
+	if isSet(fs, "label") {
+		if len(*label) > backend.MaxLabelLen {
+			return nil, usageErrorf("run: --label of %d bytes: at most %d", len(*label), backend.MaxLabelLen)
+		}
+		cfg.label = *label
+	}
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, shared, exclusive); err != nil {
 		return nil, err
 	}
-	s, err := storeFrom(*storeURL, getenv)
+	so.prefixSet, so.tableSet = isSet(fs, "prefix"), isSet(fs, "table")
+	s, err := storeFrom(*storeURL, so, getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -107,12 +166,30 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if err := supports(s, cfg.kind, false); err != nil {
 		return nil, fmt.Errorf("run: %s: %w", kindFlag(cfg.kind), err)
 	}
-	path, err := lookPath(cfg.argv[0])
-	if err != nil {
-		return nil, err
+	if cfg.argv != nil {
+		if cfg.path, err = lookPath(cfg.argv[0]); err != nil {
+			return nil, err
+		}
 	}
-	cfg.path = path
 	return cfg, nil
+}
+
+// flagName is a flag's name as the help spells it: -n, --wait.
+func flagName(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// setOf returns the one of names that was given, or the first.
+func setOf(fs *flag.FlagSet, names ...string) string {
+	for _, n := range names {
+		if isSet(fs, n) {
+			return n
+		}
+	}
+	return names[0]
 }
 
 // statusConfig is a parsed `distlock status` command line.
@@ -129,13 +206,20 @@ type statusConfig struct {
 func parseStatus(args []string, getenv func(string) string) (*statusConfig, error) {
 	fs := newFlagSet("status")
 	storeURL := fs.String("store", "", "")
+	var so storeOptions
+	fs.StringVar(&so.prefix, "prefix", "", "")
+	fs.StringVar(&so.table, "table", "", "")
 	asJSON := fs.Bool("json", false, "")
 	limit := fs.Int("limit", 0, "")
-	shared := fs.Bool("shared", false, "")
-	exclusive := fs.Bool("exclusive", false, "")
+	var shared, exclusive bool
+	fs.BoolVar(&shared, "shared", false, "")
+	fs.BoolVar(&shared, "s", false, "")
+	fs.BoolVar(&exclusive, "exclusive", false, "")
+	fs.BoolVar(&exclusive, "x", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
+	so.prefixSet, so.tableSet = isSet(fs, "prefix"), isSet(fs, "table")
 	switch rest := fs.Args(); {
 	case len(rest) == 0:
 		return nil, usageErrorf("status: missing KEY")
@@ -146,13 +230,13 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	}
 	cfg := &statusConfig{key: fs.Arg(0), json: *asJSON}
 	var err error
-	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, *shared, *exclusive); err != nil {
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, shared, exclusive); err != nil {
 		return nil, err
 	}
 	if cfg.kind == distlock.KindRead { // --shared and --exclusive name one read/write lock
 		cfg.kind = distlock.KindWrite
 	}
-	if cfg.store, err = storeFrom(*storeURL, getenv); err != nil {
+	if cfg.store, err = storeFrom(*storeURL, so, getenv); err != nil {
 		return nil, err
 	}
 	if err := cfg.store.validateKey(cfg.key); err != nil {
@@ -202,8 +286,9 @@ func kindFlag(kind distlock.Kind) string {
 	return "the mutex"
 }
 
-// storeFrom parses --store, or DISTLOCK_STORE when it is not given.
-func storeFrom(flagValue string, getenv func(string) string) (store, error) {
+// storeFrom parses --store, or DISTLOCK_STORE when it is not given, with
+// the options --prefix and --table.
+func storeFrom(flagValue string, o storeOptions, getenv func(string) string) (store, error) {
 	raw := flagValue
 	if raw == "" {
 		raw = getenv("DISTLOCK_STORE")
@@ -211,7 +296,7 @@ func storeFrom(flagValue string, getenv func(string) string) (store, error) {
 	if raw == "" {
 		return nil, usageErrorf("no store: give --store URL or set DISTLOCK_STORE")
 	}
-	return parseStore(raw)
+	return parseStore(raw, o)
 }
 
 // quoteKey quotes a key for a message, cut short when long.

@@ -23,9 +23,10 @@
 // free. `distlock --help` lists the flags, the store URLs and the exit
 // statuses; the README has a cron example.
 //
-// Install it with
+// Install it from a clone of the repository (the modules are not
+// published yet; see the README's "Install"):
 //
-//	go install github.com/distlock/distlock/cmd/distlock@latest
+//	go install ./cmd/distlock
 //
 // It runs on Linux and the other Unix systems (it needs process groups and
 // signals).
@@ -36,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 )
 
 // Exit statuses of distlock's own; otherwise run exits with the command's.
@@ -79,7 +81,7 @@ func mainStatus(args []string, getenv func(string) string, stdout, stderr io.Wri
 	case "run":
 		var cfg *runConfig
 		if cfg, err = parseRun(args[1:], getenv); err == nil {
-			return runCommand(cfg, stderr)
+			return runCommand(cfg, stdout, stderr)
 		}
 	case "status":
 		var cfg *statusConfig
@@ -89,6 +91,9 @@ func mainStatus(args []string, getenv func(string) string, stdout, stderr io.Wri
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, versionText())
+		return 0
 	default:
 		err = usageErrorf("unknown command %q", args[0])
 	}
@@ -96,7 +101,7 @@ func mainStatus(args []string, getenv func(string) string, stdout, stderr io.Wri
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "distlock: %v\n", err)
+	fmt.Fprint(stderr, line("%v", err))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprint(stderr, shortUsage)
@@ -129,4 +134,33 @@ func (e *usageError) Error() string { return e.msg }
 
 func usageErrorf(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// versionText is what --version prints: the module's version (a tag once
+// released, "(devel)" when built from a checkout), with the commit it was
+// built from when the build knows it, and the Go version.
+func versionText() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "distlock (unknown version)"
+	}
+	v := bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = ", modified"
+			}
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		v += " (" + rev + modified + ")"
+	}
+	return "distlock " + v + " " + bi.GoVersion
 }

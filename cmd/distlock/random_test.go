@@ -80,7 +80,7 @@ func TestRandomRuns(t *testing.T) {
 				if pl.wait0 {
 					wait = "0"
 				}
-				p := start(t, nil, append([]string{"run", "--store", url, "--ttl", "450ms", "--wait", wait, key},
+				p := start(t, nil, append([]string{"run", "--store", url, "--ttl", "500ms", "--wait", wait, key},
 					childCmd("-file", file, "-hold", pl.hold.String(), "-exit", strconv.Itoa(pl.exit), "-die")...)...)
 				if pl.sig != 0 {
 					timer := time.AfterFunc(pl.sigAfter, func() { p.cmd.Process.Signal(pl.sig) }) // an error once it exited: fine

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,9 +34,16 @@ const releaseTimeout = 5 * time.Second
 // timeouts apply within it).
 const setupTimeout = 30 * time.Second
 
+// oneAttemptSetup bounds connecting to the store for one attempt (-n,
+// --wait 0): as the attempt itself is bounded by a second, so is the
+// setup, and a store that does not answer is reported within about two
+// seconds, not after the clients' own timeouts.
+const oneAttemptSetup = time.Second
+
 // runner is one `distlock run`.
 type runner struct {
 	cfg    *runConfig
+	stdout io.Writer
 	stderr io.Writer
 	// releaseFailed: the release after COMMAND failed and said so; Close,
 	// which tries it again, need not say it twice.
@@ -44,7 +52,14 @@ type runner struct {
 
 // say writes a line on stderr.
 func (r *runner) say(format string, args ...any) {
-	fmt.Fprintf(r.stderr, "distlock: "+format+"\n", args...)
+	fmt.Fprint(r.stderr, line(format, args...))
+}
+
+// line is a line of distlock's on stderr: "distlock: " and the message,
+// whose own "distlock: " prefix, if any (an error of the library's), is
+// not repeated.
+func line(format string, args ...any) string {
+	return "distlock: " + strings.TrimPrefix(fmt.Sprintf(format, args...), "distlock: ") + "\n"
 }
 
 // sayV writes a line on stderr with -v.
@@ -62,8 +77,8 @@ func (e signalError) Error() string { return "interrupted by " + e.sig.String() 
 
 // runCommand acquires the lock, runs COMMAND under it and returns the exit
 // status.
-func runCommand(cfg *runConfig, stderr io.Writer) int {
-	r := &runner{cfg: cfg, stderr: stderr}
+func runCommand(cfg *runConfig, stdout, stderr io.Writer) int {
+	r := &runner{cfg: cfg, stdout: stdout, stderr: stderr}
 	key := quoteKey(cfg.key)
 	// Caught until distlock exits: once COMMAND has exited they are
 	// dropped, so that the release runs to its end and distlock exits
@@ -84,7 +99,11 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 		return 0, false
 	}
 
-	octx, cancel := context.WithTimeout(ctx, setupTimeout)
+	setup := setupTimeout
+	if cfg.wait == 0 {
+		setup = oneAttemptSetup
+	}
+	octx, cancel := context.WithTimeout(ctx, setup)
 	res, closeClients, err := cfg.store.open(octx, cfg.ttl)
 	cancel()
 	if err != nil {
@@ -92,13 +111,19 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 		if code, ok := interrupted(); ok {
 			return code
 		}
+		if cfg.wait == 0 && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (one attempt: the store had %v to answer)", err, oneAttemptSetup)
+		}
 		r.say("store %s: %v", cfg.store, err)
+		if errors.Is(err, distlock.ErrInvalid) { // --table, found bad before any I/O
+			return exitUsage
+		}
 		return exitUnavailable
 	}
 	defer closeClients()
 	note := &lossNote{}
 	d, err := distlock.New(observe(res, note, r.sayV), distlock.WithAutoRenew(), distlock.WithDefaultTTL(cfg.ttl),
-		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout), distlock.WithLabel(holderLabel()))
+		distlock.WithHandlers(note), distlock.WithCloseTimeout(releaseTimeout), distlock.WithLabel(cfg.label))
 	if err != nil {
 		stopWatching()
 		if c, ok := res.(io.Closer); ok {
@@ -108,12 +133,10 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 		return exitUnavailable
 	}
 	defer func() {
-		if err := d.Close(); err != nil {
-			if r.releaseFailed {
-				r.sayV("%v", err)
-			} else {
-				r.say("%v", err)
-			}
+		// After a release that failed and said so, Close (which tries it
+		// again) has nothing new to say: it would say it twice.
+		if err := d.Close(); err != nil && !r.releaseFailed {
+			r.say("%v", err)
 		}
 	}()
 
@@ -147,8 +170,46 @@ func runCommand(cfg *runConfig, stderr io.Writer) int {
 		r.say("acquiring %s on %s: %v", what, cfg.store, err)
 		return exitUnavailable
 	}
-	r.sayV("acquired %s with token %d (TTL %v, renewed every third of it)", what, lk.Token(), cfg.ttl)
+	r.sayV("acquired %s with token %d (it holds %s)", what, lk.Token(), cfg.store.holds(cfg.ttl))
+	if cfg.argv == nil {
+		return r.hold(lk, note, sigs)
+	}
 	return r.child(lk, note, sigs)
+}
+
+// hold keeps lk, renewed, until a signal (SIGINT, SIGTERM, SIGHUP or
+// SIGQUIT) asks distlock to let go, as etcdctl lock does without a
+// command: it prints the lock's environment on stdout (for a script that
+// started distlock in the background), releases lk on the signal and
+// returns 0, or exitLost when the lock was lost first.
+func (r *runner) hold(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal) int {
+	fmt.Fprintf(r.stdout, "DISTLOCK_KEY=%s\nDISTLOCK_TOKEN=%d\n", shellQuote(r.cfg.key), lk.Token())
+	r.sayV("holding %s until SIGINT or SIGTERM", quoteKey(r.cfg.key))
+	for {
+		select {
+		case s := <-sigs:
+			switch s {
+			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+				r.sayV("%v: releasing %s", s, quoteKey(r.cfg.key))
+				if !r.release(lk, false) {
+					return exitLost
+				}
+				return 0
+			}
+		case <-lk.Done():
+			r.say("lost %s: %v", quoteKey(r.cfg.key), note.get())
+			r.release(lk, true)
+			return exitLost
+		}
+	}
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs no quoting.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:/@%+=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // acquire takes the lock of cfg's kind: the mutex, a permit of the

@@ -323,8 +323,9 @@ func TestVerbose(t *testing.T) {
 	}
 }
 
-// TestStoreUnreachable: a store nobody answers at exits 69, naming it,
-// before the command runs.
+// TestStoreUnreachable: a store nobody answers at exits 69, naming it and
+// the cause (a refused connection, on a port nobody listens on), before
+// the command runs.
 func TestStoreUnreachable(t *testing.T) {
 	dead := listen(t).Addr().String() // a port of ours...
 	ln := listen(t)
@@ -343,6 +344,9 @@ func TestStoreUnreachable(t *testing.T) {
 		code, stderr := runDistlock(t, nil, append([]string{"run", "--store", url, "--wait", "0", "k"}, childCmd("-file", file)...)...)
 		if code != exitUnavailable || !strings.Contains(stderr, closed) && !strings.Contains(stderr, dead) {
 			t.Errorf("%s: status %d, stderr:\n%s\nwant %d and the store's address", url, code, stderr, exitUnavailable)
+		}
+		if strings.Contains(url, closed) && !strings.Contains(stderr, "connection refused") {
+			t.Errorf("%s: stderr:\n%s\nwant the cause, connection refused", url, stderr)
 		}
 		t.Logf("%s: %s", url, stderr)
 	}

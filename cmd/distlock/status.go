@@ -19,12 +19,15 @@ import (
 // inspection (nothing is taken or written), and returns the exit status:
 // 0 when held, exitFree when free.
 func statusCommand(cfg *statusConfig, stdout, stderr io.Writer) int {
-	say := func(format string, args ...any) { fmt.Fprintf(stderr, "distlock: "+format+"\n", args...) }
+	say := func(format string, args ...any) { fmt.Fprint(stderr, line(format, args...)) }
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	res, closeClients, err := cfg.store.open(ctx, defaultTTL)
 	cancel()
 	if err != nil {
 		say("store %s: %v", cfg.store, err)
+		if errors.Is(err, distlock.ErrInvalid) { // --table, found bad before any I/O
+			return exitUsage
+		}
 		return exitUnavailable
 	}
 	defer closeClients()
@@ -38,7 +41,7 @@ func statusCommand(cfg *statusConfig, stdout, stderr io.Writer) int {
 	}
 	defer d.Close() // it holds nothing: it closes the store's resource
 
-	// Inspect is bounded by the facade (the default TTL).
+	// Inspect is bounded by the facade (one attempt's bound, 1s).
 	var info distlock.Info
 	switch cfg.kind {
 	case distlock.KindSemaphore:

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -20,8 +22,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/etcd"
@@ -46,6 +50,48 @@ type store interface {
 	// client that never connects, for checks with no I/O: the kinds of
 	// lock it holds and whether it can inspect them (see supports).
 	proto() backend.RemoteResource
+	// holds says, for -v, what keeps a lock of TTL ttl taken through the
+	// backend open made: the TTL and its renewal, or a session.
+	holds(ttl time.Duration) string
+}
+
+// storeOptions are the flags that name where a store keeps its locks,
+// so that a job and a Go program configured alike share them.
+type storeOptions struct {
+	prefix    string // --prefix: Redis, Redlock and etcd key prefix
+	prefixSet bool
+	table     string // --table: PostgreSQL and MySQL table
+	tableSet  bool
+}
+
+// check refuses the options a store of scheme does not take: prefix and
+// table say whether it takes each.
+func (o storeOptions) check(scheme string, prefix, table bool) error {
+	switch {
+	case o.prefixSet && !prefix && scheme == "zk":
+		return errors.New("--prefix: a ZooKeeper URL names the root as its path: zk://HOST:PORT/ROOT")
+	case o.prefixSet && !prefix:
+		return fmt.Errorf("--prefix: the %s store keeps no key prefix; --table names a SQL store's table", scheme)
+	case o.tableSet && !table:
+		return fmt.Errorf("--table: the %s store keeps no table; --prefix names its keys' prefix", scheme)
+	}
+	return nil
+}
+
+// within is d, or less when ctx ends sooner: the bound a wait of d under
+// ctx has, for messages.
+func within(ctx context.Context, d time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl).Round(time.Millisecond); left < d {
+			return max(left, 0)
+		}
+	}
+	return d
+}
+
+// spinHolds is holds for the stores the facade renews.
+func spinHolds(ttl time.Duration) string {
+	return fmt.Sprintf("TTL %v, renewed every third of it", ttl)
 }
 
 // supports reports, with no I/O, whether s holds locks of kind and, with
@@ -83,9 +129,10 @@ func kindName(kind backend.Kind) string {
 // have their own, which their URL options set).
 const defaultDialTimeout = 5 * time.Second
 
-// parseStore parses a --store URL. Every error is the user's: a bad URL,
-// an unknown scheme, an option the store's client refuses.
-func parseStore(raw string) (store, error) {
+// parseStore parses a --store URL, with the options o. Every error is the
+// user's: a bad URL, an unknown scheme, an option the store's client
+// refuses or the store does not take.
+func parseStore(raw string, o storeOptions) (store, error) {
 	scheme, _, ok := strings.Cut(raw, ":")
 	if !ok || scheme == "" {
 		return nil, fmt.Errorf("store URL %q has no scheme: want redis://, etcd://, zk://, postgres://, mysql://, ... (see distlock --help)", raw)
@@ -94,20 +141,34 @@ func parseStore(raw string) (store, error) {
 	var err error
 	switch strings.ToLower(scheme) {
 	case "redis", "rediss":
-		s, err = parseRedis(raw, "")
+		if err = o.check("Redis", true, false); err == nil {
+			s, err = parseRedis(raw, "", o)
+		}
 	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
 		base, kind, _ := strings.Cut(strings.ToLower(scheme), "+")
-		s, err = parseRedis(base+raw[len(scheme):], kind)
+		if err = o.check("Redis", true, false); err == nil {
+			s, err = parseRedis(base+raw[len(scheme):], kind, o)
+		}
 	case "redlock":
-		s, err = parseRedlock(raw[len(scheme)+1:])
+		if err = o.check("Redlock", true, false); err == nil {
+			s, err = parseRedlock(raw[len(scheme)+1:], o)
+		}
 	case "etcd":
-		s, err = parseEtcd(raw)
+		if err = o.check("etcd", true, false); err == nil {
+			s, err = parseEtcd(raw, o)
+		}
 	case "zk", "zookeeper":
-		s, err = parseZooKeeper(raw)
+		if err = o.check("zk", false, false); err == nil {
+			s, err = parseZooKeeper(raw)
+		}
 	case "postgres", "postgresql":
-		s, err = parsePostgres(raw)
+		if err = o.check("PostgreSQL", false, true); err == nil {
+			s, err = parsePostgres(raw, o)
+		}
 	case "mysql", "mariadb":
-		s, err = parseMySQL(raw, scheme)
+		if err = o.check("MySQL", false, true); err == nil {
+			s, err = parseMySQL(raw, scheme, o)
+		}
 	case "memory", "mem":
 		return nil, errors.New("the memory store keeps its locks inside one process, so it cannot lock across processes: give a Redis, etcd, ZooKeeper, PostgreSQL or MySQL URL (see distlock --help)")
 	default:
@@ -160,10 +221,13 @@ type redisStore struct {
 
 // parseRedis parses a redis:// or rediss:// URL with the go-redis parser
 // for kind: "" (one server), "sentinel" or "cluster".
-func parseRedis(raw, kind string) (*redisStore, error) {
+func parseRedis(raw, kind string, so storeOptions) (*redisStore, error) {
 	// ContextTimeoutEnabled: the facade's bounds (the wait, the
 	// validity a renewal must land in) become the requests' deadlines.
-	// NewClient and its kin fill in the default timeouts.
+	// DialerRetries 1 (unless the URL sets it): a refused connection is
+	// reported as one at once, within one attempt's bound, not after
+	// go-redis's 1.7s of dials (see the redis package doc). NewClient
+	// and its kin fill in the default timeouts.
 	var c goredis.UniversalClient
 	var dial, read time.Duration
 	switch kind {
@@ -173,6 +237,7 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 			return nil, err
 		}
 		o.ContextTimeoutEnabled = true
+		o.DialerRetries = cmp.Or(o.DialerRetries, 1)
 		c = goredis.NewClient(o)
 		dial, read = o.DialTimeout, o.ReadTimeout
 	case "sentinel":
@@ -184,6 +249,7 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
 		}
 		o.ContextTimeoutEnabled = true
+		o.DialerRetries = cmp.Or(o.DialerRetries, 1)
 		c = goredis.NewFailoverClient(o)
 		dial, read = o.DialTimeout, o.ReadTimeout
 	case "cluster":
@@ -192,6 +258,7 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 			return nil, err
 		}
 		o.ContextTimeoutEnabled = true
+		o.DialerRetries = cmp.Or(o.DialerRetries, 1)
 		c = goredis.NewClusterClient(o)
 		dial, read = o.DialTimeout, o.ReadTimeout
 	}
@@ -204,7 +271,11 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 		scheme, rest, _ := strings.Cut(name, ":")
 		name = scheme + "+" + kind + ":" + rest
 	}
-	res, err := redis.New(c)
+	var opts []redis.Option
+	if so.prefixSet {
+		opts = append(opts, redis.WithPrefix(so.prefix))
+	}
+	res, err := redis.New(c, opts...)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -213,6 +284,8 @@ func parseRedis(raw, kind string) (*redisStore, error) {
 }
 
 func (s *redisStore) String() string { return s.name }
+
+func (s *redisStore) holds(ttl time.Duration) string { return spinHolds(ttl) }
 
 func (s *redisStore) validateKey(key string) error { return s.res.ValidateKey(key) }
 
@@ -240,7 +313,7 @@ type redlockStore struct {
 }
 
 // parseRedlock parses the comma-separated Redis URLs after "redlock:".
-func parseRedlock(list string) (*redlockStore, error) {
+func parseRedlock(list string, so storeOptions) (*redlockStore, error) {
 	if !strings.HasPrefix(list, "redis") {
 		return nil, errors.New("want redlock:redis://HOST1:PORT,redis://HOST2:PORT,redis://HOST3:PORT")
 	}
@@ -252,11 +325,16 @@ func parseRedlock(list string) (*redlockStore, error) {
 			s.close()
 			return nil, fmt.Errorf("node %q: %w", redact(raw), err)
 		}
-		o.ContextTimeoutEnabled = true // per-node timeouts, as redlock's doc asks
+		o.ContextTimeoutEnabled = true               // per-node timeouts, as redlock's doc asks
+		o.DialerRetries = cmp.Or(o.DialerRetries, 1) // a refused node is reported as one (redlock's doc)
 		s.clients = append(s.clients, goredis.NewClient(o))
 		names = append(names, redact(raw))
 	}
-	res, err := redlock.New(s.clients)
+	var opts []redlock.Option
+	if so.prefixSet {
+		opts = append(opts, redlock.WithPrefix(so.prefix))
+	}
+	res, err := redlock.New(s.clients, opts...)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -280,6 +358,10 @@ func (s *redlockStore) closeClients() {
 }
 
 func (s *redlockStore) String() string { return s.name }
+
+func (s *redlockStore) holds(ttl time.Duration) string {
+	return spinHolds(ttl) + ", on a majority of the nodes"
+}
 
 func (s *redlockStore) validateKey(key string) error { return s.res.ValidateKey(key) }
 
@@ -386,15 +468,16 @@ func (h *hostList) duration(name string, def time.Duration) (time.Duration, erro
 type etcdStore struct {
 	name string
 	cfg  clientv3.Config
+	opts []etcd.Option
 }
 
-func parseEtcd(raw string) (*etcdStore, error) {
+func parseEtcd(raw string, so storeOptions) (*etcdStore, error) {
 	h, err := parseHostList(raw, 2379, "dial_timeout")
 	if err != nil {
 		return nil, err
 	}
 	if p := strings.Trim(h.path, "/"); p != "" {
-		return nil, fmt.Errorf("unexpected path %q: an etcd URL names hosts only", h.path)
+		return nil, fmt.Errorf("unexpected path %q: an etcd URL names hosts only (--prefix sets the keys' prefix)", h.path)
 	}
 	dial, err := h.duration("dial_timeout", defaultDialTimeout)
 	if err != nil {
@@ -408,7 +491,11 @@ func parseEtcd(raw string) (*etcdStore, error) {
 		cfg.Username = h.user.Username()
 		cfg.Password, _ = h.user.Password()
 	}
-	return &etcdStore{name: h.name, cfg: cfg}, nil
+	s := &etcdStore{name: h.name, cfg: cfg}
+	if so.prefixSet {
+		s.opts = append(s.opts, etcd.WithPrefix(so.prefix))
+	}
+	return s, nil
 }
 
 func (s *etcdStore) String() string { return s.name }
@@ -427,6 +514,13 @@ func etcdProto() *etcd.Resource {
 	return r
 }
 
+// holds: distlock renews its locks (WithAutoRenew), which etcd keeps on
+// a lease shared by the locks of one TTL and kept alive by the client.
+func (s *etcdStore) holds(ttl time.Duration) string {
+	secs := (ttl + time.Second - 1) / time.Second * time.Second
+	return fmt.Sprintf("TTL %v (etcd leases count whole seconds): a lease the client keeps alive every third of it", secs)
+}
+
 func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteResource, func(), error) {
 	c, err := clientv3.New(s.cfg)
 	if err != nil {
@@ -434,14 +528,18 @@ func (s *etcdStore) open(ctx context.Context, _ time.Duration) (backend.RemoteRe
 	}
 	// The client connects on its first request: make one that needs a
 	// quorum (a linearizable read of nothing), so that an unreachable
-	// cluster is reported now, whatever the wait.
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	// cluster is reported now, whatever the wait. It waits for a
+	// connection (WaitForReady), so that gRPC's error says why none came
+	// (a refused connection, say), not only that the time ran out.
+	bound := within(ctx, s.cfg.DialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	if _, err := c.Get(pctx, etcd.DefaultPrefix, clientv3.WithCountOnly()); err != nil {
+	req := &pb.RangeRequest{Key: []byte(etcd.DefaultPrefix), CountOnly: true}
+	if _, err := clientv3.RetryKVClient(c).Range(pctx, req, grpc.WaitForReady(true)); err != nil {
 		c.Close()
-		return nil, nil, fmt.Errorf("no answer from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), s.cfg.DialTimeout, err)
+		return nil, nil, fmt.Errorf("reading from %s within %v: %w", strings.Join(s.cfg.Endpoints, ","), bound, err)
 	}
-	res, err := etcd.New(c)
+	res, err := etcd.New(c, s.opts...)
 	if err != nil {
 		c.Close()
 		return nil, nil, err
@@ -456,6 +554,7 @@ type zkStore struct {
 	opts    []zookeeper.Option
 	session time.Duration // 0: the TTL
 	dial    time.Duration
+	granted time.Duration // the session timeout the server granted, once open
 }
 
 func parseZooKeeper(raw string) (*zkStore, error) {
@@ -506,12 +605,23 @@ func (s *zkStore) proto() backend.RemoteResource {
 	return r
 }
 
-func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
-	session := s.session
-	if session == 0 {
-		session = ttl
+// holds: on ZooKeeper a lock distlock renews lives as long as the
+// session, whose timeout the server keeps within its bounds (by default
+// 4s to 40s) whatever was asked.
+func (s *zkStore) holds(ttl time.Duration) string {
+	asked := cmp.Or(s.session, ttl)
+	if s.granted == 0 {
+		return fmt.Sprintf("as long as the session, asked to time out after %v", asked)
 	}
-	conn, events, err := zk.Connect(s.servers, session, zk.WithLogger(log.New(io.Discard, "", 0)))
+	return fmt.Sprintf("as long as the session, which times out %v after the server last heard from distlock (asked: %v; the server keeps it within its bounds)", s.granted, asked)
+}
+
+func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
+	session := cmp.Or(s.session, ttl)
+	// go-zookeeper tells only its log why it cannot connect, and what
+	// session timeout the server granted: listen to it.
+	zl := &zkLog{session: make(chan time.Duration, 1)}
+	conn, events, err := zk.Connect(s.servers, session, zk.WithLogger(zl))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -520,15 +630,17 @@ func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 		}
 	}()
 	// The resource needs a session: wait for one, within the dial timeout.
-	ctx, cancel := context.WithTimeout(ctx, s.dial)
+	bound := within(ctx, s.dial)
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	for conn.State() != zk.StateHasSession {
-		select {
-		case <-ctx.Done():
-			conn.Close()
-			return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), s.dial, context.Cause(ctx))
-		case <-time.After(10 * time.Millisecond): // go-zookeeper has no "session ready" channel but its events, which the resource reads
+	select {
+	case s.granted = <-zl.session:
+	case <-ctx.Done():
+		conn.Close()
+		if last := zl.lastError(); last != "" {
+			return nil, nil, fmt.Errorf("no session with %s within %v: %s", strings.Join(s.servers, ","), bound, last)
 		}
+		return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), bound, context.Cause(ctx))
 	}
 	res, err := zookeeper.New(conn, s.opts...)
 	if err != nil {
@@ -538,21 +650,65 @@ func (s *zkStore) open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 	return res, conn.Close, nil
 }
 
+// zkLog is go-zookeeper's logger: it keeps the last failure to connect,
+// and sends the session timeout the server granted on session.
+type zkLog struct {
+	mu      sync.Mutex
+	last    string
+	session chan time.Duration // buffered 1
+}
+
+func (l *zkLog) Printf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	switch {
+	case strings.HasPrefix(format, "authenticated:"):
+		var id int64
+		var ms int32
+		if _, err := fmt.Sscanf(msg, "authenticated: id=%d, timeout=%d", &id, &ms); err == nil {
+			select {
+			case l.session <- time.Duration(ms) * time.Millisecond:
+			default: // a later session: the first one is what open waits for
+			}
+		}
+	case strings.HasPrefix(format, "failed to connect"):
+		l.mu.Lock()
+		l.last = msg
+		l.mu.Unlock()
+	}
+}
+
+func (l *zkLog) lastError() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last
+}
+
 // postgresStore is a PostgreSQL database.
 type postgresStore struct {
 	name string
 	cfg  *pgxpool.Config
+	opts []sqldb.Option
 }
 
-func parsePostgres(raw string) (*postgresStore, error) {
+func parsePostgres(raw string, so storeOptions) (*postgresStore, error) {
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		return nil, err
 	}
-	return &postgresStore{name: redact(raw), cfg: cfg}, nil
+	return &postgresStore{name: redact(raw), cfg: cfg, opts: so.sqlOptions()}, nil
+}
+
+// sqlOptions is --table as the SQL stores' option.
+func (o storeOptions) sqlOptions() []sqldb.Option {
+	if !o.tableSet {
+		return nil
+	}
+	return []sqldb.Option{sqldb.WithTable(o.table)}
 }
 
 func (s *postgresStore) String() string { return s.name }
+
+func (s *postgresStore) holds(ttl time.Duration) string { return spinHolds(ttl) }
 
 // validateKey asks the PostgreSQL store's own ValidateKey, which reads
 // nothing of the store.
@@ -566,7 +722,7 @@ func (s *postgresStore) open(ctx context.Context, _ time.Duration) (backend.Remo
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := sqldb.NewPostgres(ctx, pool)
+	res, err := sqldb.NewPostgres(ctx, pool, s.opts...)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -578,11 +734,12 @@ func (s *postgresStore) open(ctx context.Context, _ time.Duration) (backend.Remo
 type mysqlStore struct {
 	name string
 	cfg  *mysql.Config
+	opts []sqldb.Option
 }
 
 // parseMySQL parses mysql://USER:PASSWORD@HOST:PORT/DB?PARAMS, or the
 // driver's DSN after mysql:// (it has a "(": tcp(HOST:PORT)).
-func parseMySQL(raw, scheme string) (*mysqlStore, error) {
+func parseMySQL(raw, scheme string, so storeOptions) (*mysqlStore, error) {
 	rest := raw[len(scheme)+1:]
 	if !strings.HasPrefix(rest, "//") {
 		return nil, errors.New("want mysql://USER:PASSWORD@HOST:PORT/DB")
@@ -629,10 +786,12 @@ func parseMySQL(raw, scheme string) (*mysqlStore, error) {
 	if shown.Passwd != "" {
 		shown.Passwd = "xxxxx"
 	}
-	return &mysqlStore{name: scheme + "://" + shown.FormatDSN(), cfg: cfg}, nil
+	return &mysqlStore{name: scheme + "://" + shown.FormatDSN(), cfg: cfg, opts: so.sqlOptions()}, nil
 }
 
 func (s *mysqlStore) String() string { return s.name }
+
+func (s *mysqlStore) holds(ttl time.Duration) string { return spinHolds(ttl) }
 
 // validateKey asks the MySQL store's own ValidateKey, which reads nothing
 // of the store.
@@ -647,7 +806,7 @@ func (s *mysqlStore) open(ctx context.Context, _ time.Duration) (backend.RemoteR
 		return nil, nil, err
 	}
 	db := sql.OpenDB(conn)
-	res, err := sqldb.NewMySQL(ctx, db)
+	res, err := sqldb.NewMySQL(ctx, db, s.opts...)
 	if err != nil {
 		db.Close()
 		return nil, nil, err

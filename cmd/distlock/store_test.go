@@ -94,9 +94,9 @@ func TestParseStore(t *testing.T) {
 
 func mustParse(t *testing.T, raw string) store {
 	t.Helper()
-	s, err := parseStore(raw)
+	s, err := parseStore(raw, storeOptions{})
 	if err != nil {
-		t.Fatalf("parseStore(%q): %v", raw, err)
+		t.Fatalf("parseStore(%q, storeOptions{}): %v", raw, err)
 	}
 	return s
 }

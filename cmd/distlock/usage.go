@@ -3,6 +3,8 @@
 package main
 
 const shortUsage = `usage: distlock run [flags] KEY -- COMMAND [ARGS...]
+       distlock run [flags] -c COMMAND-STRING KEY
+       distlock run [flags] KEY
        distlock status [flags] KEY
 Run 'distlock --help' for the flags, the store URLs and the exit statuses.
 `
@@ -14,8 +16,11 @@ Redlock, etcd, ZooKeeper, PostgreSQL or MySQL/MariaDB.
 
 Usage:
   distlock run [flags] KEY -- COMMAND [ARGS...]
+  distlock run [flags] -c COMMAND-STRING KEY
+  distlock run [flags] KEY
   distlock status [flags] KEY
   distlock help
+  distlock --version
 
 distlock run acquires the lock KEY, runs COMMAND while holding it,
 renewing it every third of its TTL, releases it when COMMAND exits and
@@ -37,40 +42,64 @@ exits with 79. The store may hand KEY to another holder from the end of
 the TTL on: fence with DISTLOCK_TOKEN. If distlock itself is killed, COMMAND
 gets SIGKILL (on Linux; its own children do not) and KEY is freed when
 its TTL runs out.
+COMMAND comes after --: one KEY, then --, then COMMAND and its ARGS.
+With -c, COMMAND-STRING runs through $SHELL -c (/bin/sh if SHELL is not
+set), as flock -c does. Without a COMMAND, distlock holds KEY, renewing
+it, until SIGINT, SIGTERM, SIGHUP or SIGQUIT (as etcdctl lock does without
+one): it prints DISTLOCK_KEY=KEY and DISTLOCK_TOKEN=T on stdout once it
+holds KEY, and releases KEY and exits 0 on the signal.
 
 Flags of run:
   --store URL        the store (default: $DISTLOCK_STORE); the forms are below
-  --wait DURATION    how long to wait for KEY while another owner holds it
+  --prefix PREFIX    the prefix of the store's keys (Redis, Redlock, etcd),
+                     as WithPrefix in Go: a job and a program with the same
+                     prefix share their locks (default: the Go default,
+                     "distlock:" on Redis, "/distlock/" on etcd); ZooKeeper
+                     takes its root as the URL's path
+  --table TABLE      the lock table (PostgreSQL, MySQL), [SCHEMA.]TABLE, as
+                     WithTable in Go (default distlock_locks)
+  -w, --wait DURATION
+                     how long to wait for KEY while another owner holds it
                      (default: until acquired or interrupted); 0 makes one
-                     attempt, like flock -n
+                     attempt: connecting and the attempt are bounded by a
+                     second each
+  -n                 one attempt: --wait 0, like flock -n
   --ttl DURATION     the lock's lease: how long the store keeps KEY for a
                      holder that stopped renewing it, after a crash, a
-                     kill -9 or a partition (default 10s)
+                     kill -9 or a partition (default 10s, at least 500ms:
+                     it is renewed every third of it, and a renewal must
+                     come back well within that)
   --grace DURATION   after the lock is lost, how long COMMAND has between
                      SIGTERM and SIGKILL (default 5s)
-  --conflict-exit-code N
+  -E, --conflict-exit-code N
                      the exit status when KEY stayed held for the whole wait,
                      0 to 255 (default 75), like flock -E
   --limit N          a semaphore: at most N runs hold KEY at once, like
                      consul lock -n; every run of KEY must give the same N
-  --shared           the read side of the read/write lock KEY: runs with
-                     --shared hold it together
-  --exclusive        the write side of the read/write lock KEY: excludes
-                     --shared and other --exclusive runs; a waiting
-                     --exclusive run keeps later --shared runs out
+  -s, --shared       the read side of the read/write lock KEY: runs with
+                     --shared hold it together, like flock -s
+  -x, --exclusive    the write side of the read/write lock KEY: excludes
+                     --shared and other --exclusive runs, like flock -x; a
+                     waiting --exclusive run keeps later --shared runs out
+  -c, --shell COMMAND-STRING
+                     run COMMAND-STRING through the shell instead of a
+                     COMMAND after --
+  --label TEXT       the label stored with the grant, which status shows
+                     (default HOST:PID, distlock's; at most 256 bytes)
   -v, --verbose      say on stderr when distlock waits, acquires (with the
-                     token), renews, loses and releases KEY
+                     token and what keeps the lock: its TTL, or on ZooKeeper
+                     the session timeout the server granted), renews, loses
+                     and releases KEY
 DURATION is a number of seconds (1.5) or a Go duration (1m30s, 250ms).
 A plain run (no --limit, --shared or --exclusive) takes the mutex KEY: the
 lock distlock.TryLock takes in Go, so programs and jobs can share it.
 --limit, --shared and --exclusive exclude each other; the mutex, the
 semaphore and the read/write lock of one KEY are three distinct locks (as
-DistributeLock.Semaphore and RWMutex in Go). Redlock holds mutexes only
-(majorities cannot bound a semaphore); etcd and ZooKeeper hold mutexes only
-in this version. Every grant is labelled HOST:PID (distlock's), which
-status shows.
+DistributeLock.Semaphore and RWMutex in Go): -x does not exclude a plain
+run. Redlock holds mutexes only (majorities cannot bound a semaphore).
 
-distlock status [--store URL] [--json] [--limit N | --shared | --exclusive] KEY
+distlock status [--store URL] [--prefix P | --table T] [--json]
+                [--limit N | -s, --shared | -x, --exclusive] KEY
 prints whether the lock KEY is held, and for each holder its label, kind,
 fencing token and time left by the store's clock; it takes nothing and
 writes nothing. Without a kind flag it reads the mutex KEY; --limit N
@@ -81,7 +110,7 @@ one line:
    "held": BOOL, "limit": N (a held semaphore's),
    "holders": [{"label": L, "kind": "mutex"|"semaphore"|"read"|"write",
                 "token": T, "ttl_ms": MS (null if unknown)}]}
-Redlock can inspect mutexes (token 0); etcd and ZooKeeper cannot yet.
+Every store inspects every kind it holds; Redlock mutexes only (token 0).
 
 Store URLs (--store, or the environment variable DISTLOCK_STORE):
   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
@@ -118,14 +147,16 @@ prefer DISTLOCK_STORE.
 Exit status of run:
   COMMAND's   COMMAND ran, holding the lock until it exited; 128+N if a
               signal N ended it
-  2           bad usage, flag, key or store URL, or a kind of lock the store
-              cannot hold (--limit on Redlock): nothing was sent to the
-              store; or --limit N differs from the limit the semaphore's
-              holders took it with (the store said so; nothing was written)
+  2           bad usage, flag, key, store URL, --prefix or --table, or a
+              kind of lock the store cannot hold (--limit on Redlock):
+              nothing was sent to the store; or --limit N differs from the
+              limit the semaphore's holders took it with (the store said
+              so; nothing was written)
   69          the store could not be reached or failed before COMMAND started
   75          KEY stayed held by another owner for the whole wait
               (--conflict-exit-code changes it)
-  79          the lock was lost while COMMAND ran; COMMAND was stopped
+  79          the lock was lost while COMMAND ran (or while distlock held
+              it without one); COMMAND was stopped
   126         COMMAND could not be started
   127         COMMAND was not found
   128+N       distlock got signal N while it waited for KEY
@@ -133,8 +164,9 @@ Exit status of run:
 Exit status of status:
   0           KEY is held
   1           KEY is free
-  2           bad usage, flag, key or store URL, or the store cannot tell
-              who holds a lock of that kind (etcd, ZooKeeper; semaphores and
-              read/write locks on Redlock): nothing was sent to the store
+  2           bad usage, flag, key, store URL, --prefix or --table, or the
+              store cannot tell who holds a lock of that kind (semaphores
+              and read/write locks on Redlock): nothing was sent to the
+              store
   69          the store could not be reached or failed
 `

@@ -37,8 +37,30 @@ func TestBadCommandLines(t *testing.T) {
 		{"nothing", nil, nil, 2, "usage: distlock run"},
 		{"unknown command", []string{"lock", "k"}, nil, 2, `unknown command "lock"`},
 		{"run alone", []string{"run"}, nil, 2, "missing KEY"},
-		{"no command", run(redisURL, "k"), nil, 2, `missing COMMAND after KEY "k"`},
-		{"no command after --", run(redisURL, "k", "--"), nil, 2, "missing COMMAND"},
+		{"no command after --", run(redisURL, "k", "--"), nil, 2, "missing COMMAND after --"},
+		{"two keys", run(redisURL, "k1", "k2", "--", "true"), nil, 2, `"k2" after KEY "k1": one KEY, then -- and COMMAND`},
+		{"command without --", run(redisURL, "k", "true"), nil, 2, `"true" after KEY "k": one KEY, then -- and COMMAND`},
+		{"-c and a command", run(redisURL, "-c", "true", "k", "--", "true"), nil, 2, "-c and a COMMAND after -- exclude each other"},
+		{"--shell and a command", run(redisURL, "--shell", "true", "k", "--", "true"), nil, 2, "--shell and a COMMAND after -- exclude each other"},
+		{"empty -c", run(redisURL, "-c", "", "k"), nil, 2, "-c: an empty command string"},
+		{"-c and --shell", run(redisURL, "-c", "true", "--shell", "true", "k"), nil, 2, "-c and --shell say the same thing"},
+		{"-n and --wait", run(redisURL, "-n", "--wait", "1", "k", "--", "true"), nil, 2, "--wait and -n say the same thing"},
+		{"-w and --wait", run(redisURL, "-w", "1", "--wait", "1", "k", "--", "true"), nil, 2, "--wait and -w say the same thing"},
+		{"-E and --conflict-exit-code", run(redisURL, "-E", "1", "--conflict-exit-code", "1", "k", "--", "true"), nil, 2, "say the same thing"},
+		{"-E 256", run(redisURL, "-E", "256", "k", "--", "true"), nil, 2, "-E 256: want 0 to 255"},
+		{"-s and -x", run(redisURL, "-s", "-x", "k", "--", "true"), nil, 2, "exclude each other"},
+		{"-w bad", run(redisURL, "-w", "soon", "k", "--", "true"), nil, 2, `bad duration "soon"`},
+		{"ttl below the minimum", run(redisURL, "--ttl", "10ms", "k", "--", "true"), nil, 2, "--ttl 10ms is below the minimum, 500ms"},
+		{"long label", run(redisURL, "--label", strings.Repeat("l", 257), "k", "--", "true"), nil, 2, "--label of 257 bytes: at most 256"},
+		{"table on redis", run(redisURL, "--table", "t", "k", "--", "true"), nil, 2, "--table: the Redis store keeps no table"},
+		{"table on etcd", run("etcd://"+addr, "--table", "t", "k", "--", "true"), nil, 2, "--table: the etcd store keeps no table"},
+		{"prefix on postgres", run("postgres://"+addr+"/db", "--prefix", "p", "k", "--", "true"), nil, 2, "--prefix: the PostgreSQL store keeps no key prefix"},
+		{"prefix on mysql", run("mysql://root@"+addr+"/db", "--prefix", "p", "k", "--", "true"), nil, 2, "--prefix: the MySQL store keeps no key prefix"},
+		{"prefix on zk", run("zk://"+addr, "--prefix", "/p", "k", "--", "true"), nil, 2, "names the root as its path"},
+		{"bad table", run("postgres://"+addr+"/db", "--table", "locks;drop", "k", "--", "true"), nil, 2, "is not a plain identifier"},
+		{"bad mysql table", run("mysql://root@"+addr+"/db", "--table", "a.b.c", "k", "--", "true"), nil, 2, "want table or schema.table"},
+		{"status table on redis", []string{"status", "--store", redisURL, "--table", "t", "k"}, nil, 2, "--table: the Redis store keeps no table"},
+		{"status bad table", []string{"status", "--store", "postgres://" + addr + "/db", "--table", "1t", "k"}, nil, 2, "is not a plain identifier"},
 		{"empty key", run(redisURL, "", "--", "true"), nil, 2, "empty KEY"},
 		{"flag after key", run(redisURL, "k", "--wait", "0", "--", "true"), nil, 2, "--wait after KEY: flags go before KEY"},
 		{"unknown flag", run(redisURL, "--timeout", "1", "k", "--", "true"), nil, 2, "flag provided but not defined: -timeout"},
@@ -127,7 +149,9 @@ func TestHelp(t *testing.T) {
 		p.mu.Unlock()
 		for _, want := range []string{"redis://", "rediss://", "redis+sentinel://", "redis+cluster://", "redlock:redis://",
 			"etcd://", "zk://", "postgres://", "mysql://", "memory://", "--conflict-exit-code", "--grace", "DISTLOCK_TOKEN",
-			"Exit status of run", "Exit status of status", "--limit N", "--shared", "--exclusive", "--json", "HOST:PID"} {
+			"Exit status of run", "Exit status of status", "--limit N", "--shared", "--exclusive", "--json", "HOST:PID",
+			"-n ", "-w, --wait", "-E, --conflict-exit-code", "-s, --shared", "-x, --exclusive", "-c, --shell", "--label",
+			"--prefix", "--table", "--version", "at least 500ms"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("distlock %q: the help does not say %q", args, want)
 			}
