@@ -26,8 +26,10 @@ import (
 // answered after a drawn reply delay, so overlapping requests land and
 // answer out of order. With faults on, a request may fail before it lands
 // (fateFail), land and lose its reply (fateLose: an error; fateHang: no
-// reply at all). While the store is stalled, requests that would land are
-// held; when the stall ends each lands late or is dropped (drawn). A call
+// reply at all). While the store is stalled (all of it, or some of its
+// shards; every request, or those that update a held lock), requests that
+// would land there are held; when the stall ends each lands late or is
+// dropped (drawn). A call
 // whose reply did not come returns when its context ends (or after
 // connTimeout when it has no deadline, as a client's read timeout would);
 // an acquire then returns a *backend.AbandonedError whose Cleanup is a
@@ -60,7 +62,8 @@ type hostile struct {
 	nreq      map[string]uint64 // requests so far by key and owner value
 	net       netConfig
 	faults    bool
-	stalled   bool
+	stalled   uint8                  // the shards stalled, a bit each
+	rowsOnly  bool                   // the stall holds only requests that update a held lock
 	held      []*request             // requests held by the stall
 	tombs     map[string]bool        // owner values whose abandoned acquire was cleaned up
 	shadows   map[holderID]*shadow   // live holders, with their expiry
@@ -118,6 +121,8 @@ const (
 // request is one call on its way through the network.
 type request struct {
 	rng    *rand.Rand // its own draws: the same request draws the same, whatever runs beside it
+	shards uint8      // the shards of its keys
+	update bool       // it updates a held lock (refresh, release)
 	fate   fate
 	calm   bool
 	reply  time.Duration
@@ -189,6 +194,19 @@ func (s *hostile) randFor(parts ...string) *rand.Rand {
 // deadline. r is nil when nothing was sent (ctx had ended). apply runs
 // under s.mu when the request lands.
 func (s *hostile) send(ctx context.Context, key, who string, apply func(r *request)) (*request, error) {
+	return s.sendAll(ctx, false, []string{key}, who, apply)
+}
+
+// sendUpdate is send for a request that updates a held lock's row: a
+// refresh or a release.
+func (s *hostile) sendUpdate(ctx context.Context, key, who string, apply func(r *request)) (*request, error) {
+	return s.sendAll(ctx, true, []string{key}, who, apply)
+}
+
+// sendAll is send for a request about several keys: it stalls when any
+// of their shards does.
+func (s *hostile) sendAll(ctx context.Context, update bool, keys []string, who string, apply func(r *request)) (*request, error) {
+	key := keys[0]
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("hostile: %s: not sent: %w", key, err)
 	}
@@ -196,9 +214,15 @@ func (s *hostile) send(ctx context.Context, key, who string, apply func(r *reque
 	if c, ok := ctx.Value(ioKey{}).(*ioCount); ok {
 		c.n.Add(1)
 	}
-	r := &request{calm: isCalm(key), apply: apply, done: make(chan struct{})}
+	r := &request{calm: true, update: update, apply: apply, done: make(chan struct{})}
+	for _, k := range keys {
+		r.calm = r.calm && isCalm(k)
+		r.shards |= shardOf(k)
+	}
 	s.mu.Lock()
-	s.keys[key] = true
+	for _, k := range keys {
+		s.keys[k] = true
+	}
 	s.countLocked()
 	n := s.nreq[key+"\x00"+who]
 	s.nreq[key+"\x00"+who] = n + 1
@@ -287,7 +311,7 @@ func (s *hostile) delay(rng *rand.Rand, max time.Duration) time.Duration {
 // landLocked applies r, or holds it while the store is stalled, and
 // schedules its reply.
 func (s *hostile) landLocked(r *request) {
-	if s.stalled && !r.calm {
+	if s.stalled&r.shards != 0 && (r.update || !s.rowsOnly) && !r.calm {
 		s.held = append(s.held, r)
 		return
 	}
@@ -350,16 +374,36 @@ func (s *hostile) setFaults(on bool, pFail, pLose, pHang float64) {
 	s.net.pFail, s.net.pLose, s.net.pHang = pFail, pLose, pHang
 }
 
-// stall starts or ends a stall. At its end each request it held lands
-// late or is dropped.
-func (s *hostile) stall(on bool) {
+// shards is how many shards the store's keys are spread over, as a Redis
+// Cluster's are over its nodes: a stall may hit some and not others.
+const shards = 3
+
+// shardOf returns the bit of key's shard. As in Redis Cluster, a key with
+// a hash tag ("{tag}rest") is placed by its tag alone.
+func shardOf(key string) uint8 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return 1 << (h.Sum32() % shards)
+}
+
+// stall stalls the shards of mask (a bit each; 0 ends the stall): every
+// request, or (rowsOnly) those that update a held lock, as when another
+// transaction holds the lock table's rows FOR UPDATE: refreshes and
+// releases wait while acquisitions of free keys go through. When it ends,
+// each request it held lands late or is dropped.
+func (s *hostile) stall(mask uint8, rowsOnly bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if on || !s.stalled {
-		s.stalled = on
+	if mask != 0 || s.stalled == 0 {
+		s.stalled, s.rowsOnly = mask, rowsOnly
 		return
 	}
-	s.stalled = false
+	s.stalled = 0
 	held := s.held
 	s.held = nil
 	for _, r := range held {
@@ -372,13 +416,7 @@ func (s *hostile) stall(on bool) {
 // heal ends faults and stalls.
 func (s *hostile) heal() {
 	s.setFaults(false, 0, 0, 0)
-	s.stall(false)
-}
-
-func (s *hostile) isFaulty() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.faults || s.stalled
+	s.stall(0, false)
 }
 
 // trackLocked records a holder the store just granted or refreshed, with
@@ -494,8 +532,11 @@ func (s *hostile) grantedLocked(l *backend.Lease, storeTTL time.Duration, kept b
 // the request from taking anything if it lands later.
 func (s *hostile) abandoned(err error, value string, ids []holderID) error {
 	return &backend.AbandonedError{Err: err, Cleanup: func(ctx context.Context) error {
-		key := ids[0].key
-		_, err := s.send(ctx, key, value, func(*request) {
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = id.key
+		}
+		_, err := s.sendAll(ctx, false, keys, value, func(*request) {
 			s.tombs[value] = true
 			for _, id := range ids {
 				s.deleteLocked(id)
@@ -514,6 +555,14 @@ func (s *hostile) deleteLocked(id holderID) {
 	if id.kind == backend.KindRead || id.kind == backend.KindWrite {
 		_ = s.mem.Withdraw(context.Background(), &l)
 	}
+}
+
+func leaseKeys(ls []*backend.Lease) []string {
+	keys := make([]string, len(ls))
+	for i, l := range ls {
+		keys[i] = l.Key
+	}
+	return keys
 }
 
 func leaseIDs(ls []*backend.Lease) []holderID {
@@ -564,7 +613,7 @@ func (s *hostile) tryAcquireAll(ctx context.Context, ls []*backend.Lease) (bool,
 		holderTTL time.Duration
 		err       error
 	)
-	r, serr := s.send(ctx, ls[0].Key, ls[0].Value, func(*request) {
+	r, serr := s.sendAll(ctx, false, leaseKeys(ls), ls[0].Value, func(*request) {
 		if s.tombs[cs[0].Value] {
 			return
 		}
@@ -695,7 +744,7 @@ func (s *hostile) Release(ctx context.Context, l *backend.Lease) error {
 	lc := *l
 	id := holderID{l.Kind, l.Key, l.Value}
 	var err error
-	if _, serr := s.send(ctx, l.Key, l.Value, func(r *request) {
+	if _, serr := s.sendUpdate(ctx, l.Key, l.Value, func(r *request) {
 		err = s.mem.Release(context.Background(), &lc)
 		if err == nil {
 			s.untrackLocked(id)
@@ -734,7 +783,7 @@ func (s *hostile) refreshLocked(r *request, l *backend.Lease) error {
 func (s *hostile) Refresh(ctx context.Context, l *backend.Lease) error {
 	lc := *l
 	var err error
-	if _, serr := s.send(ctx, l.Key, l.Value, func(r *request) { err = s.refreshLocked(r, &lc) }); serr != nil {
+	if _, serr := s.sendUpdate(ctx, l.Key, l.Value, func(r *request) { err = s.refreshLocked(r, &lc) }); serr != nil {
 		return serr
 	}
 	return err
@@ -756,7 +805,7 @@ func (s *hostile) refreshAll(ctx context.Context, ls []*backend.Lease) []error {
 		cs[i] = *l
 	}
 	res := make([]error, len(ls)) // written when it lands, maybe after the caller gave up
-	if _, serr := s.send(ctx, ls[0].Key, ls[0].Value, func(r *request) {
+	if _, serr := s.sendAll(ctx, true, leaseKeys(ls), ls[0].Value, func(r *request) {
 		for i := range cs {
 			res[i] = s.refreshLocked(r, &cs[i])
 		}

@@ -162,8 +162,16 @@ var (
 	semKey    = "s"
 	rwKey     = "rw"
 	hotKey    = "a"
-	// hostileKeys are the keys the network delays, fails and stalls.
-	hostileKeys = []string{"a", "b", "c", "d", "s", "rw"}
+	// fillKeys are the keys a process takes many of at once.
+	fillKeys = func() []string {
+		keys := make([]string, 24)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("f%d", i)
+		}
+		return keys
+	}()
+	// hostileKeys are keys the network delays, fails and stalls.
+	hostileKeys = append([]string{"a", "b", "c", "d", "s", "rw", "h0", "h1", "h2"}, fillKeys...)
 )
 
 type model struct {
@@ -172,11 +180,14 @@ type model struct {
 	s      *hostile
 	res    backend.RemoteResource
 	waiter bool
-	procs  [3]*proc
-	all    []*proc // every process, by id-1
-	baseG  int
-	probes int
-	bigged bool
+	// maxDelay is the longest a request or reply may take (slow ones
+	// take ten times the drawn bound).
+	maxDelay time.Duration
+	procs    [3]*proc
+	all      []*proc // every process, by id-1
+	baseG    int
+	probes   int
+	bigged   bool
 
 	wg sync.WaitGroup // operations running in the background
 
@@ -222,6 +233,7 @@ type mgrant struct {
 	handles []*mhandle
 	// lostSignal: the store reported the lease lost (Lost closed).
 	lostSignal bool
+	extended   bool // Extend was called: its validity may have shrunk
 }
 
 func (g *mgrant) ids() []holderID {
@@ -249,6 +261,8 @@ type mhandle struct {
 	overlaps int  // Unlock calls begun while another was in flight
 	called   bool // Unlock was called at least once
 	unlocked bool // an Unlock returned nil or ErrNotHeld
+	do       bool // Do's: Do releases it, not the model
+	bg       bool // Do's release failed: Do releases it in the background
 }
 
 func newModel(t *rapid.T, wd *watchdog) *model {
@@ -262,6 +276,7 @@ func newModel(t *rapid.T, wd *watchdog) *model {
 		pLate:    0.5,
 		pSlow:    0.05,
 	}
+	m.maxDelay = 10 * max(net.maxReq, net.maxReply)
 	m.s = newHostile(rapid.Uint64().Draw(t, "seed"), net, wd.call)
 	m.s.lostSignal = rapid.Bool().Draw(t, "lostSignal")
 	m.s.kept = m.s.lostSignal && rapid.Bool().Draw(t, "kept")
@@ -577,7 +592,8 @@ func (m *model) register(p *proc, lk *distlock.Lock, kind distlock.Kind, parent 
 	for _, id := range g.ids() {
 		if at, freed := m.s.freedAt(id); freed {
 			m.failLocked("p%d %s returned %v, which the store had freed by expiry at %v", p.id, what, g, at.Format("15:04:05.000000"))
-		} else if !m.s.holds(id) && (!fresh || !m.s.reportedLost(value)) {
+		} else if !m.s.holds(id) && (!fresh || !m.s.reportedLost(value)) && !p.closeCalled.Load() {
+			// (Close, called meanwhile, may have released it since.)
 			// A fresh lock the store reported lost after the facade
 			// committed it is lost: Done closes. A reentered one is not
 			// that lock.
@@ -585,6 +601,35 @@ func (m *model) register(p *proc, lk *distlock.Lock, kind distlock.Kind, parent 
 		}
 	}
 	return h
+}
+
+// validUntilLocked returns a time until which the facade's clock holds
+// the lock of token valid, whatever happened since (renewals only move
+// it later): its TTL from its acquisition, less the facade's allowance,
+// and less what a push store's reply may have taken; the zero time when
+// unknown (Extend may have shortened it).
+func (m *model) validUntilLocked(token uint64, acquired time.Time, ttl time.Duration) time.Time {
+	var g *mgrant
+	for _, o := range m.grants {
+		if o.token == token {
+			g = o
+		}
+	}
+	switch {
+	case g == nil || g.extended:
+		return time.Time{}
+	case g.kept:
+		return acquired.Add(maxTTL * 100)
+	}
+	v := ttl
+	if m.waiter {
+		v -= m.maxDelay
+	}
+	v -= v/100 + 2*time.Millisecond
+	if v <= 0 {
+		return time.Time{}
+	}
+	return acquired.Add(v)
 }
 
 // releaseBegunLocked reports whether the caller began g's release: an
@@ -596,7 +641,7 @@ func (m *model) releaseBegunLocked(g *mgrant) bool {
 	}
 	all := true
 	for _, h := range g.handles {
-		if h.calls > 0 || g.kept && h.called {
+		if h.calls > 0 || g.kept && h.called || h.bg {
 			return true
 		}
 		all = all && h.unlocked
@@ -610,7 +655,7 @@ func (m *model) inFlightLocked(g *mgrant) bool {
 		return true
 	}
 	for _, h := range g.handles {
-		if h.calls > 0 || g.kept && h.called {
+		if h.calls > 0 || g.kept && h.called || h.bg {
 			return true
 		}
 	}
@@ -700,30 +745,65 @@ func (m *model) opWLock(t *rapid.T) {
 	m.async(t, func() { m.run(a) })
 }
 
-// opFill: one process takes many locks at once, so that its renewals
-// compete for its renewal slots.
+// opFill: one process takes many locks over time, in the background:
+// each with its own TTL and gap, or, as a job runner does, long leases at
+// a steady rate on keys of one shard (a Redis hash tag), then a few short
+// ones elsewhere. The long leases' TTLs differ, so their renewals do not
+// fall into step (renewals due within half an interval of each other go
+// in one batch): while their shard stalls, each renewal hangs in a batch
+// of its own, holding one of the process's renewal slots.
 func (m *model) opFill(t *rapid.T) {
 	p := m.drawProc(t)
+	n := rapid.IntRange(4, len(fillKeys)).Draw(t, "locks")
+	steady := rapid.Bool().Draw(t, "steady")
+	long := ms(rapid.IntRange(300, 3000).Draw(t, "longms"))
+	// Apart by about the window within which renewals go together (half
+	// their interval, rounded down to a power of two).
+	gap := long / time.Duration(rapid.IntRange(5, 8).Draw(t, "gapDiv"))
 	var as []acquisition
-	for _, key := range mutexKeys {
-		as = append(as, m.drawAcquisition(t, p, "TryLock "+key, distlock.KindMutex, func(ctx context.Context, wait time.Duration) (*distlock.Lock, error) {
+	var gaps []time.Duration
+	for _, key := range fillKeys[:n] {
+		if steady {
+			key = "{job}" + key
+		}
+		call := func(ctx context.Context, wait time.Duration) (*distlock.Lock, error) {
 			return p.d.TryLock(ctx, key, wait)
-		}))
-	}
-	for range semLimit {
-		as = append(as, m.drawAcquisition(t, p, "Semaphore.TryAcquire", distlock.KindSemaphore, func(ctx context.Context, wait time.Duration) (*distlock.Lock, error) {
-			return p.d.Semaphore(semKey, semLimit).TryAcquire(ctx, wait)
-		}))
-	}
-	for range 2 {
-		as = append(as, m.drawAcquisition(t, p, "TryRLock", distlock.KindRead, func(ctx context.Context, wait time.Duration) (*distlock.Lock, error) {
-			return p.d.RWMutex(rwKey).TryRLock(ctx, wait)
-		}))
-	}
-	for _, a := range as {
+		}
+		if steady {
+			ttl := long + time.Duration(len(as))*long/16
+			as = append(as, acquisition{p: p, what: "TryLock " + key, kind: distlock.KindMutex, ttl: ttl, watch: true, call: call})
+			gaps = append(gaps, gap)
+			continue
+		}
+		a := m.drawAcquisition(t, p, "TryLock "+key, distlock.KindMutex, call)
 		a.wait = 0
-		m.wg.Go(func() { m.run(a) })
+		as = append(as, a)
+		switch rapid.IntRange(0, 2).Draw(t, "gapKind") {
+		case 0:
+			gaps = append(gaps, 0)
+		case 1:
+			gaps = append(gaps, ms(rapid.IntRange(1, 100).Draw(t, "gapms")))
+		default:
+			gaps = append(gaps, ms(rapid.IntRange(100, 2500).Draw(t, "gapms")))
+		}
 	}
+	if steady {
+		short := ms(rapid.IntRange(20, 200).Draw(t, "shortms"))
+		for _, key := range []string{"h0", "h1", "h2"} {
+			as = append(as, acquisition{p: p, what: "TryLock " + key, kind: distlock.KindMutex, ttl: short, watch: true,
+				call: func(ctx context.Context, wait time.Duration) (*distlock.Lock, error) {
+					return p.d.TryLock(ctx, key, wait)
+				}})
+			gaps = append(gaps, gap)
+		}
+	}
+	m.logf("p%d fills %d keys (steady %v: %v apart)", p.id, len(as), steady, gap)
+	m.wg.Go(func() {
+		for i, a := range as {
+			time.Sleep(gaps[i])
+			m.run(a)
+		}
+	})
 }
 
 // opBig: a lock of about 600 keys and another lock, taken together by one
@@ -871,7 +951,7 @@ func (m *model) opNestedSet(t *rapid.T) {
 // opRace: the last Unlock of a lock and a nested TryLock of it, at once.
 func (m *model) opRace(t *rapid.T) {
 	h := m.drawHandle(t, func(h *mhandle) bool {
-		return len(h.g.handles) == 1 && !h.called && !h.g.p.closeCalled.Load()
+		return len(h.g.handles) == 1 && !h.called && !h.do && !h.g.p.closeCalled.Load()
 	})
 	yields := rapid.IntRange(0, 3).Draw(t, "yields")
 	if h == nil {
@@ -904,6 +984,9 @@ func (m *model) opExtend(t *rapid.T) {
 			m.async(t, nil)
 			continue
 		}
+		m.mu.Lock()
+		h.g.extended = true
+		m.mu.Unlock()
 		m.async(t, func() {
 			ctx, cancel := withTimeout(timeout)
 			defer cancel()
@@ -927,7 +1010,7 @@ func (m *model) opExtend(t *rapid.T) {
 // opUnlock: Unlock a handle, once, or twice at once.
 func (m *model) opUnlock(t *rapid.T) {
 	again := rapid.IntRange(0, 9).Draw(t, "again") == 0
-	h := m.drawHandle(t, func(h *mhandle) bool { return !h.unlocked || again })
+	h := m.drawHandle(t, func(h *mhandle) bool { return !h.do && (!h.unlocked || again) })
 	n := 1
 	if rapid.IntRange(0, 4).Draw(t, "twice") == 0 {
 		n = 2
@@ -945,6 +1028,7 @@ func (m *model) opUnlock(t *rapid.T) {
 func (m *model) unlock(h *mhandle, timeout time.Duration) {
 	g := h.g
 	m.mu.Lock()
+	again := h.unlocked // a second Unlock: the first told how it went
 	h.calls++
 	h.called = true
 	overlapped := h.calls > 1
@@ -975,14 +1059,14 @@ func (m *model) unlock(h *mhandle, timeout time.Duration) {
 		m.failLocked("Unlock of %v = %v", g, err)
 	case err != nil && !errors.Is(err, distlock.ErrNotHeld):
 		return // a store error: still held, Unlock may be called again
-	case overlapped && errors.Is(err, distlock.ErrNotHeld):
+	case (again || overlapped) && errors.Is(err, distlock.ErrNotHeld):
 		return // "already unlocked": the other call tells how it went
 	}
 	h.unlocked = true
 	raced := gen < 0 || m.reentries[g] > 0 || m.reentryGen[g] != gen
 	for _, o := range g.handles {
-		if !o.unlocked || o.calls > 0 {
-			return // not the last
+		if !o.unlocked || o.calls > 0 || o.bg {
+			return // not the last, or its release goes on elsewhere
 		}
 	}
 	if !raced && m.liveLocked(g) && m.s.exemption(g.value) == "" {
@@ -1007,6 +1091,9 @@ func (m *model) opDo(t *rapid.T) {
 			if h == nil {
 				return nil
 			}
+			m.mu.Lock()
+			h.do = true
+			m.mu.Unlock()
 			if reenter {
 				m.nestedInDo(h, fctx)
 			}
@@ -1034,6 +1121,9 @@ func (m *model) opDo(t *rapid.T) {
 			m.mu.Lock()
 			h.calls--
 			h.unlocked = true
+			// fn returned nil: err is the release's. A store error:
+			// Do keeps releasing in the background.
+			h.bg = err != nil && !errors.Is(err, distlock.ErrNotHeld)
 			m.mu.Unlock()
 		}
 	})
@@ -1120,10 +1210,16 @@ func (m *model) opFaults(t *rapid.T) {
 	m.s.setFaults(on, pFail, pLose, pHang)
 }
 
+// opStall stalls the store, all of it or some of its shards, every
+// request or only those that update a held lock, or ends the stall.
 func (m *model) opStall(t *rapid.T) {
-	on := rapid.Bool().Draw(t, "on")
-	m.logf("stall %v", on)
-	m.s.stall(on)
+	mask := uint8(rapid.IntRange(1, 1<<shards-1).Draw(t, "shards"))
+	rows := rapid.Bool().Draw(t, "rowsOnly")
+	if !rapid.Bool().Draw(t, "on") {
+		mask = 0
+	}
+	m.logf("stall shards %03b (held rows only: %v)", mask, rows)
+	m.s.stall(mask, rows)
 }
 
 // opLose: the store loses a lease and says so (its Lost closes), as a
@@ -1178,10 +1274,10 @@ func (m *model) opSlow(t *rapid.T) {
 // opPass lets virtual time pass: renewals, expiries, replies.
 func (m *model) opPass(t *rapid.T) {
 	var d time.Duration
-	switch rapid.IntRange(0, 19).Draw(t, "passKind") {
-	case 0:
+	switch rapid.IntRange(0, 9).Draw(t, "passKind") {
+	case 0, 1:
 		d = ms(rapid.IntRange(500, 5000).Draw(t, "passms"))
-	case 1, 2, 3, 4, 5:
+	case 2, 3, 4:
 		d = ms(rapid.IntRange(50, 500).Draw(t, "passms"))
 	default:
 		d = ms(rapid.IntRange(1, 50).Draw(t, "passms"))
@@ -1203,7 +1299,9 @@ func (m *model) opRefusal(t *rapid.T) {
 	writerFirst := rapid.Bool().Draw(t, "writerFirst")
 	wait := ms(rapid.SampledFrom([]int{0, 0, 1, 20}).Draw(t, "waitms"))
 	thenWrite := rapid.Bool().Draw(t, "thenWrite")
-	ctx := distlock.ContextWithTTL(context.Background(), drawTTL(t))
+	disarm(ps)
+	// The holder outlives the refused request's wait.
+	ctx := distlock.ContextWithTTL(context.Background(), 10*time.Second)
 	side := func(p *proc, write bool, wait time.Duration) (*distlock.Lock, error) {
 		if write {
 			return p.d.RWMutex(key).TryLock(ctx, wait)
@@ -1247,15 +1345,17 @@ func (m *model) opFIFO(t *rapid.T) {
 	ttl1 := ms(rapid.IntRange(20, 200).Draw(t, "ttl1ms"))
 	ttl2 := ms(rapid.IntRange(20, 200).Draw(t, "ttl2ms"))
 	reader := rapid.Bool().Draw(t, "reader")
+	disarm(ps)
 	holder, err := ps[0].d.RWMutex(key).TryRLock(distlock.ContextWithTTL(context.Background(), 10*time.Second), 0)
 	if err != nil {
 		m.fail("probe %q: TryRLock of a free lock = %v", key, err)
 		return
 	}
 	var (
-		mu    sync.Mutex
-		order []string
-		wg    sync.WaitGroup
+		mu       sync.Mutex
+		order    []string
+		firstErr error
+		wg       sync.WaitGroup
 	)
 	wait := hold + 2*time.Second
 	waiter := func(name string, p *proc, write bool, ttl time.Duration) {
@@ -1269,6 +1369,11 @@ func (m *model) opFIFO(t *rapid.T) {
 				lk, err = p.d.RWMutex(key).TryRLock(ctx, wait)
 			}
 			if err != nil {
+				if name == "the first writer" {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+				}
 				return
 			}
 			mu.Lock()
@@ -1290,8 +1395,17 @@ func (m *model) opFIFO(t *rapid.T) {
 	time.Sleep(hold)
 	holder.Unlock(context.Background())
 	wg.Wait()
-	if len(order) > 0 && order[0] != "the first writer" {
-		m.fail("probe %q (TTLs %v, %v, held %v): %s was served before the first writer, which waited from the start (served: %q)", key, ttl1, ttl2, hold, order[0], order)
+	// The first writer comes first, or waited in vain the whole time.
+	if len(order) > 0 && order[0] != "the first writer" && (slices.Contains(order, "the first writer") || errors.Is(firstErr, distlock.ErrNotAcquired)) {
+		m.fail("probe %q (TTLs %v, %v, held %v): %s was served before the first writer, which waited from the start (served: %q; the first writer: %v)", key, ttl1, ttl2, hold, order[0], order, firstErr)
+	}
+}
+
+// disarm keeps the slow handlers of ps from blocking the probe's
+// acquisitions (one could outlast a short lease).
+func disarm(ps []*proc) {
+	for _, p := range ps {
+		p.slow.delay.Store(0)
 	}
 }
 
@@ -1399,7 +1513,7 @@ func (m *model) checkNow() {
 			if !p.closeDone {
 				end = time.Now()
 			}
-			if err := p.rec.closeRetryLoss(p.closeStart, end); err != nil {
+			if err := p.rec.closeRetryLoss(p.closeStart, end, p.closeStart.Add(p.closeTimeout), m.validUntilLocked); err != nil {
 				m.failLocked("p%d: %v", p.id, err)
 			}
 		}
@@ -1514,6 +1628,8 @@ type recorder struct {
 type reqRecord struct {
 	key                      string
 	token                    uint64
+	acquiredAt               time.Time     // the Request's Acquired
+	ttl                      time.Duration // the Request's TTL
 	acquired, released, lost int
 	releasing                bool
 	events                   []recEvent
@@ -1554,6 +1670,7 @@ func (h *recorder) Acquire(ctx context.Context, r *distlock.Request, next distlo
 		rr := h.rec(r)
 		rr.acquired++
 		rr.token = r.Token
+		rr.acquiredAt, rr.ttl = r.Acquired, r.TTL
 		h.byToken[r.Token] = rr
 		h.mu.Unlock()
 	}
@@ -1633,23 +1750,25 @@ func (h *recorder) check(final bool) error {
 }
 
 // closeRetryLoss finds a loss reported for a lock during Close [start,
-// end], right as a release of it failed, which the same Close then
-// released: Close could release it, so it was not lost.
-func (h *recorder) closeRetryLoss(start, end time.Time) error {
+// end], before its bound, while the lock was still valid by the facade's
+// clock (validUntil: zero when unknown), which was then released before
+// Close returned: the store still held it, and Close could release it,
+// so it was not lost. (At its bound, Close reports what it could not
+// release lost; an Unlock may still delete it.)
+func (h *recorder) closeRetryLoss(start, end, bound time.Time, validUntil func(token uint64, acquired time.Time, ttl time.Duration) time.Time) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, rr := range h.reqs {
 		for i, e := range rr.events {
-			if !e.lost || i == 0 || e.at.Before(start) || e.at.After(end) {
+			if !e.lost || e.at.Before(start) || !e.at.Before(bound) || e.at.After(end) {
 				continue
 			}
-			prev := rr.events[i-1]
-			if prev.lost || prev.err == nil || errors.Is(prev.err, distlock.ErrNotHeld) || !prev.at.Equal(e.at) {
+			if valid := validUntil(rr.token, rr.acquiredAt, rr.ttl); valid.IsZero() || !e.at.Before(valid) {
 				continue
 			}
 			for _, later := range rr.events[i+1:] {
 				if !later.lost && later.err == nil && !later.at.After(end) {
-					return fmt.Errorf("%q (token %d): a loss was reported as a release during Close failed, and Close then released it", rr.key, rr.token)
+					return fmt.Errorf("%q (token %d): a loss was reported during Close while the lock was valid, and it was then released before Close returned", rr.key, rr.token)
 				}
 			}
 		}
