@@ -68,6 +68,7 @@ type hostile struct {
 	tombs     map[string]bool        // owner values whose abandoned acquire was cleaned up
 	shadows   map[holderID]*shadow   // live holders, with their expiry
 	freed     map[holderID]time.Time // holders freed by expiry, and when
+	histories map[holderID][]string  // what set their expiry
 	tokens    map[uint64]string      // token -> owner value
 	evicted   map[string]bool        // owner values deleted behind their holder's back
 	storeLost map[string]bool        // owner values the store reported lost (Lost closed)
@@ -75,6 +76,7 @@ type hostile struct {
 	shortens  map[string]int         // shortened by a refresh whose reply the caller did not get
 	keys      map[string]bool        // every key ever used
 	rivals    int
+	gen       uint64   // the last expiry timer's
 	problems  []string // contract violations the facade made in its calls
 	instant   time.Time
 	nInstant  int // calls at this instant
@@ -101,6 +103,7 @@ type holderID struct {
 func (id holderID) String() string { return fmt.Sprintf("%v %q of %s", id.kind, id.key, id.value) }
 
 type shadow struct {
+	history []string // what set its expiry, for a failure's message
 	expires time.Time
 	timer   *time.Timer
 	gen     uint64
@@ -166,7 +169,7 @@ func newHostile(seed uint64, net netConfig, called func(now time.Time)) *hostile
 	return &hostile{
 		mem: memory.New(), seed: seed, nreq: map[string]uint64{}, net: net, called: called,
 		tombs: map[string]bool{}, shadows: map[holderID]*shadow{}, freed: map[holderID]time.Time{},
-		tokens: map[uint64]string{}, evicted: map[string]bool{}, storeLost: map[string]bool{},
+		tokens: map[uint64]string{}, histories: map[holderID][]string{}, evicted: map[string]bool{}, storeLost: map[string]bool{},
 		ghosts: map[string]int{}, shortens: map[string]int{}, keys: map[string]bool{},
 	}
 }
@@ -244,12 +247,21 @@ func (s *hostile) sendAll(ctx context.Context, update bool, keys []string, who s
 			r.fate = fateHang
 		}
 	}
-	if r.fate == fateFail {
+	// A timer due at once is not armed: it lands (or fails) now. (Under
+	// the race detector, Go 1.26's runtime has crashed running bubbled
+	// timers that are due at once, concurrently.)
+	switch {
+	case r.fate == fateFail && req+r.reply == 0:
+		r.err = errReset
+		close(r.done)
+	case r.fate == fateFail:
 		time.AfterFunc(req+r.reply, func() {
 			r.err = errReset
 			close(r.done)
 		})
-	} else {
+	case req == 0:
+		s.landLocked(r)
+	default:
 		time.AfterFunc(req, func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -427,7 +439,12 @@ func (s *hostile) trackLocked(id holderID, ttl time.Duration, lost chan struct{}
 		sh = &shadow{lost: lost, kept: kept, phantom: phantom}
 		s.shadows[id] = sh
 	}
-	sh.gen++
+	s.gen++ // one sequence for the store: a stale timer never matches a holder made anew
+	sh.gen = s.gen
+	if len(sh.history) >= 8 {
+		sh.history = sh.history[1:]
+	}
+	sh.history = append(sh.history, fmt.Sprintf("%s: %v until %s", time.Now().Format("15:04:05.000000"), ttl, time.Now().Add(ttl).Format("15:04:05.000000")))
 	gen := sh.gen
 	sh.expires = time.Now().Add(ttl)
 	if sh.timer != nil {
@@ -451,13 +468,14 @@ func (s *hostile) untrackLocked(id holderID) *shadow {
 func (s *hostile) expire(id holderID, gen uint64) {
 	s.mu.Lock()
 	sh := s.shadows[id]
-	if sh == nil || sh.gen != gen {
+	now := time.Now()
+	if sh == nil || sh.gen != gen || now.Before(sh.expires) {
 		s.mu.Unlock()
 		return
 	}
-	now := time.Now()
 	delete(s.shadows, id)
 	s.freed[id] = now
+	s.histories[id] = sh.history
 	rng := s.randFor("expire", id.String())
 	rival := !sh.phantom && !isCalm(id.key) && rng.Float64() < s.pRival
 	ttl := time.Duration(1+rng.IntN(50)) * time.Millisecond
@@ -524,7 +542,9 @@ func (s *hostile) grantedLocked(l *backend.Lease, storeTTL time.Duration, kept b
 	}
 	l.KeptAlive = kept
 	s.tokens[l.Token] = l.Value
-	s.trackLocked(holderID{l.Kind, l.Key, l.Value}, storeTTL, lost, kept, false)
+	id := holderID{l.Kind, l.Key, l.Value}
+	delete(s.freed, id) // a push store's next attempt after a grant that ran out in transit
+	s.trackLocked(id, storeTTL, lost, kept, false)
 }
 
 // abandoned is the error of an acquire whose reply did not come: its
@@ -958,6 +978,17 @@ func (s *hostile) exemption(value string) string {
 		return "shortened by a refresh whose reply the facade did not get"
 	}
 	return ""
+}
+
+// history tells what set id's expiry, last first.
+func (s *hostile) history(id holderID) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.histories[id]
+	if sh := s.shadows[id]; sh != nil {
+		h = sh.history
+	}
+	return strings.Join(h, "; ")
 }
 
 // reportedLost reports whether the store reported value's lease lost.

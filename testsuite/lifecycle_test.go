@@ -234,6 +234,7 @@ type mgrant struct {
 	// lostSignal: the store reported the lease lost (Lost closed).
 	lostSignal bool
 	extended   bool // Extend was called: its validity may have shrunk
+	unlocks    int  // Unlock calls begun on its handles
 }
 
 func (g *mgrant) ids() []holderID {
@@ -374,8 +375,18 @@ func (m *model) actions() map[string]func(*rapid.T) {
 	return as
 }
 
-// logf records a line of the schedule's trace (shown by the watchdog).
+// logf records a line of the schedule's trace (shown by the watchdog and
+// with a failure); errors among args are shortened to a line.
 func (m *model) logf(format string, args ...any) {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			msg := strings.ReplaceAll(err.Error(), "\n", " | ")
+			if len(msg) > 200 {
+				msg = msg[:200] + "..."
+			}
+			args[i] = msg
+		}
+	}
 	line := time.Now().Format("15:04:05.000000") + " " + fmt.Sprintf(format, args...)
 	m.mu.Lock()
 	m.trace = append(m.trace, line)
@@ -490,6 +501,15 @@ func withTimeout(timeout time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), timeout)
 }
 
+// which names the lock lk for the trace: its owner value and token.
+func (m *model) which(lk *distlock.Lock) string {
+	if lk == nil {
+		return ""
+	}
+	v, _ := m.s.valueOf(lk.Token())
+	return fmt.Sprintf(" (%s, token %d)", v, lk.Token())
+}
+
 // procOf returns the process of an owner value ("p<id>-<n>"), or nil.
 func (m *model) procOf(value string) *proc {
 	id, _, ok := strings.Cut(strings.TrimPrefix(value, "p"), "-")
@@ -534,7 +554,7 @@ func (m *model) run(a acquisition) *mhandle {
 	start := time.Now()
 	lk, err := a.call(ctx, a.wait)
 	el := time.Since(start)
-	m.logf("p%d %s wait=%v ttl=%v timeout=%v: %v after %v", a.p.id, a.what, a.wait, a.ttl, a.timeout, err, el)
+	m.logf("p%d %s wait=%v ttl=%v timeout=%v: %v after %v%s", a.p.id, a.what, a.wait, a.ttl, a.timeout, err, el, m.which(lk))
 	if a.p.slow.fired.Load() == slow {
 		bound := max(a.ttl, time.Second) // a single attempt's
 		switch a.wait {
@@ -697,7 +717,8 @@ func (m *model) onExpire(id holderID, at time.Time) {
 		return // not returned: checked if it is
 	}
 	if m.openLocked(g) {
-		m.failLocked("the store freed %v by expiry, but the lock %v is open (Deadline %v)", id, g, g.first.Deadline().Format("15:04:05.000000"))
+		m.failLocked("the store freed %v by expiry, but the lock %v is open (Deadline %v); the store's grant and refreshes of it (landed: TTL until): %s",
+			id, g, g.first.Deadline().Format("15:04:05.000000"), m.s.history(id))
 	}
 }
 
@@ -860,14 +881,16 @@ func (m *model) nestedCall(h *mhandle, key string, other bool, wait time.Duratio
 	return lk, err, io.n.Load()
 }
 
-// nested makes a nested TryLock of h's lock and checks its result.
-func (m *model) nested(h *mhandle, key string, other bool, wait time.Duration) (reentered bool, io int64) {
+// nested makes a nested TryLock of h's lock and checks its result. It
+// reports whether the call took the reentry path: it returned h's lock,
+// or refused to, without a store call.
+func (m *model) nested(h *mhandle, key string, other bool, wait time.Duration) (reentry bool, io int64) {
 	g := h.g
 	closing := g.p.closeCalled.Load()
 	m.beginReentry(g)
 	defer m.endReentry(g) // once the handle it may add is registered
 	lk, err, io := m.nestedCall(h, key, other, wait)
-	m.logf("p%d nested %v of %v (other=%v): %v after %d store calls", g.p.id, key, g, other, err, io)
+	m.logf("p%d nested %v of %v (other=%v): %v after %d store calls%s", g.p.id, key, g, other, err, io, m.which(lk))
 	kind := g.kind
 	if other {
 		kind = distlock.KindRead
@@ -883,6 +906,8 @@ func (m *model) nested(h *mhandle, key string, other bool, wait time.Duration) (
 			m.fail("a nested TryLock of %q reentered %v after %d store calls; want none", key, g, io)
 		}
 		m.register(g.p, lk, kind, g, false, "nested TryLock "+key)
+		return true, io
+	case io == 0 && (errors.Is(err, distlock.ErrNotHeld) || errors.Is(err, distlock.ErrReentrancy)):
 		return true, io
 	case err == nil:
 		m.register(g.p, lk, kind, g, true, "nested TryLock "+key)
@@ -935,16 +960,19 @@ func (m *model) opNestedSet(t *rapid.T) {
 	keys := slices.Clone(h.g.keys)
 	rot %= len(keys)
 	keys = append(keys[rot:], keys[:rot]...)
-	var via, without []string
+	if h.g.p.closeCalled.Load() {
+		return // ErrClosed for every key, whatever the rule
+	}
+	var reentered, acquired []string
 	for _, k := range keys {
-		if _, io := m.nested(h, k, false, 0); io > 0 {
-			via = append(via, k)
+		if reentry, _ := m.nested(h, k, false, 0); reentry {
+			reentered = append(reentered, k)
 		} else {
-			without = append(without, k)
+			acquired = append(acquired, k)
 		}
 	}
-	if len(via) > 0 && len(without) > 0 {
-		m.fail("nested TryLocks of the keys of the set %v: %q answered without the store (reentry), %q went to the store (a fresh acquisition): a set follows one reentry rule for every key", h.g, without, via)
+	if len(reentered) > 0 && len(acquired) > 0 {
+		m.fail("nested TryLocks of the keys of the set %v: %q took the reentry path, %q were acquired anew: a set follows one reentry rule for every key", h.g, reentered, acquired)
 	}
 }
 
@@ -986,6 +1014,7 @@ func (m *model) opExtend(t *rapid.T) {
 		}
 		m.mu.Lock()
 		h.g.extended = true
+		unlocks := h.g.unlocks
 		m.mu.Unlock()
 		m.async(t, func() {
 			ctx, cancel := withTimeout(timeout)
@@ -996,10 +1025,11 @@ func (m *model) opExtend(t *rapid.T) {
 				m.fail("Extend(%v) of %v = %v", ttl, h.g, err)
 			}
 			if errors.Is(err, distlock.ErrNotHeld) {
-				// Lost, or released: Done closed.
+				// Lost, or released (an Unlock began meanwhile, even one
+				// that then failed): Done closed.
 				m.mu.Lock()
 				defer m.mu.Unlock()
-				if !m.releaseBegunLocked(h.g) && m.s.exemption(h.g.value) == "" && m.liveLocked(h.g) {
+				if h.g.unlocks == unlocks && !m.releaseBegunLocked(h.g) && m.s.exemption(h.g.value) == "" && m.liveLocked(h.g) {
 					m.failLocked("Extend of %v = %v, nobody released it, and the lock is still live", h.g, err)
 				}
 			}
@@ -1029,6 +1059,7 @@ func (m *model) unlock(h *mhandle, timeout time.Duration) {
 	g := h.g
 	m.mu.Lock()
 	again := h.unlocked // a second Unlock: the first told how it went
+	g.unlocks++
 	h.calls++
 	h.called = true
 	overlapped := h.calls > 1
