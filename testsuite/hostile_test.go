@@ -27,25 +27,32 @@ import (
 // answer out of order. With faults on, a request may fail before it lands
 // (fateFail), land and lose its reply (fateLose: an error; fateHang: no
 // reply at all). While the store is stalled (all of it, or some of its
-// shards; every request, or those that update a held lock), requests that
-// would land there are held; when the stall ends each lands late or is
-// dropped (drawn). A call
+// shards, placed by Redis Cluster's hash tags; every request, or only
+// those that update a held lock), requests that would land there are
+// held; when the stall ends each lands late or is dropped (drawn). A call
 // whose reply did not come returns when its context ends (or after
 // connTimeout when it has no deadline, as a client's read timeout would);
 // an acquire then returns a *backend.AbandonedError whose Cleanup is a
 // compare-and-delete that also refuses a late landing of the request (a
-// tombstone), as the backend contract asks of a real store.
+// tombstone), as the backend contract asks of a real store. Each request
+// draws from a source of its own, seeded by what it is, so that a replay
+// of a schedule draws the same whichever goroutine reaches the store
+// first.
 //
 // The store keeps a shadow of its holders with their expiry on the virtual
 // clock: at the instant a holder expires, it tells the model (onExpire),
 // which checks that the holder's Done was already closed, and may let a
-// rival ("phantom") take what was freed for a moment. Keys named with the
-// calm prefix get no delays, faults nor stalls: the probes of the facade's
-// own policies use them.
+// rival ("phantom") take what was freed for a moment. It also tracks what
+// the facade cannot know (a release or a shortening refresh that landed
+// but whose reply it did not get), which exempts a holder from the
+// checks. Keys named with the calm prefix get no delays, faults nor
+// stalls: the probes of the facade's own policies, and the 600-key lock,
+// use them.
 //
 // hostile implements the optional abilities every model store has; the
-// resource* types add the ones drawn per schedule (a Spinner or a Waiter,
-// BatchRefresher, MultiSpinner), which the facade finds by type assertion.
+// types made by resource add the ones drawn per schedule (a Spinner or a
+// Waiter, BatchRefresher, MultiSpinner), which the facade finds by type
+// assertion.
 type hostile struct {
 	mem        *memory.Store
 	lostSignal bool // every acquired lease gets a Lost channel

@@ -42,13 +42,15 @@ import (
 // TryLock and TryRLock, nested TryLock through ContextWithLock (of every
 // kind, of a TryLockAll set's keys, racing the last Unlock), Extend (also
 // two at once, and against renewal), Unlock (also twice), Do, Close (then
-// a fresh process), a process acquiring many locks at once, a lock of
-// about 600 keys renewed with another, store faults on and off, stalls,
-// the store reporting a lease lost, an operator evicting a key, a slow
-// handler, and virtual time passing. Two probes check the facade's own
-// policies on keys the network leaves alone: a refused read/write request
-// leaves nothing that refuses the next, and a waiting writer keeps its
-// place in line.
+// a fresh process), a process taking many locks over time (as a job
+// runner does), a lock of 600 keys renewed with another, store faults on
+// and off, stalls (of the whole store or of some of its shards; of every
+// request, or only of those that update a held lock, as a row lock held
+// by another transaction does), the store reporting a lease lost, an
+// operator evicting a key, a slow handler, and virtual time passing. Two
+// probes check the facade's own policies on keys the network leaves
+// alone: a refused read/write request leaves nothing that refuses the
+// next, and a waiting writer keeps its place in line.
 //
 // After every step (the bubble settled: every goroutine blocked), and at
 // the instant the store frees a holder by expiry, it checks:
@@ -82,11 +84,17 @@ import (
 // schedule makes no progress: a facade that spins at one virtual instant
 // never lets virtual time advance.
 //
-// make test runs a short version (DISTLOCK_LIFECYCLE_CHECKS, default
-// 30 schedules); -rapid.checks=N runs more.
+// A failure reports its schedule's last steps. rapid then replays the
+// schedule to shrink it; goroutines racing at one virtual instant may
+// interleave otherwise in a replay, so the first failure is logged as it
+// was found ("schedule N failed").
+//
+// make test runs 200 schedules (DISTLOCK_LIFECYCLE_CHECKS sets another
+// number; -rapid.checks=N too); DISTLOCK_LIFECYCLE_SKIP=op,op leaves
+// operations out, to focus a run.
 func TestLifecycleModel(t *testing.T) {
 	if f := flag.Lookup("rapid.checks"); f != nil && f.Value.String() == "100" { // not set on the command line
-		n := "30"
+		n := "200"
 		if v := os.Getenv("DISTLOCK_LIFECYCLE_CHECKS"); v != "" {
 			n = v
 		}
