@@ -159,6 +159,9 @@ const (
 	// slack is how late past its bound a call may return, on the virtual
 	// clock: a few scheduling steps, not timer lateness (there is none).
 	slack = 5 * time.Millisecond
+	// withdrawWait is how long a refused read or write request may wait
+	// for the store to withdraw its intent before it returns.
+	withdrawWait = 50 * time.Millisecond
 	// maxGoroutines bounds the goroutines of a schedule.
 	maxGoroutines = 3000
 	bigKeys       = 600
@@ -207,6 +210,15 @@ type model struct {
 	// Nested TryLocks by grant: in flight, and begun. A reentry adds a
 	// handle before the model knows it.
 	reentries, reentryGen map[*mgrant]int
+	// notHeld lists the Extends that said ErrNotHeld since the last check.
+	notHeld []notHeld
+}
+
+// notHeld is an Extend that said ErrNotHeld: g's Unlock calls by then.
+type notHeld struct {
+	g       *mgrant
+	unlocks int
+	err     error
 }
 
 type proc struct {
@@ -575,6 +587,12 @@ func (m *model) run(a acquisition) *mhandle {
 		if a.timeout > 0 {
 			bound = min(bound, a.timeout)
 		}
+		if err != nil && (a.kind == distlock.KindRead || a.kind == distlock.KindWrite) {
+			// A refused request withdraws its place in line before it
+			// returns, waiting a few tens of milliseconds for the store
+			// (backend.Withdrawer).
+			bound += withdrawWait
+		}
 		if el > bound+slack {
 			m.fail("p%d %s (wait %v, ttl %v, timeout %v) returned after %v; its bound was %v", a.p.id, a.what, a.wait, a.ttl, a.timeout, el, bound)
 		}
@@ -835,9 +853,10 @@ func (m *model) opFill(t *rapid.T) {
 	})
 }
 
-// opBig: a lock of about 600 keys and another lock, taken together by one
+// opBig: a lock of 600 keys and another lock, taken together by one
 // process and so renewed together: their renewal must be split into
-// batches of at most backend.MaxRefreshBatch leases.
+// batches of at most backend.MaxRefreshBatch leases. Both are released
+// within a TTL (renewing 600 keys costs), after a renewal or two.
 func (m *model) opBig(t *rapid.T) {
 	if m.bigged {
 		t.Skip("once per schedule")
@@ -848,7 +867,9 @@ func (m *model) opBig(t *rapid.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%sbig%d", calmPrefix, i)
 	}
-	ttl := ms(rapid.IntRange(200, 3000).Draw(t, "ttlms"))
+	ttl := ms(rapid.IntRange(1000, 3000).Draw(t, "ttlms"))
+	hold := ttl/2 + ms(rapid.IntRange(0, int(ttl/2/time.Millisecond)).Draw(t, "holdms"))
+	var hs []*mhandle
 	for _, a := range []acquisition{
 		{p: p, what: "TryLockAll of 600 keys", kind: distlock.KindMutex, ttl: ttl, watch: true,
 			call: func(ctx context.Context, _ time.Duration) (*distlock.Lock, error) {
@@ -859,8 +880,16 @@ func (m *model) opBig(t *rapid.T) {
 				return p.d.TryLock(ctx, calmPrefix+"big", 0)
 			}},
 	} {
-		m.run(a)
+		if h := m.run(a); h != nil {
+			hs = append(hs, h)
+		}
 	}
+	m.wg.Go(func() {
+		time.Sleep(hold)
+		for _, h := range hs {
+			m.unlock(h, 0)
+		}
+	})
 }
 
 // nestedCall makes a nested acquisition of h's lock (of key, for a set)
@@ -958,7 +987,9 @@ func (m *model) opNested(t *rapid.T) {
 }
 
 // opNestedSet: a nested TryLock of every key of a TryLockAll set, with a
-// context carrying the set: one reentry rule for every key.
+// context carrying the set: one reentry rule for every key. A key
+// reentered, and another acquired anew while the set was live (neither
+// released nor lost meanwhile), break it.
 func (m *model) opNestedSet(t *rapid.T) {
 	h := m.drawHandle(t, func(h *mhandle) bool { return len(h.g.keys) > 1 && len(h.g.keys) < bigKeys })
 	rot := pick(t, "first", 1<<20)
@@ -973,14 +1004,19 @@ func (m *model) opNestedSet(t *rapid.T) {
 	}
 	var reentered, acquired []string
 	for _, k := range keys {
-		if reentry, _ := m.nested(h, k, false, 0); reentry {
+		reentry, io := m.nested(h, k, false, 0)
+		m.mu.Lock()
+		live := m.liveLocked(h.g) && !m.releaseBegunLocked(h.g)
+		m.mu.Unlock()
+		switch {
+		case reentry:
 			reentered = append(reentered, k)
-		} else {
+		case io > 0 && live:
 			acquired = append(acquired, k)
 		}
 	}
 	if len(reentered) > 0 && len(acquired) > 0 {
-		m.fail("nested TryLocks of the keys of the set %v: %q took the reentry path, %q were acquired anew: a set follows one reentry rule for every key", h.g, reentered, acquired)
+		m.fail("nested TryLocks of the keys of the set %v: %q took the reentry path, %q were acquired anew while the set was live: a set follows one reentry rule for every key", h.g, reentered, acquired)
 	}
 }
 
@@ -1034,12 +1070,11 @@ func (m *model) opExtend(t *rapid.T) {
 			}
 			if errors.Is(err, distlock.ErrNotHeld) {
 				// Lost, or released (an Unlock began meanwhile, even one
-				// that then failed): Done closed.
+				// that then failed): Done closes, once the loss is told
+				// (checked when the bubble settles).
 				m.mu.Lock()
-				defer m.mu.Unlock()
-				if h.g.unlocks == unlocks && !m.releaseBegunLocked(h.g) && m.s.exemption(h.g.value) == "" && m.liveLocked(h.g) {
-					m.failLocked("Extend of %v = %v, nobody released it, and the lock is still live", h.g, err)
-				}
+				m.notHeld = append(m.notHeld, notHeld{h.g, unlocks, err})
+				m.mu.Unlock()
 			}
 		})
 	}
@@ -1522,6 +1557,12 @@ func (m *model) checkNow() {
 	if len(writers) > 1 || len(writers) == 1 && len(readers) > 0 {
 		m.failLocked("the read/write lock has open writers %v and readers %v", writers, readers)
 	}
+	for _, n := range m.notHeld {
+		if n.g.unlocks == n.unlocks && !m.releaseBegunLocked(n.g) && m.s.exemption(n.g.value) == "" && m.liveLocked(n.g) {
+			m.failLocked("Extend of %v = %v, nobody released it, and the lock is still live", n.g, n.err)
+		}
+	}
+	m.notHeld = nil
 	for _, g := range gs {
 		closing := g.p.closeCalled.Load() && !g.p.closeDone
 		// The store reported the lease lost: once no release is in
