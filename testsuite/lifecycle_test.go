@@ -1002,12 +1002,20 @@ func (m *model) opNestedSet(t *rapid.T) {
 	if h.g.p.closeCalled.Load() {
 		return // ErrClosed for every key, whatever the rule
 	}
+	// live reports whether the set is live with no release begun, and
+	// how many Unlocks of it began: a nested call counts as acquired
+	// anew while the set was live only if it was so all along.
+	live := func() (bool, int) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.liveLocked(h.g) && !m.releaseBegunLocked(h.g), h.g.unlocks
+	}
 	var reentered, acquired []string
 	for _, k := range keys {
+		before, u0 := live()
 		reentry, io := m.nested(h, k, false, 0)
-		m.mu.Lock()
-		live := m.liveLocked(h.g) && !m.releaseBegunLocked(h.g)
-		m.mu.Unlock()
+		after, u1 := live()
+		live := before && after && u0 == u1
 		switch {
 		case reentry:
 			reentered = append(reentered, k)
