@@ -715,6 +715,45 @@ func TestTryLockAllNotWokenByItsGiveBack(t *testing.T) {
 	}
 }
 
+// E3 again, when the key found held changes: a set waiting on "a" is
+// woken by a's release, takes it, finds "b" held and gives "a" back. It
+// must then wait on "b", not on "a", whose notices its own give-back sends
+// (it spun at once before; the lifecycle model found it at schedule 667 of
+// 9000).
+func TestTryLockAllWaitsOnTheKeyNowHeld(t *testing.T) {
+	store := &spinNotify{s: memory.New()}
+	d := mustNew(t, store)
+	rival := mustNew(t, store.s)
+	a, err := rival.TryLock(t.Context(), "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rival.TryLock(t.Context(), "b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Unlock(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.TryLockAll(t.Context(), []string{"a", "b"}, 400*time.Millisecond)
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for store.calls.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	before := store.calls.Load()
+	if err := a.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLockAll = %v; want ErrNotAcquired", err)
+	}
+	if n := store.calls.Load() - before; n > 40 {
+		t.Errorf("%d store calls in under 400ms of waiting for b once a was free", n)
+	}
+}
+
 // failKey is the memory store whose Release of one key fails.
 type failKey struct {
 	*memory.Store

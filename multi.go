@@ -119,12 +119,7 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 		return d.waitAll(ctx, r, subs)
 	}
 	var st spin.Stats
-	m := &multiSpinner{d: d, subs: subs}
-	var n backend.Notifier
-	if d.notifier != nil {
-		n = m
-	}
-	start, err := spin.Acquire(ctx, m, n, d.policy, subs[0], r.Deadline, &st)
+	start, err := spin.Acquire(ctx, &multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, &st)
 	r.RemoteAttempts += st.Attempts
 	r.answered += st.Answered
 	if err != nil {
@@ -136,10 +131,9 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 
 // multiSpinner makes one attempt at every lease of a lock of several keys,
 // for the spin loop: in one request where the store can, otherwise key by
-// key, giving back what it took when a key is held. As the spin loop's
-// Notifier it subscribes to the release notices of the key an attempt
-// found held: the keys it gave back send notices of their own, which
-// would wake the wait at once.
+// key, giving back what it took when a key is held. It names the key an
+// attempt found held (spin.WaitKeyer), so that the wait is woken by that
+// key's release, not by the notices of the keys it gave back.
 type multiSpinner struct {
 	d       *DistributeLock
 	subs    []*backend.Lease
@@ -150,12 +144,11 @@ func (m *multiSpinner) Release(ctx context.Context, l *backend.Lease) error {
 	return m.d.res.Release(ctx, l)
 }
 
-func (m *multiSpinner) Subscribe(string) (<-chan struct{}, func()) {
-	key := m.blocked
-	if key == "" {
-		key = m.subs[0].Key
+func (m *multiSpinner) WaitKey() string {
+	if m.blocked == "" {
+		return m.subs[0].Key
 	}
-	return m.d.notifier.Subscribe(key)
+	return m.blocked
 }
 
 func (m *multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, time.Duration, error) {
@@ -171,7 +164,7 @@ func (m *multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, 
 			continue
 		}
 		if err == nil {
-			m.blocked = l.Key
+			m.blocked = l.Key // a store error ends the wait instead
 		}
 		// Give back what this attempt took, in the background if the
 		// store does not answer: a wait never holds some keys of a set.
