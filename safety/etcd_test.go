@@ -44,6 +44,17 @@ func etcdTarget(t testing.TB, endpoints []string) (target, *clientv3.Client) {
 			return harness.Backend{Kind: "etcd", Addrs: []string{"http://" + hp}, Timeout: 5 * time.Second}
 		},
 		leftovers: res.Leftovers,
+		token: func(ctx context.Context, _, entry string) (uint64, error) {
+			// The token of a grant is its queue key's create revision.
+			resp, err := c.Get(ctx, entry)
+			if err != nil {
+				return 0, err
+			}
+			if len(resp.Kvs) != 1 {
+				return 0, fmt.Errorf("no key %s", entry)
+			}
+			return uint64(resp.Kvs[0].CreateRevision), nil
+		},
 	}, c
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,9 @@ type target struct {
 	via    func(hostport string) harness.Backend
 	// leftovers lists what the store still holds for key.
 	leftovers func(ctx context.Context, key string) ([]string, error)
+	// token, for a queueing store, is the fencing token a grant of the
+	// entry named (as leftovers names it) would carry.
+	token func(ctx context.Context, key, entry string) (uint64, error)
 	// fence, when set, is where the workers' fenced writes go: a store
 	// of the target's kind, written through distlock's public helpers
 	// (package fence), instead of the run's register.
@@ -303,6 +307,16 @@ func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
 	if _, err := holder.WaitLine("acquired", 0, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	var holderEntry string
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		left, err := tg.leftovers(ctx, key)
+		cancel()
+		if err != nil || len(left) != 1 {
+			t.Fatalf("leftovers: %v, %v; want the holder's", left, err)
+		}
+		holderEntry = left[0]
+	}
 	wcfg := mixConfig(tg, key, 1)
 	wcfg.Name, wcfg.Cycles, wcfg.Wait = "waiter", 1, 10*time.Minute
 	waiter := r.Worker(wcfg)
@@ -316,6 +330,28 @@ func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
 		return len(left)
 	}
 	waitUntil(t, 60*time.Second, "the waiter to queue", func() bool { return entries() == 2 })
+	// The waiter's entry, and the token a grant of it would carry: the
+	// SIGSTOP may come before the create's reply reached the waiter, and
+	// then, woken, it rightly queues again under a new session (a new
+	// entry, a new token) and may be granted that one.
+	var queued uint64
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		left, err := tg.leftovers(ctx, key)
+		if err != nil || len(left) != 2 || !slices.Contains(left, holderEntry) {
+			cancel()
+			t.Fatalf("leftovers: %v, %v; want the holder's (%s) and the waiter's", left, err, holderEntry)
+		}
+		mine := left[0]
+		if mine == holderEntry {
+			mine = left[1]
+		}
+		queued, err = tg.token(ctx, key, mine)
+		cancel()
+		if err != nil {
+			t.Fatalf("the waiter's entry %s: %v", mine, err)
+		}
+	}
 	pauseAt := r.Note("SIGSTOP waiter")
 	waiter.Pause()
 	waitUntil(t, 30*tg.expiry+30*time.Second, "the store to drop the waiter's entry", func() bool { return entries() == 1 })
@@ -350,9 +386,12 @@ func testWaiterExpiredWhileQueued(t *testing.T, tg target) {
 	assertNoOverlap(t, res)
 	for _, e := range evs {
 		if e.Kind == history.Acquire && e.Proc == "waiter" {
-			if e.Err == "" {
+			switch {
+			case e.Err == "" && e.Token == queued:
 				t.Errorf("the waiter whose entry expired was granted the lock (token %d)", e.Token)
-			} else {
+			case e.Err == "":
+				t.Logf("the waiter queued again after the SIGSTOP (its create's reply was lost) and was granted its new entry, token %d (the dropped one's: %d)", e.Token, queued)
+			default:
 				t.Logf("the waiter's acquisition failed as it should: %s", e.Err)
 			}
 		}

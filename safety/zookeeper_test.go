@@ -65,6 +65,19 @@ func zkTarget(t testing.TB, addrs []string) target {
 			}
 			return left, nil
 		},
+		token: func(ctx context.Context, key, entry string) (uint64, error) {
+			// The token of a grant is its znode's czxid.
+			for _, parent := range []string{key, key + "%sem", key + "%rw"} {
+				ok, st, err := conn.Exists(zookeeper.DefaultRoot + "/" + parent + "/" + entry)
+				if err != nil {
+					return 0, err
+				}
+				if ok {
+					return uint64(st.Czxid), nil
+				}
+			}
+			return 0, fmt.Errorf("no znode %s under %s", entry, key)
+		},
 	}
 }
 
