@@ -16,7 +16,7 @@ import (
 // handles ([Lock]) of it. Every kind of lock the facade hands out is a grant
 // to this state machine, and its whole life is here: the states, and
 // [grant.step], the one function that writes the fields that decide its
-// fate (state, flags, refs, epoch, expiry, renewAt, the leases' TTLs and
+// fate (state, flags, refs, expiry, renewAt, the leases' TTLs and
 // what grantMore keeps). Callers never check a field, drop the mutex and
 // act on it: they step, and the step decides.
 //
@@ -41,7 +41,7 @@ import (
 //	held        refresh (Lock.Extend): no refresh in flight    held        one refresh in flight (an Extend finding one
 //	                                                                       waits for it: one at a time, so the reply
 //	                                                                       processed last is of the request sent last)
-//	held        refreshed: the store said yes (same epoch)     held        validity from the request's send time, with its
+//	held        refreshed: the store said yes                  held        validity from the request's send time, with its
 //	                                                                       TTL (capped by a request whose outcome is
 //	                                                                       unknown and carried a shorter one); next
 //	                                                                       renewal planned
@@ -80,10 +80,9 @@ type grant struct {
 	mu    sync.Mutex
 	state grantState
 	flags grantFlags
-	slack uint8  // the scheduler's (under its mutex): due may be taken this much early (slackBits)
-	refs  int32  // live handles
-	epoch uint32 // bumped when a release begins: older refresh results are stale
-	index int32  // the scheduler's (under its mutex): in its heap (registered); -1 when not
+	slack uint8 // the scheduler's (under its mutex): due may be taken this much early (slackBits)
+	refs  int32 // live handles
+	index int32 // the scheduler's (under its mutex): in its heap (registered); -1 when not
 
 	// Times on the facade's monotonic clock (see mono).
 	expiry  int64 // when the validity ends; never: the store keeps it alive
@@ -102,6 +101,7 @@ const (
 	finished                            // released or lost: the cause is recorded (more.cause; none: released)
 	lostSignal                          // a lease has Lost: the store may report the loss
 	watchRunning                        // a goroutine watches Lost (observers, or Done was asked for)
+	givenUp                             // the last handle's Unlock (or Close) began: never reentered again
 )
 
 // grantMore is what only some grants need, made on first use: the keys
@@ -120,6 +120,9 @@ type grantMore struct {
 	// request later); 0: none. Until a refresh with a TTL no longer than
 	// it succeeds, the validity counts with it.
 	unknownTTL time.Duration
+	// extendedTTL is the TTL of an Extend that succeeded while the grant
+	// was released, applied to its leases if the release fails; 0: none.
+	extendedTTL time.Duration
 }
 
 // moreLocked returns g's grantMore, making it.
@@ -182,12 +185,12 @@ type event struct {
 	kind    eventKind
 	at      int64         // (monotonic) commit: the granted attempt's start; due: now; refreshed: the request's send time
 	cause   error         // lose, rollback
-	epoch   uint32        // refreshed: the epoch the request was sent in
 	max     int           // reenter: the reentrancy limit (0: none)
 	err     error         // refreshed: the store's answer
 	ttl     time.Duration // refresh, refreshed: the TTL the request carries
 	extend  bool          // refreshed: the request was Lock.Extend's
 	handle  bool          // release: a handle's Unlock (not Close)
+	partial bool          // release failed: some keys of a lock of several are gone
 	watcher bool          // lose: from the goroutine watching Lost, which has ended
 }
 
@@ -261,6 +264,10 @@ func (g *grant) step(ev event) (out outcome) {
 			return
 		}
 		switch {
+		case g.flags&givenUp != 0:
+			// Its last Unlock began (and may have failed: it is
+			// released again, by a retry or in the background): the
+			// caller acquires anew.
 		case g.state == held && g.d.isClosed():
 			out.err = fmt.Errorf("%w: reentering %s during Close", ErrClosed, quote(g.lease.Key))
 		case g.state == held && monoNow() >= g.expiry:
@@ -365,7 +372,7 @@ func (g *grant) step(ev event) (out outcome) {
 			return
 		}
 		g.state, out.ok = releasing, true
-		g.epoch++
+		g.flags |= givenUp
 		g.renewAt = never
 		g.d.sched.unschedule(g)
 	case evReleased:
@@ -384,6 +391,10 @@ func (g *grant) step(ev event) (out outcome) {
 			g.state = lost
 		}
 		g.settleLocked()
+		if m := g.more.Load(); m != nil && m.extendedTTL != 0 {
+			g.setTTLLocked(m.extendedTTL) // extended while it was released
+			m.extendedTTL = 0
+		}
 		if g.state != held {
 			return
 		}
@@ -392,6 +403,12 @@ func (g *grant) step(ev event) (out outcome) {
 			// Lost while it was released: the watch, if any, saw it
 			// and ended.
 			out.lostBy = g.loseLocked(g.lostCause())
+		case ev.partial:
+			// A lock of several keys with some keys gone is not held;
+			// what is left is released by a retry, or frees with the
+			// TTL.
+			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s: some keys were released, the release of others failed", ErrNotHeld, quote(g.lease.Key)))
+			out.again = g.flags&keptAlive != 0 // no TTL frees the others
 		case g.d.closeOver():
 			// Nothing of a closed DistributeLock keeps the lock alive
 			// or watches it: it is lost, and the store frees it with
@@ -415,7 +432,6 @@ func (g *grant) step(ev event) (out outcome) {
 // copied with the TTL the request carries.
 type refresh struct {
 	g      *grant
-	epoch  uint32
 	expiry int64 // the validity's end when it was made: a renewal answered later is worthless
 	ttl    time.Duration
 	extend bool
@@ -423,12 +439,17 @@ type refresh struct {
 }
 
 // startRefreshLocked marks a refresh in flight and returns it. No renewal
-// is planned until it ends; the expiry stays scheduled.
+// is planned until it ends; the expiry stays scheduled. A refresh to a
+// shorter TTL than the lock's may be applied any time from now: the expiry
+// moves to its validity from now at once.
 func (g *grant) startRefreshLocked(ttl time.Duration, extend bool) *refresh {
 	g.flags |= refreshing
 	g.renewAt = never
+	if g.flags&keptAlive == 0 && ttl < g.lease.TTL {
+		g.expiry = min(g.expiry, monoNow()+int64(safeValidity(backend.Lease{TTL: ttl})))
+	}
 	subs := g.subLeases()
-	rf := &refresh{g: g, epoch: g.epoch, expiry: g.expiry, ttl: ttl, extend: extend, leases: make([]backend.Lease, len(subs))}
+	rf := &refresh{g: g, expiry: g.expiry, ttl: ttl, extend: extend, leases: make([]backend.Lease, len(subs))}
 	for i, l := range subs {
 		rf.leases[i] = *l
 		rf.leases[i].TTL = ttl
@@ -451,10 +472,14 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 	if ev.extend {
 		what = "extending"
 	}
-	if ev.epoch != g.epoch || g.state != held {
+	if g.state != held && g.state != releasing {
 		out.err = fmt.Errorf("%w: %s was released or lost while %s", ErrNotHeld, quote(g.lease.Key), what)
 		return
 	}
+	// While it is released, what the store did still counts: the release
+	// may fail, and the grant be held again with the expiry the store
+	// has. Renewal stays stopped then.
+	renew := g.d.cfg.autoRenew && g.state == held
 	if out.lostBy = g.pollLocked(); out.lostBy != nil {
 		out.err = out.lostBy
 		return
@@ -464,13 +489,12 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 	switch {
 	case ev.err == nil:
 		m := g.more.Load()
-		if ev.extend {
-			for _, l := range g.subLeases() {
-				// The validity is the new TTL's, from the request's
-				// send time (a store's own, such as Redlock's, was
-				// the acquisition's).
-				l.TTL, l.Validity = ev.ttl, 0
-			}
+		if ev.extend && g.state == releasing {
+			// The store reads the leases while it releases them: the
+			// new TTL applies if the release fails.
+			g.moreLocked().extendedTTL = ev.ttl
+		} else if ev.extend {
+			g.setTTLLocked(ev.ttl)
 		}
 		if m != nil && m.unknownTTL != 0 && ev.ttl <= m.unknownTTL {
 			// A request still to land carries as long a TTL or
@@ -480,14 +504,22 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 		out.ok = true
 		if !kept {
 			validity := g.validityLocked()
+			if ev.extend && g.state == releasing { // the leases keep the old TTL meanwhile
+				validity = safeValidity(backend.Lease{TTL: ev.ttl})
+				if m := g.more.Load(); m.unknownTTL != 0 {
+					validity = min(validity, safeValidity(backend.Lease{TTL: m.unknownTTL}))
+				}
+			}
 			g.expiry = ev.at + int64(validity)
-			if g.d.cfg.autoRenew {
+			if renew {
 				g.renewAt = ev.at + int64(renewInterval(validity))
 			}
 		}
 	case errors.Is(ev.err, ErrNotHeld):
 		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
-		out.lostBy = g.loseLocked(out.err)
+		if g.state == held {
+			out.lostBy = g.loseLocked(out.err)
+		}
 		return
 	case errors.Is(ev.err, errors.ErrUnsupported):
 		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err) // refused before any I/O
@@ -506,16 +538,27 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 		if kept {
 			break
 		}
-		if now >= g.expiry {
+		if now >= g.expiry && g.state == held {
 			out.lostBy = g.loseLocked(fmt.Errorf("%w: %s %s failed until its validity ended: %w", ErrNotHeld, what, quote(g.lease.Key), ev.err))
 			return
 		}
-		if g.d.cfg.autoRenew { // retry sooner, within the validity left
+		if renew { // retry sooner, within the validity left
 			g.renewAt = now + min(int64(renewInterval(g.validityLocked()))/4, g.expiry-now)
 		}
 	}
-	g.scheduleLocked()
+	if g.state == held {
+		g.scheduleLocked()
+	}
 	return out
+}
+
+// setTTLLocked makes ttl the TTL of every lease of g, extended to it: the
+// validity is the new TTL's, from the extension's send time (a store's
+// own, such as Redlock's, was the acquisition's).
+func (g *grant) setTTLLocked(ttl time.Duration) {
+	for _, l := range g.subLeases() {
+		l.TTL, l.Validity = ttl, 0
+	}
 }
 
 // pollLocked takes in a loss the backend reported (a lease's Lost
@@ -741,7 +784,8 @@ func (g *grant) release(ctx context.Context, handle bool) error {
 			err = g.d.chain.release(ctx, g.req)
 		}
 		if err != nil && !errors.Is(err, ErrNotHeld) {
-			out := g.step(event{kind: evReleaseFailed})
+			var pr *partialRelease
+			out := g.step(event{kind: evReleaseFailed, partial: errors.As(err, &pr)})
 			g.apply(out)
 			if out.again && handle {
 				g.d.releaseAgain(g)
@@ -802,7 +846,7 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	}
 	at := monoNow()
 	err := refreshAll(ctx, g.d.refresher, rf.leases)
-	out := g.step(event{kind: evRefreshed, at: at, epoch: rf.epoch, ttl: ttl, extend: true, err: err})
+	out := g.step(event{kind: evRefreshed, at: at, ttl: ttl, extend: true, err: err})
 	g.apply(out)
 	return out.err
 }
@@ -823,14 +867,14 @@ func safeValidity(l backend.Lease) time.Duration {
 // releaseAgain releases g in the background after its release failed:
 // the store keeps g alive (backend.Lease.KeptAlive), so no TTL would free
 // it while this process lives. It retries with backoff, each attempt
-// bounded by the lease's TTL (at least a second), until the store answers,
-// the lock is lost (the store frees it then), or Close's bound. An Unlock
-// called meanwhile waits for the attempt in flight.
+// bounded by the lease's TTL (at least a second), until the store answers
+// (ErrNotHeld too: a lock its store lost is gone) or Close's bound. An
+// Unlock called meanwhile waits for the attempt in flight.
 func (d *DistributeLock) releaseAgain(g *grant) {
 	d.bg.goRun("releasing "+quote(g.lease.Key)+" again", func(ctx context.Context) error {
 		return retry(ctx, func(ctx context.Context) error {
-			if !g.keptHeld() {
-				return nil // released, or lost: the store frees it
+			if !g.keptUnreleased() {
+				return nil // released
 			}
 			ctx, cancel := context.WithTimeout(ctx, max(g.ttl(), time.Second))
 			defer cancel()
@@ -839,9 +883,11 @@ func (d *DistributeLock) releaseAgain(g *grant) {
 	})
 }
 
-// keptHeld reports whether g is held, kept alive by the store.
-func (g *grant) keptHeld() bool {
+// keptUnreleased reports whether g is kept alive by the store and not
+// released: held, or lost (by its store, which then answers ErrNotHeld; or
+// by the facade, when some keys of a lock of several were released).
+func (g *grant) keptUnreleased() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.state == held && g.flags&keptAlive != 0
+	return g.state != released && g.flags&keptAlive != 0
 }

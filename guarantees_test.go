@@ -637,3 +637,242 @@ func TestWaitingWriterKeepsPlace(t *testing.T) {
 		}
 	})
 }
+
+// The defects below were found by the adversarial model
+// (testsuite.TestLifecycleModel) beyond the thirteen of issue 29.
+
+// blockingWaiter is a push store over the memory store whose Acquire of
+// "b" never succeeds and whose Release blocks until its context ends.
+type blockingWaiter struct{ s *memory.Store }
+
+func (w *blockingWaiter) Acquire(ctx context.Context, l *backend.Lease, deadline time.Time) error {
+	if l.Key == "b" {
+		select {
+		case <-time.After(time.Until(deadline)):
+			return backend.ErrNotAcquired
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	_, _, err := w.s.TryAcquire(ctx, l)
+	return err
+}
+
+func (w *blockingWaiter) Release(ctx context.Context, l *backend.Lease) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// E2. TryLockAll on a push store returns within its bound even when giving
+// back the keys it took does not answer: the give-back goes on in the
+// background.
+func TestTryLockAllGiveBackWithinBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, _ := distlock.New(&blockingWaiter{s: memory.New()}, distlock.WithCloseTimeout(100*time.Millisecond))
+		start := time.Now()
+		if _, err := d.TryLockAll(context.Background(), []string{"a", "b"}, 100*time.Millisecond); !errors.Is(err, distlock.ErrNotAcquired) {
+			t.Errorf("TryLockAll = %v; want ErrNotAcquired", err)
+		}
+		if el := time.Since(start); el > 150*time.Millisecond {
+			t.Errorf("TryLockAll with a wait of 100ms returned after %v", el)
+		}
+		d.Close()
+	})
+}
+
+// spinNotify is the memory store without TryAcquireAll, with notices.
+type spinNotify struct {
+	s     *memory.Store
+	calls atomic.Int64
+}
+
+func (n *spinNotify) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	n.calls.Add(1)
+	return n.s.TryAcquire(ctx, l)
+}
+func (n *spinNotify) Release(ctx context.Context, l *backend.Lease) error { return n.s.Release(ctx, l) }
+func (n *spinNotify) Subscribe(key string) (<-chan struct{}, func())      { return n.s.Subscribe(key) }
+
+// E3. A set taken key by key is not woken by the notices of its own
+// give-back: while a later key is held, it sleeps between attempts.
+func TestTryLockAllNotWokenByItsGiveBack(t *testing.T) {
+	store := &spinNotify{s: memory.New()}
+	d := mustNew(t, store)
+	rival := mustNew(t, store.s)
+	held, err := rival.TryLock(t.Context(), "b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(context.Background())
+	before := store.calls.Load()
+	if _, err := d.TryLockAll(t.Context(), []string{"a", "b"}, 300*time.Millisecond); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLockAll = %v; want ErrNotAcquired", err)
+	}
+	// The default spin, stretched 4x once subscribed: a handful of
+	// attempts in 300ms, two store calls each.
+	if n := store.calls.Load() - before; n > 40 {
+		t.Errorf("%d store calls in a 300ms wait for a held key", n)
+	}
+}
+
+// E3 again, when the key found held changes: a set waiting on "a" is
+// woken by a's release, takes it, finds "b" held and gives "a" back. It
+// must then wait on "b", not on "a", whose notices its own give-back sends
+// (it spun at once before; the lifecycle model found it at schedule 667 of
+// 9000).
+func TestTryLockAllWaitsOnTheKeyNowHeld(t *testing.T) {
+	store := &spinNotify{s: memory.New()}
+	d := mustNew(t, store)
+	rival := mustNew(t, store.s)
+	a, err := rival.TryLock(t.Context(), "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rival.TryLock(t.Context(), "b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Unlock(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.TryLockAll(t.Context(), []string{"a", "b"}, 400*time.Millisecond)
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for store.calls.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	before := store.calls.Load()
+	if err := a.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("TryLockAll = %v; want ErrNotAcquired", err)
+	}
+	if n := store.calls.Load() - before; n > 40 {
+		t.Errorf("%d store calls in under 400ms of waiting for b once a was free", n)
+	}
+}
+
+// failKey is the memory store whose Release of one key fails.
+type failKey struct {
+	*memory.Store
+	key  string
+	fail atomic.Bool
+}
+
+func (f *failKey) Release(ctx context.Context, l *backend.Lease) error {
+	if l.Key == f.key && f.fail.Load() {
+		return errors.New("fault: release failed")
+	}
+	return f.Store.Release(ctx, l)
+}
+
+// E4, E5. A set whose release fails on one key while another is gone is
+// lost (Done closes), its Unlock returns the store's error (not
+// ErrNotHeld, which would hide the key still held), and a retry releases
+// what is left.
+func TestSetPartialReleaseIsLoss(t *testing.T) {
+	for _, gone := range []string{"released", "evicted"} {
+		t.Run(gone, func(t *testing.T) {
+			store := &failKey{Store: memory.New(), key: "b"}
+			d := mustNew(t, store)
+			set, err := d.TryLockAll(t.Context(), []string{"a", "b"}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := set.Done()
+			if gone == "evicted" {
+				store.Evict("a")
+			}
+			store.fail.Store(true)
+			err = set.Unlock(t.Context())
+			if err == nil || errors.Is(err, distlock.ErrNotHeld) {
+				t.Fatalf("Unlock of a set whose key b failed = %v; want the store's error", err)
+			}
+			if !isClosed(done) {
+				t.Error("Done of a set with a key gone and a key still held is open")
+			}
+			store.fail.Store(false)
+			if err := set.Unlock(t.Context()); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
+				t.Fatalf("Unlock again: %v", err)
+			}
+			if _, _, ok := store.Holder("b"); ok {
+				t.Error("the store still holds b after the retried Unlock")
+			}
+		})
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// E6. An Extend to a shorter TTL that the store applies while its reply is
+// still on the way: Done closes before the store frees the key.
+func TestShorterExtendAppliedInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &hooked{Store: memory.New()}
+		store.applied = func(l *backend.Lease) {
+			if l.TTL == 100*time.Millisecond {
+				time.Sleep(150 * time.Millisecond) // the reply comes after the store's expiry
+			}
+		}
+		d, _ := distlock.New(store, distlock.WithDefaultTTL(time.Minute))
+		defer d.Close()
+		lk, err := d.TryLock(context.Background(), "k", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk.Done()
+		extended := make(chan error, 1)
+		go func() { extended <- lk.Extend(context.Background(), 100*time.Millisecond) }()
+		for range 20 {
+			time.Sleep(10 * time.Millisecond)
+			if !heldBy(store.Store, "k", lk) && !isDone(lk) {
+				t.Fatalf("the store freed the key; Done is open, Deadline %v ahead", time.Until(lk.Deadline()))
+			}
+		}
+		<-extended
+	})
+}
+
+// E9. After a failed Unlock of a lock the store keeps alive, a nested
+// TryLock does not reenter it: the release in the background would
+// release the new handle's lock.
+func TestNoReentryAfterFailedUnlock(t *testing.T) {
+	var fails atomic.Int64
+	fails.Store(1)
+	store := &hooked{Store: memory.New()}
+	store.acquired = func(l *backend.Lease) { l.KeptAlive = l.AutoRenew }
+	store.release = func(ctx context.Context, l *backend.Lease) error {
+		if fails.Add(-1) >= 0 {
+			return errors.New("fault: release failed")
+		}
+		return store.Store.Release(ctx, l)
+	}
+	d := mustNew(t, store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(time.Minute))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Unlock(t.Context()); err == nil {
+		t.Fatal("Unlock with a failing release = nil")
+	}
+	nested, err := d.TryLock(distlock.ContextWithLock(t.Context(), lk), "k", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nested.Unlock(context.Background())
+	if nested.Token() == lk.Token() {
+		t.Fatal("a nested TryLock reentered a lock whose last Unlock had begun")
+	}
+	if !heldBy(store.Store, "k", nested) {
+		t.Fatal("the store does not hold the nested TryLock's lock")
+	}
+}

@@ -145,21 +145,26 @@ const WaitForever time.Duration = math.MaxInt64
 // answer slow. A caller who wants longer passes a wait. What an attempt
 // cut short may have done in the store is undone in the background (Close
 // waits for it); an attempt the store could not send (a refused
-// connection) leaves nothing to undo.
+// connection) leaves nothing to undo. A read or write request refused at
+// the end of its wait first withdraws the intent it left in the store, so
+// that nothing of it keeps the next request out: it waits at most 50ms for
+// that.
 //
 // When ctx carries a live lock of key on d ([ContextWithLock], [Do]), TryLock
 // reenters it at once, with no I/O: the new handle shares the token, Done
 // channel and deadline, and the store is released when the last handle is
 // unlocked. The nested call's wait and TTL do not apply: the lock is the
 // outer one. A key of a lock of several keys ([DistributeLock.TryLockAll])
-// the context carries reenters that lock. A lock whose last handle is
-// being unlocked is not reentered: TryLock acquires anew.
+// the context carries reenters that lock. A lock whose last handle's
+// Unlock began (even one that failed: the lock is released again) is not
+// reentered: TryLock acquires anew.
 //
 // Errors: [ErrNotAcquired] when another owner held key for the whole wait;
 // errors.Join(ErrNotAcquired, ctx.Err()) when ctx ended first; an
 // [ErrInvalid] error for bad input (empty key, a key the backend rejects,
 // negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after or
-// during Close (a nested attempt too); [ErrReentrancy] for a nested attempt over the limit, and
+// during Close (a nested attempt too); [ErrReentrancy] for a nested
+// attempt over the limit, and
 // [ErrNotHeld] for a nested attempt of a lock that was lost or whose
 // validity ended, with no I/O; otherwise the store's error, wrapped with
 // the operation and key, and its cause (a refused connection, a timeout)

@@ -119,7 +119,7 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 		return d.waitAll(ctx, r, subs)
 	}
 	var st spin.Stats
-	start, err := spin.Acquire(ctx, multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, &st)
+	start, err := spin.Acquire(ctx, &multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, &st)
 	r.RemoteAttempts += st.Attempts
 	r.answered += st.Answered
 	if err != nil {
@@ -131,17 +131,27 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 
 // multiSpinner makes one attempt at every lease of a lock of several keys,
 // for the spin loop: in one request where the store can, otherwise key by
-// key, giving back what it took when a key is held.
+// key, giving back what it took when a key is held. It names the key an
+// attempt found held (spin.WaitKeyer), so that the wait is woken by that
+// key's release, not by the notices of the keys it gave back.
 type multiSpinner struct {
-	d    *DistributeLock
-	subs []*backend.Lease
+	d       *DistributeLock
+	subs    []*backend.Lease
+	blocked string // the key the last attempt found held; "": the first
 }
 
-func (m multiSpinner) Release(ctx context.Context, l *backend.Lease) error {
+func (m *multiSpinner) Release(ctx context.Context, l *backend.Lease) error {
 	return m.d.res.Release(ctx, l)
 }
 
-func (m multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, time.Duration, error) {
+func (m *multiSpinner) WaitKey() string {
+	if m.blocked == "" {
+		return m.subs[0].Key
+	}
+	return m.blocked
+}
+
+func (m *multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, time.Duration, error) {
 	if ms, ok := m.d.res.(backend.MultiSpinner); ok {
 		ok, ttl, err := ms.TryAcquireAll(ctx, m.subs)
 		if !errors.Is(err, errors.ErrUnsupported) {
@@ -152,6 +162,9 @@ func (m multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, t
 		ok, ttl, err := m.d.spinner.TryAcquire(ctx, l)
 		if ok && err == nil {
 			continue
+		}
+		if err == nil {
+			m.blocked = l.Key // a store error ends the wait instead
 		}
 		// Give back what this attempt took, in the background if the
 		// store does not answer: a wait never holds some keys of a set.
@@ -165,7 +178,7 @@ func (m multiSpinner) TryAcquire(ctx context.Context, _ *backend.Lease) (bool, t
 }
 
 // giveBack releases the leases an attempt took before a key was held.
-func (m multiSpinner) giveBack(ctx context.Context, taken []*backend.Lease) error {
+func (m *multiSpinner) giveBack(ctx context.Context, taken []*backend.Lease) error {
 	var left []*backend.Lease
 	for _, l := range taken {
 		if err := m.d.res.Release(ctx, l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
@@ -200,12 +213,10 @@ func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backen
 			first = time.Now()
 		}
 		if err != nil {
-			taken := subs[:i]
-			m := multiSpinner{d: d, subs: subs}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			gerr := m.giveBack(rctx, taken)
-			cancel()
-			return time.Time{}, errors.Join(err, gerr)
+			// Within the acquisition's bound; what the store does not
+			// answer by then is given back in the background.
+			m := &multiSpinner{d: d, subs: subs}
+			return time.Time{}, errors.Join(err, m.giveBack(ctx, subs[:i]))
 		}
 	}
 	r.g.setSubs(subs)
@@ -223,17 +234,43 @@ func validityAll(subs []*backend.Lease) time.Duration {
 	return v
 }
 
-// releaseAll releases every lease of a lock, joining the errors; ErrNotHeld
-// when any key was no longer held.
+// releaseAll releases every lease of a lock. It returns nil when every key
+// was released, an error wrapping ErrNotHeld when every key answered and
+// some were no longer held, and otherwise the store's errors, never
+// wrapping ErrNotHeld (a key that failed is still held, whatever the
+// others did), as a *partialRelease when some keys are gone.
 func (d *DistributeLock) releaseAll(ctx context.Context, subs []*backend.Lease) error {
-	var errs []error
+	var failed, gone []error
 	for _, l := range subs {
-		if err := d.res.Release(ctx, l); err != nil {
-			errs = append(errs, err)
+		switch err := d.res.Release(ctx, l); {
+		case err == nil:
+		case errors.Is(err, ErrNotHeld):
+			gone = append(gone, err)
+		default:
+			failed = append(failed, err)
 		}
 	}
-	return errors.Join(errs...)
+	switch {
+	case len(failed) == 0:
+		return errors.Join(gone...)
+	case len(failed) < len(subs):
+		// Some keys are gone (released now, or earlier): the lock is
+		// no longer whole, and the failed keys are still to release.
+		return &partialRelease{errors.Join(failed...)}
+	}
+	return errors.Join(failed...)
 }
+
+// partialRelease is the error of a release of a lock of several keys that
+// failed on some keys while others are gone. It never wraps ErrNotHeld:
+// the keys that failed are still held, and Unlock may be retried.
+type partialRelease struct{ err error }
+
+func (e *partialRelease) Error() string {
+	return "distlock: release of a lock of several keys failed on some: " + e.err.Error()
+}
+
+func (e *partialRelease) Unwrap() error { return e.err }
 
 // watchLostAll reports the first loss signal of any lease to step.
 func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {

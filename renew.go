@@ -269,7 +269,7 @@ func (d *DistributeLock) renew(rfs []*refresh) {
 
 // done reports the refresh's result to its grant.
 func (rf *refresh) done(at int64, err error) {
-	rf.g.apply(rf.g.step(event{kind: evRefreshed, at: at, epoch: rf.epoch, ttl: rf.ttl, extend: rf.extend, err: err}))
+	rf.g.apply(rf.g.step(event{kind: evRefreshed, at: at, ttl: rf.ttl, extend: rf.extend, err: err}))
 }
 
 // inWorkers runs do(0) .. do(n-1) in the background, on at most as many

@@ -44,6 +44,15 @@ func (p Policy) next(holderTTL, left time.Duration, subscribed bool) time.Durati
 // attempt per waiter per sleep on a key that is still held.
 const NoticeSpinFactor = 4
 
+// WaitKeyer is implemented by a Spinner whose attempts cover several keys
+// (a lock of several keys taken key by key): WaitKey names the key its last
+// attempt found held, whose release notices the wait subscribes to. The
+// keys it took and gave back send notices of their own, which must not
+// wake it.
+type WaitKeyer interface {
+	WaitKey() string
+}
+
 // Stats counts an acquisition's calls to the store.
 type Stats struct {
 	Attempts int // calls of TryAcquire
@@ -55,8 +64,8 @@ type Stats struct {
 // the deadline: the last attempt is made at the deadline. Between attempts
 // it sleeps as p says, and wakes at once on a release notice when n is not
 // nil (subscribing after the first failed attempt, so an uncontended
-// acquire costs one call); subscribed, it sleeps NoticeSpinFactor times as
-// long. A read or write request, whose failed attempts keep its intent in
+// acquire costs one call, and again when the key a WaitKeyer names
+// changes); subscribed, it sleeps NoticeSpinFactor times as long. A read or write request, whose failed attempts keep its intent in
 // the store for l.TTL (see backend.KindChecker), sleeps at most a third of
 // l.TTL, so that its intent never lapses while it waits.
 //
@@ -67,9 +76,10 @@ type Stats struct {
 func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Policy,
 	l *backend.Lease, deadline time.Time, st *Stats) (time.Time, error) {
 	var (
-		timer  *time.Timer
-		wake   <-chan struct{}
-		cancel func()
+		timer      *time.Timer
+		wake       <-chan struct{}
+		cancel     func()
+		subscribed string // the key of the subscription
 	)
 	defer func() {
 		if timer != nil {
@@ -97,8 +107,18 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		if deadline.IsZero() || !now.Before(deadline) {
 			return time.Time{}, backend.ErrNotAcquired
 		}
-		if n != nil && cancel == nil {
-			wake, cancel = n.Subscribe(l.Key)
+		if n != nil {
+			key := l.Key
+			if w, ok := s.(WaitKeyer); ok {
+				key = w.WaitKey()
+			}
+			if cancel == nil || key != subscribed {
+				if cancel != nil {
+					cancel()
+				}
+				wake, cancel = n.Subscribe(key)
+				subscribed = key
+			}
 		}
 		d := p.next(holderTTL, deadline.Sub(now), wake != nil)
 		if l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
