@@ -374,7 +374,7 @@ func (m *model) actions() map[string]func(*rapid.T) {
 		{"inspect", 1, m.opInspect},
 		{"faults", 2, m.opFaults},
 		{"stall", 1, m.opStall},
-		{"lose", 1, m.opLose},
+		{"lose", 3, m.opLose},
 		{"evict", 1, m.opEvict},
 		{"slow", 1, m.opSlow},
 		{"pass", 4, m.opPass},
