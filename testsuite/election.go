@@ -22,6 +22,57 @@ func testElection(t *testing.T, h *Harness) {
 	t.Run("LeaderLost", func(t *testing.T) { testElectionLost(t, h) })
 	t.Run("Run", func(t *testing.T) { testElectionRun(t, h) })
 	t.Run("BadInput", func(t *testing.T) { testElectionBadInput(t, h) })
+	t.Run("WatchNotices", func(t *testing.T) { testElectionWatch(t, h) })
+}
+
+// testElectionWatch: a store that watches (backend.Watcher) sends a notice
+// once its watch is set, and after each change of the election's mutex:
+// a grant, a relabel, a release.
+func testElectionWatch(t *testing.T, h *Harness) {
+	w, ok := h.NewResource(t).(backend.Watcher)
+	if !ok {
+		t.Skip("the store does not implement backend.Watcher: observers use release notices and polls")
+	}
+	name := Key(t)
+	ch, cancel := w.Watch(electionKey(name))
+	defer cancel()
+	if ch == nil {
+		t.Fatal("Watch returned no channel")
+	}
+	next := func(what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notice within 10s of %s", what)
+		}
+	}
+	drain := func() {
+		for {
+			select {
+			case <-ch:
+			case <-time.After(100 * time.Millisecond): // notices of the step before may trail
+				return
+			}
+		}
+	}
+	next("the watch's start")
+	drain()
+	d := newLock(t, h)
+	e := d.Election(name)
+	lead := must(t)(e.Campaign(t.Context(), "v1"))
+	next("a grant")
+	drain()
+	if _, ok := w.(backend.Relabeler); ok {
+		if err := e.Proclaim(t.Context(), lead, "v2"); err != nil {
+			t.Fatalf("Proclaim: %v", err)
+		}
+		next("a relabel")
+		drain()
+	}
+	mustUnlock(t, lead)
+	next("a release")
+	noLeftovers(t, h, electionKey(name))
 }
 
 // electionKey is the key of the store's mutex for the election name.
