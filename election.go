@@ -38,9 +38,9 @@ import (
 // ([WithLabel]) in the store; together they hold at most 252 bytes.
 //
 // Every store holds elections. Proclaim needs a store that can change the
-// label of a held lock (backend.Relabeler; every store of this module's
-// tree but Redlock), Leader and Observe one that tells who holds a lock
-// (backend.Inspector; all of them). Redlock makes no tokens: there every
+// label of a held lock (backend.Relabeler: every store of this repository
+// but Redlock), Leader and Observe one that tells who holds a lock
+// (backend.Inspector: all of them). Redlock makes no tokens: there every
 // term is 0, nothing can fence a stale leader, and Observe tells leaders
 // apart only by their label and value.
 type Election struct {
