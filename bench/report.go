@@ -551,6 +551,11 @@ func (r *report) election(store string, rs []*handoffResult) {
 			break
 		}
 	}
+	for _, h := range r.hand[store] {
+		if h.p.name == "distlock" && len(h.lat) > 0 {
+			fmt.Fprintf(&s.b, "The same run's mutex handoff (the Handoff table): distlock p50 %s ms, p99 %s ms.\n\n", f2(ms(quantile(h.lat, 0.5))), f2(ms(quantile(h.lat, 0.99))))
+		}
+	}
 	fmt.Fprintf(&s.b, "| peer | n | p50 ms | p99 ms | p50 vs %s |\n|---|---:|---:|---:|---:|\n", ref.p.name)
 	for _, h := range rs {
 		p50 := ms(quantile(h.lat, 0.5))
