@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -124,4 +125,45 @@ func TestElect(t *testing.T) {
 func runStatusText(t *testing.T, url, name string) (int, string) {
 	t.Helper()
 	return statusText(t, url, name, "--elect")
+}
+
+// TestElectHoldUntilSignal: --elect without a COMMAND leads until a
+// signal, as etcdctl elect does: it prints the environment, election and
+// term included, on stdout once elected, status --elect shows it leading,
+// and on SIGTERM it resigns and exits 0. On Redis.
+func TestElectHoldUntilSignal(t *testing.T) {
+	url := storeKinds[0].url(t)
+	name := uniqueKey(t)
+	p := start(t, nil, "run", "--store", url, "--elect", "--value", "v1", name)
+	deadline := time.Now().Add(patience)
+	var out string
+	for !strings.Contains(out, "DISTLOCK_TERM=") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no DISTLOCK_TERM on stdout within %v; stderr:\n%s", patience, p.errText())
+		}
+		time.Sleep(10 * time.Millisecond) // polling what distlock prints, with a deadline
+		p.mu.Lock()
+		out = p.stdout.String()
+		p.mu.Unlock()
+	}
+	env := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, v, _ := strings.Cut(l, "=")
+		env[k] = v
+	}
+	if env["DISTLOCK_KEY"] != name || env["DISTLOCK_ELECTION"] != name || env["DISTLOCK_TERM"] == "" || env["DISTLOCK_TERM"] != env["DISTLOCK_TOKEN"] {
+		t.Errorf("stdout %q; want DISTLOCK_KEY and DISTLOCK_ELECTION %s, DISTLOCK_TERM the token", out, name)
+	}
+	if code, l := leaderOf(t, url, name); code != 0 || l.Value != "v1" || strconv.FormatUint(l.Term, 10) != env["DISTLOCK_TERM"] {
+		t.Errorf("status --elect while it leads: %d, %+v; want value v1, term %s", code, l, env["DISTLOCK_TERM"])
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(); code != 0 {
+		t.Errorf("after SIGTERM: status %d; want 0; stderr:\n%s", code, p.errText())
+	}
+	if code, _ := leaderOf(t, url, name); code != exitFree {
+		t.Errorf("status --elect after it resigned: %d; want %d", code, exitFree)
+	}
 }
