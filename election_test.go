@@ -377,3 +377,84 @@ func TestProclaimOneAtATimeWithRenewals(t *testing.T) {
 		t.Errorf("Leader() = %+v, %v; want new4", got, err)
 	}
 }
+
+// relabelReleaseRace wraps the memory store: its (one) Relabel waits
+// until a Release has begun, and that first Release fails (a store error)
+// once the test says so; the labels of the Refresh calls are kept.
+type relabelReleaseRace struct {
+	*memory.Store
+	relabeling, releasing, failRelease chan struct{}
+	mu                                 sync.Mutex
+	labels                             []string
+	failed                             atomic.Bool
+}
+
+func (s *relabelReleaseRace) Relabel(ctx context.Context, l *backend.Lease) error {
+	close(s.relabeling)
+	<-s.releasing
+	return s.Store.Relabel(ctx, l)
+}
+
+func (s *relabelReleaseRace) Release(ctx context.Context, l *backend.Lease) error {
+	if s.failed.CompareAndSwap(false, true) {
+		close(s.releasing)
+		<-s.failRelease
+		return errors.New("injected: the store failed")
+	}
+	return s.Store.Release(ctx, l)
+}
+
+func (s *relabelReleaseRace) Refresh(ctx context.Context, l *backend.Lease) error {
+	s.mu.Lock()
+	s.labels = append(s.labels, l.Label)
+	s.mu.Unlock()
+	return s.Store.Refresh(ctx, l)
+}
+
+// TestProclaimDuringFailedResign: a Proclaim that succeeds while the
+// leadership is being resigned, when the resignation then fails, leaves
+// the new value the lease's: a later Extend carries it (a store that
+// writes the label with a refresh, as ZooKeeper does, would otherwise put
+// the old value back).
+func TestProclaimDuringFailedResign(t *testing.T) {
+	spy := &relabelReleaseRace{Store: memory.New(), relabeling: make(chan struct{}),
+		releasing: make(chan struct{}), failRelease: make(chan struct{})}
+	d, err := distlock.New(spy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	e := d.Election("r")
+	ctx := t.Context()
+	lead, err := e.Campaign(ctx, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proclaimed := make(chan error, 1)
+	go func() { proclaimed <- e.Proclaim(ctx, lead, "new") }()
+	<-spy.relabeling // the Proclaim is in flight: the resignation begins
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- lead.Unlock(ctx) }()
+	if err := <-proclaimed; err != nil {
+		t.Fatalf("Proclaim: %v; want nil (the store relabelled)", err)
+	}
+	close(spy.failRelease)
+	if err := <-unlocked; err == nil {
+		t.Fatal("Unlock: nil; want the injected store error")
+	}
+	if err := lead.Extend(ctx, time.Minute); err != nil {
+		t.Fatalf("Extend after the failed resignation: %v", err)
+	}
+	spy.mu.Lock()
+	labels := spy.labels
+	spy.mu.Unlock()
+	if len(labels) == 0 {
+		t.Fatal("Extend sent no Refresh")
+	}
+	if _, value, _ := strings.Cut(labels[len(labels)-1], ":"); value != "new" {
+		t.Errorf("the Extend carried label %q; want the Proclaim's (value new)", labels[len(labels)-1])
+	}
+	if err := lead.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
