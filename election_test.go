@@ -458,3 +458,57 @@ func TestProclaimDuringFailedResign(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// hangingRelabel wraps the memory store: its Relabel signals that it
+// began and then hangs until its context ends (a store that does not
+// answer).
+type hangingRelabel struct {
+	*memory.Store
+	began chan struct{}
+	once  sync.Once
+}
+
+func (s *hangingRelabel) Relabel(ctx context.Context, l *backend.Lease) error {
+	s.once.Do(func() { close(s.began) })
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestProclaimWaitingForRenewalEndsOnLoss: a Proclaim that waits for a
+// due renewal to go first returns ErrNotHeld when the leadership is lost
+// instead (no renewal goes then), even with a context that never ends.
+// Here a first Proclaim hangs until the validity ends, the renewal it held
+// back is due, and the scheduler finds the validity ended.
+func TestProclaimWaitingForRenewalEndsOnLoss(t *testing.T) {
+	store := &hangingRelabel{Store: memory.New(), began: make(chan struct{})}
+	d, err := distlock.New(store, distlock.WithAutoRenew(), distlock.WithDefaultTTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	e := d.Election("r")
+	lead, err := e.Campaign(t.Context(), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- e.Proclaim(context.Background(), lead, "a") }()
+	<-store.began
+	second := make(chan error, 1)
+	go func() { second <- e.Proclaim(context.Background(), lead, "b") }()
+	for i, ch := range []chan error{first, second} {
+		select {
+		case err := <-ch:
+			if i == 1 && !errors.Is(err, distlock.ErrNotHeld) {
+				t.Errorf("the second Proclaim = %v; want ErrNotHeld (the leadership was lost)", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Proclaim %d still waiting 10s after the leadership's validity ended", i+1)
+		}
+	}
+	select {
+	case <-lead.Done():
+	default:
+		t.Error("Done open after the leadership's validity ended")
+	}
+}

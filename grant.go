@@ -43,7 +43,8 @@ import (
 //	                                                                       processed last is of the request sent last)
 //	held        refresh (Election.Proclaim, a relabel): no     held        one refresh in flight, which changes the
 //	            refresh in flight, no renewal due                          label only; the renewal planned waits for it
-//	                                                                       (a relabel finding one due waits for it)
+//	                                                                       (a relabel finding one due waits for it, or
+//	                                                                       until the grant is released or lost)
 //	held        refreshed, a relabel: the store said yes       held        the new label is the lease's (later renewals
 //	                                                                       carry it); the renewal planned as before
 //	held        refreshed, a relabel: a store error            held        the renewal planned as before; the validity
@@ -123,7 +124,7 @@ type grantMore struct {
 	announcing chan struct{}    // made by a release waiting for a loss to be announced; closed by announce
 	stopLost   chan struct{}    // closed when the grant finishes, while watchRunning
 	settled    chan struct{}    // made by a waiter, closed when the release in flight ends
-	refreshed  chan struct{}    // made by an Extend waiting, closed when the refresh in flight ends
+	refreshed  chan struct{}    // made by an Extend or relabel waiting, closed when the refresh in flight ends (or g stops being held)
 	// unknownTTL is the shortest TTL carried by a refresh whose outcome
 	// is unknown (the store failed or did not answer: it may apply the
 	// request later); 0: none. Until a refresh with a TTL no longer than
@@ -398,6 +399,7 @@ func (g *grant) step(ev event) (out outcome) {
 		g.flags |= givenUp
 		g.renewAt = never
 		g.d.sched.unschedule(g)
+		g.wakeRefreshWaitersLocked()
 	case evReleased:
 		if g.state == releasing {
 			g.refs = 0
@@ -719,8 +721,20 @@ func (g *grant) finishLocked(to grantState, cause error) {
 	}
 	g.renewAt = never
 	g.d.sched.unschedule(g) // a lost grant stays registered until released
+	g.wakeRefreshWaitersLocked()
 	if to == released {
 		g.announceLocked() // nobody to tell first
+	}
+}
+
+// wakeRefreshWaitersLocked wakes the callers waiting for a refresh to end
+// (refreshed) when none is in flight: relabels waiting for a renewal that
+// is due to go first, once g stops being held and no renewal will go.
+// They step again and find g not held.
+func (g *grant) wakeRefreshWaitersLocked() {
+	if m := g.more.Load(); m != nil && m.refreshed != nil && g.flags&refreshing == 0 {
+		close(m.refreshed)
+		m.refreshed = nil
 	}
 }
 
