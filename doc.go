@@ -35,6 +35,19 @@
 // distinct locks. Stores that cannot hold them (Redlock) return
 // [ErrUnsupported] before any I/O.
 //
+// # Elections
+//
+// [DistributeLock.Election] gives the leader election of a name: one
+// leader at a time among its candidates, across processes.
+// [Election.Campaign] waits until elected and returns the leadership as a
+// [*Lock]: its Token is the term, which fences the leader's writes, its
+// Done closes when the leadership is lost, and Unlock resigns.
+// [Election.Proclaim] changes the leader's published value,
+// [Election.Leader] reads the leader, [Election.Observe] follows the
+// changes, and [Election.Run] runs a function while leader and campaigns
+// again after it ends, as Curator's LeaderSelector and client-go's
+// leaderelection do.
+//
 // # Backends
 //
 // Each store is a module of its own, so that an application downloads the

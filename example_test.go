@@ -197,3 +197,57 @@ func ExampleWaitForever() {
 	fmt.Println(errors.Is(err, distlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded))
 	// Output: true true
 }
+
+// Two replicas campaign in the election "compactor": one leads, with a
+// term that fences its writes; the other reads who leads, and is elected
+// when the leader resigns.
+func ExampleElection() {
+	ctx := context.Background()
+	store := memory.New() // any store: one per process over Redis, etcd, ...
+	a, _ := distlock.New(store, distlock.WithLabel("host-a"), distlock.WithAutoRenew())
+	b, _ := distlock.New(store, distlock.WithLabel("host-b"), distlock.WithAutoRenew())
+	defer a.Close()
+	defer b.Close()
+
+	lead, err := a.Election("compactor").Campaign(ctx, "http://host-a:8080")
+	if err != nil {
+		panic(err)
+	}
+	l, _ := b.Election("compactor").Leader(ctx)
+	fmt.Printf("leader %s (%s), term %d\n", l.Label, l.Value, l.Term)
+
+	elected := make(chan *distlock.Lock)
+	go func() {
+		next, err := b.Election("compactor").Campaign(ctx, "http://host-b:8080")
+		if err != nil {
+			panic(err)
+		}
+		elected <- next
+	}()
+	_ = lead.Unlock(ctx) // resign: the candidate is elected at once
+	next := <-elected
+	fmt.Println("host-b elected, term", next.Token())
+	_ = next.Unlock(ctx)
+	// Output:
+	// leader host-a (http://host-a:8080), term 1
+	// host-b elected, term 2
+}
+
+// Run runs the compaction while this replica leads, cancels it when the
+// leadership is lost, and campaigns again, until its context ends.
+func ExampleElection_Run() {
+	d, _ := distlock.New(memory.New(), distlock.WithAutoRenew())
+	defer d.Close()
+	ctx, stop := context.WithTimeout(context.Background(), time.Second)
+	defer stop()
+	err := d.Election("compactor").Run(ctx, "host-a", func(ctx context.Context, lead *distlock.Lock) error {
+		fmt.Println("compacting as leader of term", lead.Token())
+		<-ctx.Done() // work until the leadership is lost or Run's ctx ends
+		return nil
+	}, distlock.OnStopped(func(lead *distlock.Lock, err error) { fmt.Println("resigned term", lead.Token()) }))
+	fmt.Println("Run:", err)
+	// Output:
+	// compacting as leader of term 1
+	// resigned term 1
+	// Run: context deadline exceeded
+}

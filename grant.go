@@ -41,6 +41,14 @@ import (
 //	held        refresh (Lock.Extend): no refresh in flight    held        one refresh in flight (an Extend finding one
 //	                                                                       waits for it: one at a time, so the reply
 //	                                                                       processed last is of the request sent last)
+//	held        refresh (Election.Proclaim, a relabel): no     held        one refresh in flight, which changes the
+//	            refresh in flight, no renewal due                          label only; the renewal planned waits for it
+//	                                                                       (a relabel finding one due waits for it, or
+//	                                                                       until the grant is released or lost)
+//	held        refreshed, a relabel: the store said yes       held        the new label is the lease's (later renewals
+//	                                                                       carry it); the renewal planned as before
+//	held        refreshed, a relabel: a store error            held        the renewal planned as before; the validity
+//	                                                                       is untouched (a relabel moves no TTL)
 //	held        refreshed: the store said yes                  held        validity from the request's send time, with its
 //	                                                                       TTL (capped by a request whose outcome is
 //	                                                                       unknown and carried a shorter one); next
@@ -52,6 +60,8 @@ import (
 //	            (a lost grant's once its loss was announced)               release of a lost grant waits until the
 //	                                                                       observers were told and Done closed)
 //	held, lost  release of a handle that is not the last       held, lost  one handle less (no I/O)
+//	releasing   refreshed (an Extend or a relabel sent while   releasing   the new TTL or label kept aside, applied if the
+//	            it was held): the store said yes                           release fails
 //	releasing   released: the store said nil or ErrNotHeld     released    Done closed (if still open); unregistered
 //	releasing   release failed: a store error                  held, lost  back where it was (lost if a Lost closed while
 //	                                                                       it was released): Unlock may be retried;
@@ -114,7 +124,7 @@ type grantMore struct {
 	announcing chan struct{}    // made by a release waiting for a loss to be announced; closed by announce
 	stopLost   chan struct{}    // closed when the grant finishes, while watchRunning
 	settled    chan struct{}    // made by a waiter, closed when the release in flight ends
-	refreshed  chan struct{}    // made by an Extend waiting, closed when the refresh in flight ends
+	refreshed  chan struct{}    // made by an Extend or relabel waiting, closed when the refresh in flight ends (or g stops being held)
 	// unknownTTL is the shortest TTL carried by a refresh whose outcome
 	// is unknown (the store failed or did not answer: it may apply the
 	// request later); 0: none. Until a refresh with a TTL no longer than
@@ -123,6 +133,10 @@ type grantMore struct {
 	// extendedTTL is the TTL of an Extend that succeeded while the grant
 	// was released, applied to its leases if the release fails; 0: none.
 	extendedTTL time.Duration
+	// label is the label of a relabel that succeeded while the grant was
+	// released (relabelled), applied to its lease if the release fails.
+	label      string
+	relabelled bool
 }
 
 // moreLocked returns g's grantMore, making it.
@@ -189,6 +203,9 @@ type event struct {
 	err     error         // refreshed: the store's answer
 	ttl     time.Duration // refresh, refreshed: the TTL the request carries
 	extend  bool          // refreshed: the request was Lock.Extend's
+	relabel bool          // refresh, refreshed: the request is a relabel (Election.Proclaim), to label
+	label   string        // refresh, refreshed: a relabel's label
+	renewAt int64         // refreshed, a relabel: the renewal planned when it was sent
 	handle  bool          // release: a handle's Unlock (not Close)
 	partial bool          // release failed: some keys of a lock of several are gone
 	watcher bool          // lose: from the goroutine watching Lost, which has ended
@@ -326,7 +343,10 @@ func (g *grant) step(ev event) (out outcome) {
 			out.err = fmt.Errorf("%w: %s is %v", ErrNotHeld, quote(g.lease.Key), g.state)
 			return
 		}
-		if g.flags&refreshing != 0 {
+		// A relabel also lets a renewal that is due go first, which the
+		// scheduler is about to send: relabels one after another must
+		// not starve renewals.
+		if g.flags&refreshing != 0 || ev.relabel && g.renewAt != never && monoNow() >= g.renewAt {
 			m := g.moreLocked()
 			if m.refreshed == nil {
 				m.refreshed = make(chan struct{})
@@ -334,7 +354,11 @@ func (g *grant) step(ev event) (out outcome) {
 			out.wait = m.refreshed
 			return
 		}
-		out.rf, out.ok = g.startRefreshLocked(ev.ttl, true), true
+		if ev.relabel {
+			out.rf, out.ok = g.startRelabelLocked(ev.label), true
+		} else {
+			out.rf, out.ok = g.startRefreshLocked(ev.ttl, true), true
+		}
 		g.scheduleLocked()
 	case evRefreshed:
 		out = g.refreshedLocked(ev)
@@ -375,6 +399,7 @@ func (g *grant) step(ev event) (out outcome) {
 		g.flags |= givenUp
 		g.renewAt = never
 		g.d.sched.unschedule(g)
+		g.wakeRefreshWaitersLocked()
 	case evReleased:
 		if g.state == releasing {
 			g.refs = 0
@@ -394,6 +419,10 @@ func (g *grant) step(ev event) (out outcome) {
 		if m := g.more.Load(); m != nil && m.extendedTTL != 0 {
 			g.setTTLLocked(m.extendedTTL) // extended while it was released
 			m.extendedTTL = 0
+		}
+		if m := g.more.Load(); m != nil && m.relabelled {
+			g.lease.Label = m.label // relabelled while it was released
+			m.relabelled, m.label = false, ""
 		}
 		if g.state != held {
 			return
@@ -428,14 +457,16 @@ func (g *grant) step(ev event) (out outcome) {
 	return out
 }
 
-// refresh is one renewal or extension request of a grant: its leases,
-// copied with the TTL the request carries.
+// refresh is one renewal, extension or relabel request of a grant: its
+// leases, copied with the TTL (and label) the request carries.
 type refresh struct {
-	g      *grant
-	expiry int64 // the validity's end when it was made: a renewal answered later is worthless
-	ttl    time.Duration
-	extend bool
-	leases []backend.Lease
+	g       *grant
+	expiry  int64 // the validity's end when it was made: a renewal answered later is worthless
+	ttl     time.Duration
+	extend  bool
+	relabel bool  // a relabel: leases[0] carries the new label
+	renewAt int64 // a relabel: the renewal planned when it was made
+	leases  []backend.Lease
 }
 
 // startRefreshLocked marks a refresh in flight and returns it. No renewal
@@ -457,6 +488,17 @@ func (g *grant) startRefreshLocked(ttl time.Duration, extend bool) *refresh {
 	return rf
 }
 
+// startRelabelLocked marks a relabel in flight and returns it: a request
+// that changes the label of the grant's one lease, and no TTL. The renewal
+// planned waits until it ends.
+func (g *grant) startRelabelLocked(label string) *refresh {
+	renewAt := g.renewAt
+	rf := g.startRefreshLocked(g.lease.TTL, false)
+	rf.relabel, rf.renewAt = true, renewAt
+	rf.leases[0].Label = label
+	return rf
+}
+
 // errNotSent is the result of a renewal that waited for a free slot until
 // the validity ended: it never reached the store.
 var errNotSent = errors.New("distlock: the renewal found no free slot before the lock's validity ended")
@@ -469,8 +511,11 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 		m.refreshed = nil
 	}
 	what := "renewing"
-	if ev.extend {
+	switch {
+	case ev.extend:
 		what = "extending"
+	case ev.relabel:
+		what = "relabelling"
 	}
 	if g.state != held && g.state != releasing {
 		out.err = fmt.Errorf("%w: %s was released or lost while %s", ErrNotHeld, quote(g.lease.Key), what)
@@ -483,6 +528,9 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 	if out.lostBy = g.pollLocked(); out.lostBy != nil {
 		out.err = out.lostBy
 		return
+	}
+	if ev.relabel {
+		return g.relabelledLocked(ev, what)
 	}
 	now := monoNow()
 	kept := g.flags&keptAlive != 0
@@ -559,6 +607,38 @@ func (g *grant) setTTLLocked(ttl time.Duration) {
 	for _, l := range g.subLeases() {
 		l.TTL, l.Validity = ttl, 0
 	}
+}
+
+// relabelledLocked applies a relabel's result (refreshedLocked): the
+// label on success, the loss on ErrNotHeld; the renewal planned before
+// it goes on, and the validity is untouched either way.
+func (g *grant) relabelledLocked(ev event, what string) (out outcome) {
+	switch {
+	case ev.err == nil && g.state == releasing:
+		// The store reads the lease while it releases it: the new
+		// label applies if the release fails.
+		m := g.moreLocked()
+		m.relabelled, m.label = true, ev.label
+		out.ok = true
+	case ev.err == nil:
+		g.lease.Label = ev.label
+		out.ok = true
+	case errors.Is(ev.err, ErrNotHeld):
+		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
+		if g.state == held {
+			out.lostBy = g.loseLocked(out.err)
+		}
+		return
+	case errors.Is(ev.err, errors.ErrUnsupported):
+		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err) // refused before any I/O
+	default:
+		out.err = ev.err
+	}
+	if g.state == held { // a release stopped renewal
+		g.renewAt = ev.renewAt // the renewal planned before it, due at once if past
+		g.scheduleLocked()
+	}
+	return out
 }
 
 // pollLocked takes in a loss the backend reported (a lease's Lost
@@ -641,8 +721,20 @@ func (g *grant) finishLocked(to grantState, cause error) {
 	}
 	g.renewAt = never
 	g.d.sched.unschedule(g) // a lost grant stays registered until released
+	g.wakeRefreshWaitersLocked()
 	if to == released {
 		g.announceLocked() // nobody to tell first
+	}
+}
+
+// wakeRefreshWaitersLocked wakes the callers waiting for a refresh to end
+// (refreshed) when none is in flight: relabels waiting for a renewal that
+// is due to go first, once g stops being held and no renewal will go.
+// They step again and find g not held.
+func (g *grant) wakeRefreshWaitersLocked() {
+	if m := g.more.Load(); m != nil && m.refreshed != nil && g.flags&refreshing == 0 {
+		close(m.refreshed)
+		m.refreshed = nil
 	}
 }
 
@@ -847,6 +939,39 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	at := monoNow()
 	err := refreshAll(ctx, g.d.refresher, rf.leases)
 	out := g.step(event{kind: evRefreshed, at: at, ttl: ttl, extend: true, err: err})
+	g.apply(out)
+	return out.err
+}
+
+// relabel sets the label the store keeps with g's one lease
+// (Election.Proclaim): as a refresh, one at a time with renewals and
+// extensions (a renewal that carried the old label could land after it),
+// bounded by the lock's validity as well as ctx.
+func (g *grant) relabel(ctx context.Context, rl backend.Relabeler, label string) error {
+	var rf *refresh
+	for rf == nil {
+		out := g.step(event{kind: evRefresh, relabel: true, label: label})
+		g.apply(out)
+		if out.wait != nil {
+			select {
+			case <-out.wait:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if !out.ok {
+			return out.err
+		}
+		rf = out.rf
+	}
+	if rf.expiry != never {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, wallTime(rf.expiry))
+		defer cancel()
+	}
+	err := rl.Relabel(ctx, &rf.leases[0])
+	out := g.step(event{kind: evRefreshed, relabel: true, label: label, renewAt: rf.renewAt, err: err})
 	g.apply(out)
 	return out.err
 }

@@ -17,8 +17,10 @@ type Request struct {
 	// nil for a lock of one key.
 	Keys []string
 	// Kind is the kind of lock: a mutex ([DistributeLock.TryLock]), a
-	// semaphore's permit ([Semaphore]), or a read or write grant of a
-	// read/write lock ([RWMutex]).
+	// semaphore's permit ([Semaphore]), a read or write grant of a
+	// read/write lock ([RWMutex]), or an election's leadership
+	// ([Election.Campaign]; its Key is the election's mutex,
+	// backend.ElectionPrefix + the election's name).
 	Kind Kind
 	// Limit is the semaphore's limit; 0 for the other kinds.
 	Limit int
@@ -50,6 +52,7 @@ type Request struct {
 	RolledBack bool
 
 	g        *grant // the grant this request belongs to
+	label    string // the label the store keeps with the grant (WithLabel; an election's also its value)
 	acquired uint64 // bit i: depth i's Acquire returned nil (see chain)
 	answered int    // store calls that answered (spin stores)
 }

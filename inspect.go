@@ -33,6 +33,9 @@ func (i Info) Held() bool { return len(i.Holders) > 0 }
 // Errors: an [ErrInvalid] error for a bad key or nil ctx, with no I/O;
 // [ErrUnsupported] when the store cannot tell; otherwise the store's error.
 func (d *DistributeLock) Inspect(ctx context.Context, key string) (Info, error) {
+	if err := checkNotElection(key); err != nil {
+		return Info{}, err
+	}
 	return d.inspect(ctx, key, KindMutex)
 }
 

@@ -21,6 +21,9 @@ const (
 	KindSemaphore = backend.KindSemaphore
 	KindRead      = backend.KindRead
 	KindWrite     = backend.KindWrite
+	// KindElection is the kind of an election's leadership, as handlers
+	// see it ([Election]); the store holds it as a mutex.
+	KindElection = backend.KindElection
 )
 
 // Semaphore is a handle to the semaphore of a key: at most limit holders at
@@ -120,7 +123,7 @@ func (d *DistributeLock) checkKind(key string, kind Kind, limit int) error {
 	if kind == KindSemaphore && (limit < 1 || limit > maxLimit) {
 		return fmt.Errorf("%w: semaphore %s: limit %d must be in [1, %d]", ErrInvalid, quote(key), limit, maxLimit)
 	}
-	if kind == KindMutex {
+	if kind == KindMutex || kind == KindElection {
 		return nil
 	}
 	if d.kinds == nil {

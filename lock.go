@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,8 +163,9 @@ const WaitForever time.Duration = math.MaxInt64
 // Errors: [ErrNotAcquired] when another owner held key for the whole wait;
 // errors.Join(ErrNotAcquired, ctx.Err()) when ctx ended first; an
 // [ErrInvalid] error for bad input (empty key, a key the backend rejects,
-// negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after or
-// during Close (a nested attempt too); [ErrReentrancy] for a nested
+// a key starting with backend.ElectionPrefix, which names an [Election]'s
+// mutex, negative wait, TTL <= 0, nil ctx), with no I/O; [ErrClosed] after
+// or during Close (a nested attempt too); [ErrReentrancy] for a nested
 // attempt over the limit, and
 // [ErrNotHeld] for a nested attempt of a lock that was lost or whose
 // validity ended, with no I/O; otherwise the store's error, wrapped with
@@ -186,6 +188,11 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 	if err := d.checkKey(key); err != nil {
 		return nil, err
 	}
+	if kind == KindMutex {
+		if err := checkNotElection(key); err != nil {
+			return nil, err
+		}
+	}
 	if g := otherSide(ctx, d, key, kind); g != nil {
 		return nil, fmt.Errorf("%w: the context holds the %v side of %s: no upgrade or downgrade", ErrReentrancy, g.lease.Kind, quote(key))
 	}
@@ -194,7 +201,7 @@ func (d *DistributeLock) tryLock(ctx context.Context, key string, wait time.Dura
 			return lk, err
 		}
 	}
-	return d.acquireNew(ctx, key, nil, wait, ttl, kind, limit)
+	return d.acquireNew(ctx, key, nil, wait, ttl, kind, limit, d.cfg.label)
 }
 
 // reenter makes a new handle of g, held in the caller's context. It
@@ -240,9 +247,18 @@ func (d *DistributeLock) checkKey(key string) error {
 	return nil
 }
 
+// checkNotElection refuses a mutex key that names an election's mutex
+// (backend.ElectionPrefix): an election and a mutex are distinct locks.
+func checkNotElection(key string) error {
+	if strings.HasPrefix(key, backend.ElectionPrefix) {
+		return fmt.Errorf("%w: key %s: keys starting with %q are elections' (DistributeLock.Election)", ErrInvalid, quote(key), backend.ElectionPrefix)
+	}
+	return nil
+}
+
 // acquireNew makes a grant for a fresh acquisition of key (or of keys, a
-// lock of several) and acquires it. The input is valid.
-func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []string, wait, ttl time.Duration, kind Kind, limit int) (*Lock, error) {
+// lock of several) with label, and acquires it. The input is valid.
+func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []string, wait, ttl time.Duration, kind Kind, limit int, label string) (*Lock, error) {
 	value := owner.New()
 	if d.cfg.valueFunc != nil {
 		if value = d.cfg.valueFunc(); value == "" {
@@ -270,7 +286,7 @@ func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []stri
 		g, r, actx = &gr.grant, &gr.req, new(acqCtx)
 	}
 	g.d, g.req, g.index, g.first.g = d, r, -1, g
-	*r = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g}
+	*r = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g, label: label}
 	if wait > 0 {
 		r.Deadline = time.Now().Add(wait)
 	}
@@ -463,8 +479,12 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		return err
 	}
 	g := r.g
-	g.lease = backend.Lease{Key: r.Key, Kind: r.Kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL,
-		AutoRenew: d.cfg.autoRenew, Label: d.cfg.label}
+	kind := r.Kind
+	if kind == KindElection { // a leadership is a mutex to the store
+		kind = KindMutex
+	}
+	g.lease = backend.Lease{Key: r.Key, Kind: kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL,
+		AutoRenew: d.cfg.autoRenew, Label: r.label}
 	var start time.Time
 	var err error
 	if len(r.Keys) > 1 {

@@ -55,6 +55,9 @@ func (d *DistributeLock) TryLockAll(ctx context.Context, keys []string, wait tim
 		if err := d.checkKey(k); err != nil {
 			return nil, err
 		}
+		if err := checkNotElection(k); err != nil {
+			return nil, err
+		}
 	}
 	if g, all := heldAll(ctx, d, sorted); g != nil {
 		if !all {
@@ -64,7 +67,7 @@ func (d *DistributeLock) TryLockAll(ctx context.Context, keys []string, wait tim
 			return lk, err
 		}
 	}
-	return d.acquireNew(ctx, sorted[0], sorted, wait, ttl, KindMutex, 0)
+	return d.acquireNew(ctx, sorted[0], sorted, wait, ttl, KindMutex, 0, d.cfg.label)
 }
 
 // heldAll returns the grant of a lock ctx carries on d that holds every

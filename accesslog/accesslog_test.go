@@ -10,6 +10,7 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/accesslog"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/backend/memory"
 )
 
@@ -102,6 +103,34 @@ func TestAccessLog(t *testing.T) {
 	}
 	if _, ok := recs[2]["hold"]; !ok {
 		t.Error("release record without hold")
+	}
+}
+
+// An election's campaign and resignation are logged as any lock's, with
+// kind election.
+func TestAccessLogElection(t *testing.T) {
+	var buf syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&buf, nil))
+	d, err := distlock.New(memory.New(), distlock.WithHandlers(accesslog.New(logger)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	lead, err := d.Election("jobs").Campaign(t.Context(), "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lead.Unlock(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	recs := buf.records(t)
+	if len(recs) != 2 {
+		t.Fatalf("got %d records; want 2: %v", len(recs), recs)
+	}
+	for i, msg := range []string{"distlock acquire", "distlock release"} {
+		if r := recs[i]; r["msg"] != msg || r["kind"] != "election" || r["key"] != backend.ElectionPrefix+"jobs" {
+			t.Errorf("record %d = %v; want %s of kind election, key %s", i, r, msg, backend.ElectionPrefix+"jobs")
+		}
 	}
 }
 

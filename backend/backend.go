@@ -31,7 +31,11 @@
 //   - [Inspector]: tell who holds a lock;
 //   - [MultiSpinner]: take several keys in one request;
 //   - [Notifier]: wake spinning waiters when a key is released;
-//   - [KeyValidator]: reject keys the store cannot hold before any I/O.
+//   - [KeyValidator]: reject keys the store cannot hold before any I/O;
+//   - [Relabeler]: change the label kept with a held mutex (an election's
+//     published value);
+//   - [Watcher]: tell when the holder of a mutex may have changed (an
+//     election's observers).
 //
 // A store that can tell when it has lost a lock (an etcd lease or a
 // ZooKeeper session ended) closes [Lease].Lost.
@@ -108,7 +112,20 @@ const (
 	// together, so a stream of readers cannot starve a writer nor writers
 	// readers (see KindChecker).
 	KindWrite
+	// KindElection is the kind of an election's leadership
+	// (distlock.Election) as the facade's handlers see it
+	// (distlock.Request.Kind): a leadership is a mutex, and a store never
+	// receives this kind. The facade holds a leadership as the mutex
+	// (KindMutex) of the election's key, ElectionPrefix + the election's
+	// name, with the leader's label and published value in Lease.Label
+	// (see Relabeler).
+	KindElection
 )
+
+// ElectionPrefix starts the key of every election's mutex (see
+// KindElection). The facade refuses mutex keys that start with it, so an
+// election and a mutex are distinct locks whatever their names.
+const ElectionPrefix = "distlock-election:"
 
 func (k Kind) String() string {
 	switch k {
@@ -120,6 +137,8 @@ func (k Kind) String() string {
 		return "read"
 	case KindWrite:
 		return "write"
+	case KindElection:
+		return "election"
 	}
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -357,6 +376,42 @@ type KindChecker interface {
 // waiting, and touches nothing else.
 type Withdrawer interface {
 	Withdraw(ctx context.Context, l *Lease) error
+}
+
+// Relabeler is implemented by stores that can change the label kept with
+// a held mutex ([Lease].Label, which [Inspector] returns): an election's
+// leader publishes its value through it (distlock.Election.Proclaim).
+type Relabeler interface {
+	// Relabel sets the label kept with l's grant to l.Label if and only if
+	// the store still holds l.Value under l.Key (compare-and-set), and
+	// returns ErrNotHeld otherwise, touching nothing. l is the lease as
+	// its acquire left it (Handle, Token), with the new Label; its Kind is
+	// KindMutex (a store may refuse another kind with an error wrapping
+	// errors.ErrUnsupported, before any I/O). Relabel never shortens the
+	// lock's time left and keeps its token; a store whose label record
+	// also dates the TTL (ZooKeeper) may extend it as Refresh would.
+	//
+	// The facade sends no Refresh of the lease while a Relabel is in
+	// flight, and passes the new label in the Refresh calls after a
+	// Relabel that succeeded. Relabel returns when ctx ends; the store's
+	// errors are wrapped with the operation and key.
+	Relabel(ctx context.Context, l *Lease) error
+}
+
+// Watcher is implemented by push stores that can tell, from their watch,
+// when the holder of a mutex may have changed: a grant, a release, an
+// expiry or a relabel of key's mutex. Pull stores tell releases through
+// [Notifier]; the facade reads the holder ([Inspector]) on every notice,
+// and polls as well (a notice may be lost).
+type Watcher interface {
+	// Watch asks for notices of changes of key's mutex. Each notice sends
+	// one value on ch without blocking (ch is buffered; a notice that
+	// finds it full is dropped). cancel ends the watch and must be called
+	// exactly once. ch is nil when the store cannot watch now. Watch and
+	// cancel must not block: a store starts its watch in the background
+	// (and sends one notice once the watch is set, so that the reader
+	// looks again after what it may have missed before).
+	Watch(key string) (ch <-chan struct{}, cancel func())
 }
 
 // KeyValidator is implemented by stores with limits on keys. The facade

@@ -192,8 +192,10 @@ type handoffResult struct {
 // waits (queued behind the holder, for etcd and ZooKeeper), plus cfg.settle
 // and a random part of up to cfg.jitter: a release falls at any phase of a
 // waiter's retry timer, as in real use.
-func runHandoff(ctx context.Context, cfg config, s *servers, ps []*peer, log logger) []*handoffResult {
-	o := openOpts{ttl: cfg.ttl, retry: cfg.retry}
+//
+// With o.election, the lockers campaign for the key's election: the
+// holder resigns at t0, and t1 is when the waiting candidate is elected.
+func runHandoff(ctx context.Context, cfg config, s *servers, ps []*peer, log logger, o openOpts) []*handoffResult {
 	type pair struct {
 		a, b   instance
 		la, lb locker

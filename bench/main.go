@@ -10,7 +10,11 @@ import (
 	"time"
 )
 
-var allWorkloads = []string{"uncontended", "parallel", "contended", "handoff", "scale", wlSemaphore, wlReadMostly}
+var allWorkloads = []string{"uncontended", "parallel", "contended", "handoff", wlElection, "scale", wlSemaphore, wlReadMostly}
+
+// wlElection is the election workload: a leader resigns, a candidate
+// blocked in its campaign is elected (the handoff of a leadership).
+const wlElection = "election"
 
 func main() {
 	registerVariants()
@@ -181,7 +185,9 @@ func run(cfg config) error {
 			case "contended":
 				rep.contended(g[0].store, runContendedAll(ctx, cfg, s, g, log))
 			case "handoff":
-				rep.handoff(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log))
+				rep.handoff(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry}))
+			case wlElection:
+				rep.election(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry, election: true}))
 			case "scale":
 				if g[0].store == "postgres" {
 					if err := s.enablePGStatements(ctx); err != nil {

@@ -33,8 +33,11 @@ type peer struct {
 	// runs only in the contended and scale workloads.
 	hotspot bool
 	// only, when set, lists the workloads the peer runs in (the memory
-	// store: scale only); empty: every workload.
+	// store: scale only); empty: every workload but the election.
 	only []string
+	// elects says the peer also runs in the election workload: its
+	// instances campaign for the key when openOpts.election is set.
+	elects bool
 	// serverRequests says that counts.cmds counts the requests the store
 	// received at the server (PostgreSQL's pg_stat_statements, etcd's
 	// metrics, ZooKeeper's mntr), so that the scale workload takes them
@@ -68,6 +71,9 @@ type openOpts struct {
 	// handlers, when set, gives a distlock instance its handlers, made
 	// for its resource (the hotspot variants).
 	handlers func(res backend.RemoteResource) ([]distlock.Handler, error)
+	// election makes a locker campaign for the key's election (the
+	// election workload) instead of taking its mutex.
+	election bool
 }
 
 // counts are a store's cumulative counters: rt counts requests the
@@ -108,8 +114,11 @@ type held interface {
 
 // runs reports whether the peer runs in workload w.
 func (p *peer) runs(w string) bool {
-	if len(p.only) == 0 {
+	if w == wlElection && p.elects {
 		return true
+	}
+	if len(p.only) == 0 {
+		return w != wlElection
 	}
 	for _, o := range p.only {
 		if o == w {

@@ -18,8 +18,24 @@ type probe interface {
 // dlInstance is one distlock.DistributeLock over one backend resource.
 type dlInstance struct {
 	probe
-	d       *distlock.DistributeLock
-	closers []func() error // run after d.Close, in order
+	d        *distlock.DistributeLock
+	closers  []func() error // run after d.Close, in order
+	election bool           // lock campaigns for the key's election (openOpts.election)
+}
+
+// storeKey is the key the store holds for the workload's key: the
+// election's mutex in the election workload.
+func (i *dlInstance) storeKey(key string) string {
+	if i.election {
+		return backend.ElectionPrefix + key
+	}
+	return key
+}
+
+func (i *dlInstance) mark(key string) int64 { return i.probe.mark(i.storeKey(key)) }
+
+func (i *dlInstance) waiting(ctx context.Context, key string, mark int64) bool {
+	return i.probe.waiting(ctx, i.storeKey(key), mark)
 }
 
 // cycleWait is the wait of the uncontended cycle: a blocking lock, as the
@@ -49,7 +65,7 @@ func newDLInstance(res backend.RemoteResource, o openOpts, p probe, opts []distl
 		}
 		return nil, err
 	}
-	return &dlInstance{probe: p, d: d, closers: closers}, nil
+	return &dlInstance{probe: p, d: d, closers: closers, election: o.election}, nil
 }
 
 func (i *dlInstance) cycle(ctx context.Context, key string) error {
@@ -63,7 +79,24 @@ func (i *dlInstance) cycle(ctx context.Context, key string) error {
 func (i *dlInstance) worker(context.Context) (locker, error) { return i, nil }
 
 func (i *dlInstance) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
+	if i.election {
+		return i.campaign(ctx, key, wait)
+	}
 	lk, err := i.d.TryLock(ctx, key, wait)
+	if errors.Is(err, distlock.ErrNotAcquired) && ctx.Err() == nil {
+		return nil, errNotAcquired
+	}
+	if err != nil {
+		return nil, err
+	}
+	return dlHeld{lk}, nil
+}
+
+// campaign campaigns for key's election within wait.
+func (i *dlInstance) campaign(ctx context.Context, key string, wait time.Duration) (held, error) {
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	lk, err := i.d.Election(key).Campaign(wctx, "bench")
 	if errors.Is(err, distlock.ErrNotAcquired) && ctx.Err() == nil {
 		return nil, errNotAcquired
 	}

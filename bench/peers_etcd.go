@@ -23,12 +23,18 @@ func init() {
 		counters: etcdCounters,
 	})
 	register(&peer{
-		name: "distlock", store: "etcd",
+		name: "distlock", store: "etcd", elects: true,
 		note:    "etcd.New, WithAutoRenew: locks the facade renews share the resource's lease for their TTL (one create-if-absent txn to acquire, one delete to release), as a Session",
 		renewal: "one shared lease kept alive: the locks the facade renews cost nothing more (backend.Lease.KeptAlive)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openEtcdDistlock(s, o, true)
 		},
+		counters: etcdCounters,
+	})
+	register(&peer{
+		name: "concurrency.Election", store: "etcd", elects: true, only: []string{wlElection},
+		note:     "go.etcd.io/etcd/client/v3/concurrency: Election per key on a Session per goroutine; Campaign waits for the deletion of the keys created before its own, Resign deletes the leader's key",
+		open:     openEtcdMutex,
 		counters: etcdCounters,
 	})
 	register(&peer{
@@ -94,9 +100,10 @@ const mutexPrefix = "/bench-mutex/"
 
 type etcdMutex struct {
 	etcdProbe
-	c   *clientv3.Client
-	s   *concurrency.Session
-	ttl int
+	c        *clientv3.Client
+	s        *concurrency.Session
+	ttl      int
+	election bool // workers campaign in a concurrency.Election (openOpts.election)
 
 	mu       sync.Mutex
 	mutexes  map[string]*concurrency.Mutex // cycle's, reused per key
@@ -116,9 +123,13 @@ func openEtcdMutex(ctx context.Context, s *servers, o openOpts) (instance, error
 		c.Close()
 		return nil, err
 	}
-	m := &etcdMutex{c: c, s: sess, ttl: ttl, mutexes: map[string]*concurrency.Mutex{}}
+	m := &etcdMutex{c: c, s: sess, ttl: ttl, mutexes: map[string]*concurrency.Mutex{}, election: o.election}
+	prefix := mutexPrefix
+	if o.election {
+		prefix = electionPrefix
+	}
 	m.etcdProbe = etcdProbe{count: func(ctx context.Context, key string) (int, error) {
-		resp, err := c.Get(ctx, mutexPrefix+key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := c.Get(ctx, prefix+key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return 0, err
 		}
@@ -152,6 +163,9 @@ func (m *etcdMutex) worker(ctx context.Context) (locker, error) {
 	m.mu.Lock()
 	m.sessions = append(m.sessions, s)
 	m.mu.Unlock()
+	if m.election {
+		return electionLocker{s}, nil
+	}
 	return mutexLocker{s}, nil
 }
 
@@ -169,6 +183,30 @@ func (l mutexLocker) lock(ctx context.Context, key string, wait time.Duration) (
 	}
 	return mutexHeld{mu}, nil
 }
+
+// electionLocker campaigns in a concurrency.Election of the key, on its
+// goroutine's session.
+type electionLocker struct{ s *concurrency.Session }
+
+const electionPrefix = "/bench-election/"
+
+func (l electionLocker) lock(ctx context.Context, key string, wait time.Duration) (held, error) {
+	e := concurrency.NewElection(l.s, electionPrefix+key)
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := e.Campaign(wctx, "bench"); err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, errNotAcquired
+		}
+		return nil, err
+	}
+	return electionHeld{e}, nil
+}
+
+// electionHeld is a leadership of a *concurrency.Election.
+type electionHeld struct{ e *concurrency.Election }
+
+func (h electionHeld) unlock(ctx context.Context) error { return h.e.Resign(ctx) }
 
 // mutexHeld is a held *concurrency.Mutex.
 type mutexHeld struct{ mu *concurrency.Mutex }

@@ -51,7 +51,7 @@ func init() {
 		counters: pgCounters,
 	})
 	register(&peer{
-		name: "distlock", store: "postgres", serverRequests: true,
+		name: "distlock", store: "postgres", elects: true, serverRequests: true,
 		note:    "sqldb.NewPostgres, defaults: one upsert per attempt, one delete per release (a second one, with pg_notify, when a contender waited), LISTEN for wake-up; no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: an UPDATE per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {

@@ -105,12 +105,18 @@ func init() {
 		counters: redisCounters(1),
 	})
 	register(&peer{
-		name: "distlock", store: "redis",
+		name: "distlock", store: "redis", elects: true,
 		note:    "redis.New, defaults: one script (SET NX PX + INCR fence) per attempt, a release script that PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms); no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: a refresh script per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openRedisDistlock(s, o)
 		},
+		counters: redisCounters(1),
+	})
+	register(&peer{
+		name: "lock loop", store: "redis", elects: true, only: []string{wlElection},
+		note:     "a leader election hand-rolled on a Redis lock, as Redis users write it: each candidate tries SET NX PX every 10ms until it gets the key; the leader resigns with the compare-and-delete script",
+		open:     openRedisFloor,
 		counters: redisCounters(1),
 	})
 	register(&peer{

@@ -25,7 +25,7 @@ func init() {
 		counters: zkCounters,
 	})
 	register(&peer{
-		name: "distlock", store: "zookeeper",
+		name: "distlock", store: "zookeeper", elects: true,
 		note:    "zookeeper.New, WithAutoRenew: ephemeral sequential znode (a multi-op create that tells its czxid and whether it is alone), watch on the predecessor; the session keeps the lock",
 		renewal: "WithAutoRenew: the session keeps the locks (pings), plus a read per third of the session timeout for the loss deadline",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {

@@ -537,6 +537,40 @@ func (r *report) handoff(store string, rs []*handoffResult) {
 	fmt.Fprintln(&s.b)
 }
 
+// election adds the election handoff table of one store: resign to the
+// waiting candidate's election, against the store's native election or
+// hand-rolled loop where there is one.
+func (r *report) election(store string, rs []*handoffResult) {
+	s := r.section(wlElection, fmt.Sprintf("Election handoff: %s", store))
+	fmt.Fprintf(&s.b, "A leader resigns at t0 while a candidate (another instance) blocks in its campaign; t1 is when the candidate's campaign returns elected. The resignation comes %v plus a random [0, %v) after the candidate has made its first attempt (for etcd and ZooKeeper: once its key is queued). Up to %d repetitions per peer over %d alternating rounds, at most %v per peer. distlock's campaign is its mutex's acquisition (see the handoff table above).\n\n",
+		r.cfg.settle, r.cfg.jitter, r.cfg.handoffs, r.cfg.rounds, r.cfg.handoffBudget)
+	ref := rs[0]
+	for _, h := range rs {
+		if h.p.name != "distlock" {
+			ref = h
+			break
+		}
+	}
+	for _, h := range r.hand[store] {
+		if h.p.name == "distlock" && len(h.lat) > 0 {
+			fmt.Fprintf(&s.b, "The same run's mutex handoff (the Handoff table): distlock p50 %s ms, p99 %s ms.\n\n", f2(ms(quantile(h.lat, 0.5))), f2(ms(quantile(h.lat, 0.99))))
+		}
+	}
+	fmt.Fprintf(&s.b, "| peer | n | p50 ms | p99 ms | p50 vs %s |\n|---|---:|---:|---:|---:|\n", ref.p.name)
+	for _, h := range rs {
+		p50 := ms(quantile(h.lat, 0.5))
+		row := fmt.Sprintf("| %s | %d | %s | %s | %s |", h.p.name, len(h.lat), f2(p50), f2(ms(quantile(h.lat, 0.99))), f2(p50/ms(quantile(ref.lat, 0.5))))
+		if h.err != nil {
+			row += " error: " + oneLine(h.err.Error()) + " |"
+		}
+		fmt.Fprintln(&s.b, row)
+		if h != ref && len(h.lat) > 0 && len(ref.lat) > 0 {
+			r.bars = append(r.bars, bar{group: "election handoff: reference's p50 / peer's p50", label: store + ": " + h.p.name + " / " + ref.p.name, ratio: ms(quantile(ref.lat, 0.5)) / p50})
+		}
+	}
+	fmt.Fprintln(&s.b)
+}
+
 // held adds the "many locks held" table of one store, with issue 18's
 // targets for it.
 func (r *report) held(store string, rs []heldResult) {

@@ -187,6 +187,18 @@
 // the key's value too): the lock's own deadline is kept by its owner's
 // process, which etcd does not know.
 //
+// # Elections
+//
+// An election (distlock.Election) is a mutex to the store. [Resource.Relabel]
+// (backend.Relabeler, the leader's Proclaim) puts the holder's key again
+// with the new label, in a transaction that compares its create revision
+// with the token, on the lease the key has: the token and the queue stay,
+// and waiters, which wait for deletions, are not woken. [Resource.Watch]
+// (backend.Watcher, the observers' Observe) watches the mutex's queue
+// directory, every put and deletion, from a goroutine the Resource owns:
+// a change of leader reaches an observer with the watch's event, as etcd's
+// concurrency.Election.Observe has it.
+//
 // # TTL
 //
 // etcd leases count whole seconds: the TTL is rounded up to whole seconds,

@@ -53,6 +53,9 @@
 // lock is held but known lost (its TTL ran out), the local lock stays held
 // until Unlock: in-process exclusion outlives the remote lease.
 //
+// Campaigns of an election (distlock.KindElection) pass through: a
+// candidate waits for its leadership at the store, as long as it takes.
+//
 // # Order
 //
 // Install the hotspot handler outermost among handlers that may fail an

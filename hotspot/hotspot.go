@@ -250,6 +250,9 @@ func (h *Handler) Hot() []string {
 // takes that lock within r's deadline and ctx before calling next, and
 // frees it at once when next fails.
 func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distlock.AcquireFunc) error {
+	if r.Kind == distlock.KindElection {
+		return next(ctx, r) // a campaign: no local lock
+	}
 	if r.Kind != distlock.KindMutex {
 		return h.acquireGate(ctx, r, next)
 	}
@@ -285,6 +288,9 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 // Release implements [distlock.Handler]: it calls next, then frees the
 // local lock r holds, if any, whatever next returned.
 func (h *Handler) Release(ctx context.Context, r *distlock.Request, next distlock.ReleaseFunc) error {
+	if r.Kind == distlock.KindElection {
+		return next(ctx, r)
+	}
 	if r.Kind != distlock.KindMutex {
 		err := next(ctx, r)
 		h.releaseGate(r)

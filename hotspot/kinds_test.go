@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/backend/memory"
 	"github.com/distlock/distlock/hotspot"
 )
@@ -85,4 +86,26 @@ func TestHotspotReadersShareAndKindsDistinct(t *testing.T) {
 	}
 	w.Unlock(ctx)
 	m.Unlock(ctx)
+}
+
+// A campaign passes the handler through, even for a key registered as
+// hot: its kind has no local gate (a gate sized by its limit, 0, would
+// never let it in).
+func TestHotspotCampaignPassesThrough(t *testing.T) {
+	d, err := distlock.New(memory.New(), distlock.WithHandlers(hotspot.New(backend.ElectionPrefix+"e")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for range 2 {
+		lead, err := d.Election("e").Campaign(ctx, "v")
+		if err != nil {
+			t.Fatalf("Campaign of an election whose key is hot: %v; want elected", err)
+		}
+		if err := lead.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

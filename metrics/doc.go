@@ -40,7 +40,8 @@
 //	distlock.waiting             updowncounter {acquisition} waiting now
 //
 // Every measurement has the attribute mode: mutex, semaphore, read or
-// write (the sides of a read/write lock), from the Request's Kind. Keys
+// write (the sides of a read/write lock), or election (a campaign and
+// its leadership), from the Request's Kind. Keys
 // and semaphore limits are not recorded as attributes: they would make the
 // cardinality unbounded. Put the handler outermost to include the hotspot handler's
 // local wait in the wait time.

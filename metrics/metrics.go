@@ -221,8 +221,8 @@ type instruments struct {
 	wait, hold                                        metric.Float64Histogram
 	held, waiting                                     metric.Int64UpDownCounter
 
-	// By mode (the Request's Kind: mutex, semaphore, read, write), then
-	// by outcome.
+	// By mode (the Request's Kind: mutex, semaphore, read, write,
+	// election), then by outcome.
 	base       [modes][]metric.AddOption
 	acquireAdd [modes][3][]metric.AddOption
 	acquireRec [modes][3][]metric.RecordOption
@@ -231,8 +231,8 @@ type instruments struct {
 }
 
 // modes is the number of kinds of lock (distlock.KindMutex ..
-// distlock.KindWrite), each measured under its "mode" attribute.
-const modes = int(distlock.KindWrite) + 1
+// distlock.KindElection), each measured under its "mode" attribute.
+const modes = int(distlock.KindElection) + 1
 
 // mode is r's index in the instruments' option arrays.
 func mode(r *distlock.Request) int {

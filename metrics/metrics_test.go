@@ -267,6 +267,7 @@ func TestModeAttribute(t *testing.T) {
 		func() (*distlock.Lock, error) { return d.Semaphore("s", 2).TryAcquire(ctx, 0) },
 		func() (*distlock.Lock, error) { return d.RWMutex("rw").TryRLock(ctx, 0) },
 		func() (*distlock.Lock, error) { return d.RWMutex("w").TryLock(ctx, 0) },
+		func() (*distlock.Lock, error) { return d.Election("e").Campaign(ctx, "v") },
 	} {
 		lk, err := take()
 		if err != nil {
@@ -293,7 +294,7 @@ func TestModeAttribute(t *testing.T) {
 			}
 		}
 	}
-	for _, mode := range []string{"mutex", "semaphore", "read", "write"} {
+	for _, mode := range []string{"mutex", "semaphore", "read", "write", "election"} {
 		if got[mode] != 1 {
 			t.Errorf("acquisitions with mode %q: %d; want 1 (all: %v)", mode, got[mode], got)
 		}

@@ -30,7 +30,10 @@
 //     [Resource.Release]), then PUBLISH (SPUBLISH on Cluster) a release
 //     notice on the key's channel;
 //   - refresh: compare-and-PEXPIRE, of the lock and its fence; many locks
-//     at once in one script (see Many locks).
+//     at once in one script (see Many locks);
+//   - relabel (backend.Relabeler, an election's Proclaim): if the lock
+//     holds the value, rewrite the holder's label key with the lock's
+//     time left.
 //
 // An acquire whose reply is lost (timeout, broken connection, any error) may
 // still have set the key, so TryAcquire then runs the compare-and-delete
@@ -113,6 +116,8 @@
 // holder's. The key is written only for a lock that has a label: without
 // one (the default) no command touches it. A lock deleted from outside
 // leaves its label key until the lock's TTL would have ended.
+// [Resource.Relabel] rewrites it for the live holder (an election's
+// leader publishing a value: distlock.Election.Proclaim).
 //
 // [Resource.TryAcquireAll] (backend.MultiSpinner, distlock's TryLockAll)
 // takes several mutexes, all or none, with one script call that sets

@@ -196,6 +196,17 @@
 // the answer is a snapshot, as any inspection is. Fewer than a majority
 // answering is an error wrapping [ErrNoQuorum].
 //
+// # Elections
+//
+// An election (distlock.Election) is a mutex, which Redlock holds: a
+// candidate campaigns by spinning, and Leader and Observe read the leader
+// by inspection. Its term is 0, as every Redlock token is: nothing can
+// fence a leader paused past its TTL, and observers tell leaders apart by
+// their label and published value only. Proclaim is not supported (the
+// Resource does not implement backend.Relabeler: a label rewritten on a
+// majority could read back differently from another majority), so the
+// value a leader publishes is its campaign's.
+//
 // # Errors
 //
 // Store errors are wrapped with the operation and key ("redlock: acquire

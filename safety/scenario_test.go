@@ -49,6 +49,10 @@ type target struct {
 	// of the target's kind, written through distlock's public helpers
 	// (package fence), instead of the run's register.
 	fence harness.Fence
+	// lock is the kind of lock the workers take (harness.Config.Lock):
+	// "" for the mutex, "election" for an election's leadership (see
+	// electionTarget).
+	lock string
 }
 
 func (tg target) holdTime() time.Duration {
@@ -79,6 +83,7 @@ func mixConfig(tg target, key string, n int) harness.Config {
 		Hold:      tg.holdTime(),
 		Think:     tg.holdTime() / 2,
 		Fence:     tg.fence,
+		Lock:      tg.lock,
 	}
 }
 

@@ -58,6 +58,7 @@ var apps = []struct {
 	{"sqldb (PostgreSQL and MySQL)", []string{"", "/sqldb"}, 0, 0},
 	{"metrics", []string{"", "/metrics"}, 0, 0},
 	{"tracing", []string{"", "/tracing"}, 0, 0},
+	{"gocron", []string{"", "/gocron"}, 0, 0},
 }
 
 const root = "github.com/distlock/distlock"
@@ -66,7 +67,7 @@ const root = "github.com/distlock/distlock"
 // stores' tests inject faults with it); the others (examples, safety,
 // bench) are never required by them and not packed.
 var published = []string{"", "/testsuite", "/internal/testserver", "/internal/redisscript",
-	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics", "/tracing"}
+	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics", "/tracing", "/gocron"}
 
 func main() {
 	verbose := flag.Bool("v", false, "print each application's build list")

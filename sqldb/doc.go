@@ -4,8 +4,8 @@
 // ([NewMySQL], [MySQL]). Both are pull stores: they implement
 // backend.Spinner, backend.Refresher, backend.BatchRefresher,
 // backend.KindChecker (mutexes, semaphores and read/write locks),
-// backend.Withdrawer, backend.Inspector and backend.KeyValidator, and are
-// used through distlock.New:
+// backend.Withdrawer, backend.Inspector, backend.Relabeler (an election's
+// Proclaim) and backend.KeyValidator, and are used through distlock.New:
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
 //	res, err := sqldb.NewPostgres(ctx, pool)
@@ -141,6 +141,11 @@
 //
 //   - Inspect reads a lock's row in one statement: the holders' tokens,
 //     labels and time left by the database's clock.
+//
+//   - Relabel (distlock.Election.Proclaim) updates a mutex row's label if
+//     the row is live and holds the owner value: one UPDATE (on MySQL, a
+//     read after it when it changed no row, since MySQL counts only the
+//     rows whose values changed).
 //
 // An uncontended TryLock+Unlock is two statements, two round trips, the
 // same as a bare upsert and delete (see BenchmarkPostgresCycle). On

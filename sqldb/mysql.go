@@ -65,6 +65,9 @@ type MySQL struct {
 	kAcqBounded                               [len(boundRungs)]*sql.Stmt
 	kRel, kRelAny, kWdr, kWdrAny, kGone, kRef namedStmt
 	kInspect                                  *sql.Stmt
+	// relabel and held are the statements of Relabel, not prepared: an
+	// election's leader proclaims seldom.
+	relabel, held string
 }
 
 // boundRungs are the server-side bounds the acquire statement is prepared
@@ -97,7 +100,9 @@ func NewMySQL(ctx context.Context, db *sql.DB, opts ...Option) (*MySQL, error) {
 	}
 	q := "`" + strings.Join(c.table, "`.`") + "`"
 	kq := "`" + strings.Join(c.table, "`.`") + kindsSuffix + "`"
-	m := &MySQL{db: db, table: c.tableName()}
+	m := &MySQL{db: db, table: c.tableName(),
+		relabel: `UPDATE ` + q + ` SET label = ? WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		held:    `SELECT 1 FROM ` + q + ` WHERE lock_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`}
 	sctx, cancel := setupContext(ctx)
 	defer cancel()
 	ctx = sctx

@@ -43,7 +43,7 @@ type Postgres struct {
 
 // pgMutexSQL is the statements of mutexes in one table.
 type pgMutexSQL struct {
-	acq, relFast, rel, ref, refAll, inspect string
+	acq, relFast, rel, ref, refAll, inspect, relabel string
 	// the names acq and relFast are prepared under (see pgdirect.go)
 	acqName, relFastName string
 }
@@ -196,6 +196,8 @@ WHERE l.lock_key = u.k` + kindCond + ` AND l.owner = u.o AND l.expires_at > now(
 RETURNING u.i`
 	m.inspect = `SELECT token, (date_part('epoch', expires_at - now()) * 1000000)::bigint, label FROM ` + q + `
 WHERE ` + where + ` AND expires_at > now()`
+	// An election's leader publishes a value: $3 the new label.
+	m.relabel = `UPDATE ` + q + ` SET label = $3::bytea WHERE ` + where + ` AND owner = $2 AND expires_at > now()`
 	m.acqName, m.relFastName = stmtName(m.acq), stmtName(m.relFast)
 	return m
 }

@@ -863,6 +863,17 @@ func (s *hostile) Inspect(ctx context.Context, key string, kind backend.Kind) (b
 	return in, nil
 }
 
+// Relabel implements backend.Relabeler: a request that updates a held
+// lock, as a refresh.
+func (s *hostile) Relabel(ctx context.Context, l *backend.Lease) error {
+	lc := *l
+	var err error
+	if _, serr := s.sendUpdate(ctx, l.Key, l.Value, func(*request) { err = s.mem.Relabel(context.Background(), &lc) }); serr != nil {
+		return serr
+	}
+	return err
+}
+
 // Subscribe implements backend.Notifier.
 func (s *hostile) Subscribe(key string) (<-chan struct{}, func()) { return s.mem.Subscribe(key) }
 
@@ -887,6 +898,8 @@ var (
 	_ backend.KindChecker    = spinStore{}
 	_ backend.Withdrawer     = spinStore{}
 	_ backend.Inspector      = spinStore{}
+	_ backend.Relabeler      = spinStore{}
+	_ backend.Relabeler      = waitStore{}
 	_ backend.BatchRefresher = spinBatchStore{}
 	_ backend.MultiSpinner   = spinMultiStore{}
 	_ backend.BatchRefresher = spinBothStore{}

@@ -41,7 +41,9 @@ import (
 // TryLockAll of 2-3 keys, a semaphore's TryAcquire, a read/write lock's
 // TryLock and TryRLock, nested TryLock through ContextWithLock (of every
 // kind, of a TryLockAll set's keys, racing the last Unlock), Extend (also
-// two at once, and against renewal), Unlock (also twice), Do, Close (then
+// two at once, and against renewal), an election's Campaign and Proclaim
+// (also two at once: a relabel shares the refresh slot with renewals and
+// Extend), Unlock (also twice), Do, Close (then
 // a fresh process), a process taking many locks over time (as a job
 // runner does), a lock of 600 keys renewed with another, store faults on
 // and off, stalls (of the whole store or of some of its shards; of every
@@ -182,7 +184,9 @@ var (
 		return keys
 	}()
 	// hostileKeys are keys the network delays, fails and stalls.
-	hostileKeys = append([]string{"a", "b", "c", "d", "s", "rw", "h0", "h1", "h2"}, fillKeys...)
+	hostileKeys = append([]string{"a", "b", "c", "d", "s", "rw", "h0", "h1", "h2", backend.ElectionPrefix + electName}, fillKeys...)
+	// electName is the election the processes campaign in.
+	electName = "e"
 )
 
 type model struct {
@@ -210,12 +214,15 @@ type model struct {
 	// Nested TryLocks by grant: in flight, and begun. A reentry adds a
 	// handle before the model knows it.
 	reentries, reentryGen map[*mgrant]int
-	// notHeld lists the Extends that said ErrNotHeld since the last check.
+	// notHeld lists the Extends and Proclaims that said ErrNotHeld since
+	// the last check.
 	notHeld []notHeld
 }
 
-// notHeld is an Extend that said ErrNotHeld: g's Unlock calls by then.
+// notHeld is an Extend or Proclaim that said ErrNotHeld: g's Unlock
+// calls by then.
 type notHeld struct {
+	op      string // "Extend" or "Proclaim"
 	g       *mgrant
 	unlocks int
 	err     error
@@ -254,6 +261,7 @@ type mgrant struct {
 	// lostSignal: the store reported the lease lost (Lost closed).
 	lostSignal bool
 	extended   bool // Extend was called: its validity may have shrunk
+	election   bool // a leadership (Campaign): kind is the store's, a mutex
 	unlocks    int  // Unlock calls begun on its handles
 }
 
@@ -381,6 +389,8 @@ func (m *model) actions() map[string]func(*rapid.T) {
 		{"settle", 1, func(*rapid.T) { m.wg.Wait() }},
 		{"refusal", 1, m.opRefusal},
 		{"fifo", 1, m.opFIFO},
+		{"campaign", 1, m.opCampaign},
+		{"proclaim", 2, m.opProclaim},
 	}
 	skip := strings.Split(os.Getenv("DISTLOCK_LIFECYCLE_SKIP"), ",")
 	as := map[string]func(*rapid.T){"": m.check}
@@ -973,7 +983,7 @@ func (m *model) endReentry(g *mgrant) {
 // context carrying it: of the same kind, or of the other side of a
 // read/write lock.
 func (m *model) opNested(t *rapid.T) {
-	h := m.drawHandle(t, nil)
+	h := m.drawHandle(t, func(h *mhandle) bool { return !h.g.election })
 	k := pick(t, "key", 1<<20)
 	other := rapid.IntRange(0, 3).Draw(t, "other") == 0
 	wait := ms(rapid.SampledFrom([]int{0, 0, 5, 50}).Draw(t, "waitms"))
@@ -1031,7 +1041,7 @@ func (m *model) opNestedSet(t *rapid.T) {
 // opRace: the last Unlock of a lock and a nested TryLock of it, at once.
 func (m *model) opRace(t *rapid.T) {
 	h := m.drawHandle(t, func(h *mhandle) bool {
-		return len(h.g.handles) == 1 && !h.called && !h.do && !h.g.p.closeCalled.Load()
+		return len(h.g.handles) == 1 && !h.called && !h.do && !h.g.p.closeCalled.Load() && !h.g.election
 	})
 	yields := rapid.IntRange(0, 3).Draw(t, "yields")
 	if h == nil {
@@ -1051,6 +1061,61 @@ func (m *model) opRace(t *rapid.T) {
 		m.nested(h, key, false, 0)
 	})
 	close(start)
+}
+
+// opCampaign: a campaign in the election, until elected or its timeout.
+// The leadership is a mutex of the election's key to the store.
+func (m *model) opCampaign(t *rapid.T) {
+	p := m.drawProc(t)
+	value := rapid.SampledFrom([]string{"x", "y"}).Draw(t, "value")
+	a := acquisition{p: p, what: "Campaign " + electName, kind: distlock.KindMutex, wait: distlock.WaitForever,
+		call: func(ctx context.Context, _ time.Duration) (*distlock.Lock, error) {
+			return p.d.Election(electName).Campaign(ctx, value)
+		}}
+	a.ttl = drawTTL(t)
+	a.timeout = drawTimeout(t, true)
+	a.watch = rapid.IntRange(0, 3).Draw(t, "watch") > 0
+	m.async(t, func() {
+		if h := m.run(a); h != nil {
+			m.mu.Lock()
+			h.g.election = true
+			m.mu.Unlock()
+		}
+	})
+}
+
+// opProclaim: Proclaim a new value of a leadership, once or twice at
+// once (one relabel at a time with the renewals and Extends).
+func (m *model) opProclaim(t *rapid.T) {
+	h := m.drawHandle(t, func(h *mhandle) bool { return h.g.election })
+	n := rapid.IntRange(1, 2).Draw(t, "proclaims")
+	for i := range n {
+		timeout := drawTimeout(t, false)
+		if h == nil {
+			m.async(t, nil)
+			continue
+		}
+		m.mu.Lock()
+		unlocks := h.g.unlocks
+		m.mu.Unlock()
+		value := fmt.Sprintf("v%d", i)
+		m.async(t, func() {
+			ctx, cancel := withTimeout(timeout)
+			defer cancel()
+			err := h.g.p.d.Election(electName).Proclaim(ctx, h.lk, value)
+			m.logf("p%d Proclaim %q of %v (timeout %v): %v", h.g.p.id, value, h.g, timeout, err)
+			if errors.Is(err, distlock.ErrInvalid) || errors.Is(err, distlock.ErrUnsupported) {
+				m.fail("Proclaim of %v = %v", h.g, err)
+			}
+			if errors.Is(err, distlock.ErrNotHeld) {
+				// Lost, or released: Done closes, as after an Extend
+				// that said so.
+				m.mu.Lock()
+				m.notHeld = append(m.notHeld, notHeld{"Proclaim", h.g, unlocks, err})
+				m.mu.Unlock()
+			}
+		})
+	}
 }
 
 // opExtend: Extend, once or twice at once, with drawn TTLs.
@@ -1081,7 +1146,7 @@ func (m *model) opExtend(t *rapid.T) {
 				// that then failed): Done closes, once the loss is told
 				// (checked when the bubble settles).
 				m.mu.Lock()
-				m.notHeld = append(m.notHeld, notHeld{h.g, unlocks, err})
+				m.notHeld = append(m.notHeld, notHeld{"Extend", h.g, unlocks, err})
 				m.mu.Unlock()
 			}
 		})
@@ -1567,7 +1632,7 @@ func (m *model) checkNow() {
 	}
 	for _, n := range m.notHeld {
 		if n.g.unlocks == n.unlocks && !m.releaseBegunLocked(n.g) && m.s.exemption(n.g.value) == "" && m.liveLocked(n.g) {
-			m.failLocked("Extend of %v = %v, nobody released it, and the lock is still live", n.g, n.err)
+			m.failLocked("%s of %v = %v, nobody released it, and the lock is still live", n.op, n.g, n.err)
 		}
 	}
 	m.notHeld = nil

@@ -155,6 +155,7 @@ func Run(t *testing.T, h Harness) {
 		{"StalledStore", testStalledStore},
 		{"OneAttemptOnStalledStore", testOneAttemptStalled},
 		{"RefusedConnection", testRefusedConnection},
+		{"Election", testElection},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })

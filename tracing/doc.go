@@ -31,7 +31,7 @@
 //
 //	distlock.key              the lock's key
 //	distlock.store            the store's name, from WithStore (absent without it)
-//	distlock.mode             mutex, semaphore, read or write (a side of a read/write lock)
+//	distlock.mode             mutex, semaphore, read, write (a side of a read/write lock) or election
 //	distlock.limit            a semaphore's limit (absent for the other modes)
 //	distlock.wait             the wait TryLock was given, in seconds (0: one attempt)
 //	distlock.ttl              the lease time, in seconds

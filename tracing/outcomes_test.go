@@ -460,8 +460,9 @@ func waitDone(t *testing.T, lk *distlock.Lock) {
 	}
 }
 
-// testModes: a semaphore's permit and the two sides of a read/write lock
-// have their mode on both spans, and a semaphore its limit.
+// testModes: a semaphore's permit, the two sides of a read/write lock and
+// an election's leadership have their mode on both spans, and a semaphore
+// its limit.
 func testModes(t *testing.T, k kit) {
 	f := newFixture(t, tracing.WithStore(k.name))
 	res, _ := k.open(t)
@@ -476,6 +477,7 @@ func testModes(t *testing.T, k kit) {
 		{"semaphore", 2, func() (*distlock.Lock, error) { return d.Semaphore(key, 2).TryAcquire(ctx, 0) }},
 		{"read", nil, func() (*distlock.Lock, error) { return d.RWMutex(key).TryRLock(ctx, 0) }},
 		{"write", nil, func() (*distlock.Lock, error) { return d.RWMutex(key+"-w").TryLock(ctx, 0) }},
+		{"election", nil, func() (*distlock.Lock, error) { return d.Election(key).Campaign(ctx, "v") }},
 	}
 	for _, c := range take {
 		lk, err := c.lock()

@@ -43,7 +43,7 @@ const (
 	KeyStore          = attribute.Key("distlock.store")
 	KeyWait           = attribute.Key("distlock.wait")
 	KeyTTL            = attribute.Key("distlock.ttl")
-	KeyMode           = attribute.Key("distlock.mode")  // mutex, semaphore, read or write
+	KeyMode           = attribute.Key("distlock.mode")  // mutex, semaphore, read, write or election
 	KeyLimit          = attribute.Key("distlock.limit") // a semaphore's limit
 	KeyRemoteAttempts = attribute.Key("distlock.remote_attempts")
 	KeyToken          = attribute.Key("distlock.token")

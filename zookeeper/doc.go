@@ -260,6 +260,19 @@
 // The root ([WithRoot]) stays: it is a container too, but holds the
 // parents while any is in use.
 //
+// # Elections
+//
+// An election (distlock.Election) is a mutex to the store.
+// [Resource.Relabel] (backend.Relabeler, the leader's Proclaim) writes
+// the holder's record again with the new label, if its znode is still
+// there under its session; the czxid (token) and the queue stay, and a
+// lock with a TTL has it pushed back, as by Refresh, since the record's
+// mtime dates it. [Resource.Watch] (backend.Watcher, the observers'
+// Observe) keeps a child watch on the mutex's queue and a data watch on
+// its head set again each time one fires, as Curator's LeaderLatch
+// watches the latch's children: a change of leader reaches an observer
+// with the event.
+//
 // # Errors
 //
 // Acquire returns backend.ErrNotAcquired at its deadline,

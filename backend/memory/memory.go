@@ -11,6 +11,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -27,6 +28,8 @@ var (
 	_ backend.Inspector      = (*Store)(nil)
 	_ backend.MultiSpinner   = (*Store)(nil)
 	_ backend.BatchRefresher = (*Store)(nil)
+	_ backend.Relabeler      = (*Store)(nil)
+	_ backend.Watcher        = (*Store)(nil)
 )
 
 // sweepEvery is how many acquisitions pass between sweeps of expired keys,
@@ -70,7 +73,8 @@ type Store struct {
 	rws    map[string]*group // read/write locks
 	token  uint64            // last token handed out; one counter for the store
 	subs   map[string]map[chan struct{}]struct{}
-	sweeps int // acquisitions since the last sweep
+	watch  map[string]map[chan struct{}]struct{} // Watch: changes of a mutex
+	sweeps int                                   // acquisitions since the last sweep
 }
 
 // New returns an empty store.
@@ -140,6 +144,7 @@ func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Dura
 		s.token++
 		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL), token: s.token, label: l.Label}
 		l.Token = s.token
+		s.changedLocked(l.Key)
 		return true, 0, nil
 	}
 	m := s.groups(l.Kind)
@@ -200,6 +205,7 @@ func (s *Store) TryAcquireAll(_ context.Context, ls []*backend.Lease) (bool, tim
 		s.token++
 		s.locks[l.Key] = entry{value: l.Value, expires: now.Add(l.TTL), token: s.token, label: l.Label}
 		l.Token = s.token
+		s.changedLocked(l.Key)
 	}
 	return true, 0, nil
 }
@@ -295,6 +301,7 @@ func (s *Store) Release(_ context.Context, l *backend.Lease) error {
 			return backend.ErrNotHeld
 		}
 		delete(s.locks, l.Key)
+		s.changedLocked(l.Key)
 	} else {
 		m := s.groups(l.Kind)
 		g := s.group(m, l.Key, now)
@@ -317,6 +324,62 @@ func (s *Store) notifyLocked(key string) {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// changedLocked tells key's watchers that its mutex changed.
+func (s *Store) changedLocked(key string) {
+	for ch := range s.watch[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Relabel implements [backend.Relabeler]: it sets the label of l's mutex
+// if the store still holds l.Value for it. backend.ErrNotHeld otherwise.
+func (s *Store) Relabel(_ context.Context, l *backend.Lease) error {
+	if l.Kind != backend.KindMutex {
+		return fmt.Errorf("memory: relabel %v %q: %w", l.Kind, l.Key, errors.ErrUnsupported)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.get(l.Key, now)
+	if !ok || e.value != l.Value {
+		return backend.ErrNotHeld
+	}
+	e.label = l.Label
+	s.locks[l.Key] = e
+	s.changedLocked(l.Key)
+	return nil
+}
+
+// Watch implements [backend.Watcher]: ch receives a value when key's mutex
+// is taken, released, relabelled or evicted (an expiry sends none), and
+// one at once.
+func (s *Store) Watch(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	ch <- struct{}{}
+	s.mu.Lock()
+	if s.watch == nil {
+		s.watch = make(map[string]map[chan struct{}]struct{})
+	}
+	m := s.watch[key]
+	if m == nil {
+		m = make(map[chan struct{}]struct{})
+		s.watch[key] = m
+	}
+	m[ch] = struct{}{}
+	s.mu.Unlock()
+	return ch, func() {
+		s.mu.Lock()
+		delete(m, ch)
+		if len(m) == 0 && len(s.watch[key]) == 0 {
+			delete(s.watch, key)
+		}
+		s.mu.Unlock()
 	}
 }
 
@@ -441,6 +504,7 @@ func (s *Store) Evict(key string) bool {
 	defer s.mu.Unlock()
 	_, ok := s.get(key, now)
 	delete(s.locks, key)
+	s.changedLocked(key)
 	for _, m := range []map[string]*group{s.sems, s.rws} {
 		if s.group(m, key, now) != nil {
 			ok = true

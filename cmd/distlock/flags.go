@@ -27,9 +27,10 @@ type runConfig struct {
 	grace    time.Duration
 	conflict int
 	verbose  bool
-	kind     distlock.Kind // KindMutex, or KindSemaphore (--limit), KindRead (--shared), KindWrite (--exclusive)
+	kind     distlock.Kind // KindMutex, or KindSemaphore (--limit), KindRead (--shared), KindWrite (--exclusive), KindElection (--elect)
 	limit    int           // KindSemaphore: --limit
 	label    string        // stored with the grant: --label, or HOST:PID
+	value    string        // KindElection: --value, the value the leader publishes
 }
 
 // Defaults and bounds of run's flags: the help text says them too.
@@ -72,6 +73,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	fs.StringVar(&shell, "c", "", "")
 	fs.StringVar(&shell, "shell", "", "")
 	label := fs.String("label", "", "")
+	elect := fs.Bool("elect", false, "")
+	value := fs.String("value", "", "")
 	err := parseFlags(fs, args)
 	if err != nil {
 		return nil, err
@@ -151,7 +154,10 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 		}
 		cfg.label = *label
 	}
-	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, shared, exclusive); err != nil {
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "run", *limit, shared, exclusive, *elect); err != nil {
+		return nil, err
+	}
+	if err := electFlags(fs, cfg, *value); err != nil {
 		return nil, err
 	}
 	so.prefixSet, so.tableSet = isSet(fs, "prefix"), isSet(fs, "table")
@@ -160,7 +166,7 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 		return nil, err
 	}
 	cfg.store = s
-	if err := s.validateKey(cfg.key); err != nil {
+	if err := s.validateKey(storeKey(cfg.key, cfg.kind)); err != nil {
 		return nil, fmt.Errorf("run: KEY %s: %w", quoteKey(cfg.key), err)
 	}
 	if err := supports(s, cfg.kind, false); err != nil {
@@ -196,7 +202,7 @@ func setOf(fs *flag.FlagSet, names ...string) string {
 type statusConfig struct {
 	store store
 	key   string
-	kind  distlock.Kind // KindMutex, KindSemaphore, or KindWrite for the read/write lock
+	kind  distlock.Kind // KindMutex, KindSemaphore, KindWrite for the read/write lock, or KindElection
 	limit int           // KindSemaphore: --limit, which names the semaphore as run's does
 	json  bool
 }
@@ -216,6 +222,7 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	fs.BoolVar(&shared, "s", false, "")
 	fs.BoolVar(&exclusive, "exclusive", false, "")
 	fs.BoolVar(&exclusive, "x", false, "")
+	elect := fs.Bool("elect", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -230,7 +237,7 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	}
 	cfg := &statusConfig{key: fs.Arg(0), json: *asJSON}
 	var err error
-	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, shared, exclusive); err != nil {
+	if cfg.kind, cfg.limit, err = kindFlags(fs, "status", *limit, shared, exclusive, *elect); err != nil {
 		return nil, err
 	}
 	if cfg.kind == distlock.KindRead { // --shared and --exclusive name one read/write lock
@@ -239,7 +246,7 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	if cfg.store, err = storeFrom(*storeURL, so, getenv); err != nil {
 		return nil, err
 	}
-	if err := cfg.store.validateKey(cfg.key); err != nil {
+	if err := cfg.store.validateKey(storeKey(cfg.key, cfg.kind)); err != nil {
 		return nil, fmt.Errorf("status: KEY %s: %w", quoteKey(cfg.key), err)
 	}
 	if err := supports(cfg.store, cfg.kind, true); err != nil {
@@ -248,19 +255,21 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	return cfg, nil
 }
 
-// kindFlags reads the kind of lock from --limit, --shared and --exclusive,
-// which exclude each other: the mutex when none is given.
-func kindFlags(fs *flag.FlagSet, cmd string, limit int, shared, exclusive bool) (distlock.Kind, int, error) {
+// kindFlags reads the kind of lock from --limit, --shared, --exclusive
+// and --elect, which exclude each other: the mutex when none is given.
+func kindFlags(fs *flag.FlagSet, cmd string, limit int, shared, exclusive, elect bool) (distlock.Kind, int, error) {
 	semaphore := isSet(fs, "limit")
 	modes := 0
-	for _, on := range []bool{semaphore, shared, exclusive} {
+	for _, on := range []bool{semaphore, shared, exclusive, elect} {
 		if on {
 			modes++
 		}
 	}
 	switch {
 	case modes > 1:
-		return 0, 0, usageErrorf("%s: --limit, --shared and --exclusive exclude each other", cmd)
+		return 0, 0, usageErrorf("%s: --limit, --shared, --exclusive and --elect exclude each other", cmd)
+	case elect:
+		return distlock.KindElection, 0, nil
 	case semaphore && limit < 1:
 		return 0, 0, usageErrorf("%s: --limit %d: want 1 or more", cmd, limit)
 	case semaphore:
@@ -282,6 +291,8 @@ func kindFlag(kind distlock.Kind) string {
 		return "--shared"
 	case distlock.KindWrite:
 		return "--exclusive"
+	case distlock.KindElection:
+		return "--elect"
 	}
 	return "the mutex"
 }

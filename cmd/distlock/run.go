@@ -184,6 +184,10 @@ func runCommand(cfg *runConfig, stdout, stderr io.Writer) int {
 // returns 0, or exitLost when the lock was lost first.
 func (r *runner) hold(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal) int {
 	fmt.Fprintf(r.stdout, "DISTLOCK_KEY=%s\nDISTLOCK_TOKEN=%d\n", shellQuote(r.cfg.key), lk.Token())
+	for _, kv := range electionEnv(r.cfg, lk) {
+		k, v, _ := strings.Cut(kv, "=")
+		fmt.Fprintf(r.stdout, "%s=%s\n", k, shellQuote(v))
+	}
 	r.sayV("holding %s until SIGINT or SIGTERM", quoteKey(r.cfg.key))
 	for {
 		select {
@@ -222,6 +226,8 @@ func acquire(ctx context.Context, d *distlock.DistributeLock, cfg *runConfig) (*
 		return d.RWMutex(cfg.key).TryRLock(ctx, cfg.wait)
 	case distlock.KindWrite:
 		return d.RWMutex(cfg.key).TryLock(ctx, cfg.wait)
+	case distlock.KindElection:
+		return campaign(ctx, d, cfg)
 	}
 	return d.TryLock(ctx, cfg.key, cfg.wait)
 }
@@ -236,6 +242,8 @@ func lockText(key string, kind distlock.Kind, limit int) string {
 		return quoteKey(key) + " (the read side of the read/write lock)"
 	case distlock.KindWrite:
 		return quoteKey(key) + " (the write side of the read/write lock)"
+	case distlock.KindElection:
+		return "the leadership of the election " + quoteKey(key)
 	}
 	return quoteKey(key)
 }
@@ -281,6 +289,7 @@ func (r *runner) child(lk *distlock.Lock, note *lossNote, sigs <-chan os.Signal)
 	cmd.Args = cfg.argv
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), "DISTLOCK_KEY="+cfg.key, "DISTLOCK_TOKEN="+strconv.FormatUint(lk.Token(), 10))
+	cmd.Env = append(cmd.Env, electionEnv(cfg, lk)...)
 	fg := inForeground()
 	cmd.SysProcAttr = procAttr(fg)
 

@@ -41,6 +41,9 @@ func statusCommand(cfg *statusConfig, stdout, stderr io.Writer) int {
 	}
 	defer d.Close() // it holds nothing: it closes the store's resource
 
+	if cfg.kind == distlock.KindElection {
+		return electionStatus(d, cfg, stdout, say)
+	}
 	// Inspect is bounded by the facade (one attempt's bound, 1s).
 	var info distlock.Info
 	switch cfg.kind {

@@ -100,7 +100,7 @@ func spinHolds(ttl time.Duration) string {
 // first keeps distlock from connecting at all.
 func supports(s store, kind backend.Kind, inspect bool) error {
 	res := s.proto()
-	if kind != backend.KindMutex {
+	if kind != backend.KindMutex && kind != backend.KindElection { // an election is a mutex to the store
 		kc, ok := res.(backend.KindChecker)
 		if !ok {
 			return fmt.Errorf("store %s holds mutexes only, not a %s (distlock.ErrUnsupported)", s, kindName(kind))

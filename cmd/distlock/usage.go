@@ -5,6 +5,7 @@ package main
 const shortUsage = `usage: distlock run [flags] KEY -- COMMAND [ARGS...]
        distlock run [flags] -c COMMAND-STRING KEY
        distlock run [flags] KEY
+       distlock run --elect [--value V] [flags] NAME [-- COMMAND [ARGS...]]
        distlock status [flags] KEY
 Run 'distlock --help' for the flags, the store URLs and the exit statuses.
 `
@@ -18,7 +19,9 @@ Usage:
   distlock run [flags] KEY -- COMMAND [ARGS...]
   distlock run [flags] -c COMMAND-STRING KEY
   distlock run [flags] KEY
+  distlock run --elect [--value V] [flags] NAME [-- COMMAND [ARGS...]]
   distlock status [flags] KEY
+  distlock status --elect [--json] NAME
   distlock help
   distlock --version
 
@@ -81,6 +84,16 @@ Flags of run:
   -x, --exclusive    the write side of the read/write lock KEY: excludes
                      --shared and other --exclusive runs, like flock -x; a
                      waiting --exclusive run keeps later --shared runs out
+  --elect            campaign in the election KEY (the leader election of
+                     distlock.Election in Go) and run COMMAND while leader:
+                     one run at a time, as a singleton service under a
+                     supervisor; COMMAND also gets DISTLOCK_ELECTION (KEY)
+                     and DISTLOCK_TERM (the term: its DISTLOCK_TOKEN, larger
+                     for every new leader); without COMMAND, distlock leads
+                     until a signal. --wait bounds the campaign (0 and -n
+                     are refused: a campaign waits)
+  --value V          with --elect: the value the leader publishes (an
+                     address, a name), which status --elect shows
   -c, --shell COMMAND-STRING
                      run COMMAND-STRING through the shell instead of a
                      COMMAND after --
@@ -93,10 +106,10 @@ Flags of run:
 DURATION is a number of seconds (1.5) or a Go duration (1m30s, 250ms).
 A plain run (no --limit, --shared or --exclusive) takes the mutex KEY: the
 lock distlock.TryLock takes in Go, so programs and jobs can share it.
---limit, --shared and --exclusive exclude each other; the mutex, the
-semaphore and the read/write lock of one KEY are three distinct locks (as
-DistributeLock.Semaphore and RWMutex in Go): -x does not exclude a plain
-run. Redlock holds mutexes only (majorities cannot bound a semaphore).
+--limit, --shared, --exclusive and --elect exclude each other; the mutex,
+the semaphore, the read/write lock and the election of one KEY are four
+distinct locks (as DistributeLock.Semaphore, RWMutex and Election in Go):
+-x does not exclude a plain run. Redlock holds mutexes only (majorities cannot bound a semaphore).
 
 distlock status [--store URL] [--prefix P | --table T] [--json]
                 [--limit N | -s, --shared | -x, --exclusive] KEY
@@ -111,6 +124,11 @@ one line:
    "holders": [{"label": L, "kind": "mutex"|"semaphore"|"read"|"write",
                 "token": T, "ttl_ms": MS (null if unknown)}]}
 Every store inspects every kind it holds; Redlock mutexes only (token 0).
+status --elect [--json] NAME prints the leader of the election NAME: its
+label (HOST:PID of the distlock run that leads, or its --label), published
+value, term and time left; --json prints one line:
+  {"store": URL, "election": NAME, "led": BOOL, "label": L, "value": V,
+   "term": T, "ttl_ms": MS (null if unknown)}
 
 Store URLs (--store, or the environment variable DISTLOCK_STORE):
   redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
@@ -153,7 +171,8 @@ Exit status of run:
               limit the semaphore's holders took it with (the store said
               so; nothing was written)
   69          the store could not be reached or failed before COMMAND started
-  75          KEY stayed held by another owner for the whole wait
+  75          KEY stayed held by another owner for the whole wait, or
+              another candidate led for the whole --wait of --elect
               (--conflict-exit-code changes it)
   79          the lock was lost while COMMAND ran (or while distlock held
               it without one); COMMAND was stopped
@@ -162,8 +181,8 @@ Exit status of run:
   128+N       distlock got signal N while it waited for KEY
 
 Exit status of status:
-  0           KEY is held
-  1           KEY is free
+  0           KEY is held (--elect: the election has a leader)
+  1           KEY is free (--elect: no leader)
   2           bad usage, flag, key, store URL, --prefix or --table, or the
               store cannot tell who holds a lock of that kind (semaphores
               and read/write locks on Redlock): nothing was sent to the

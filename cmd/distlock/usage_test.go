@@ -73,6 +73,12 @@ func TestBadCommandLines(t *testing.T) {
 		{"limit and shared", run(redisURL, "--limit", "2", "--shared", "k", "--", "true"), nil, 2, "exclude each other"},
 		{"shared and exclusive", run(redisURL, "--shared", "--exclusive", "k", "--", "true"), nil, 2, "exclude each other"},
 		{"limit and exclusive", run(redisURL, "--exclusive", "--limit", "1", "k", "--", "true"), nil, 2, "exclude each other"},
+		{"elect and limit", run(redisURL, "--elect", "--limit", "2", "k", "--", "true"), nil, 2, "exclude each other"},
+		{"elect, wait 0", run(redisURL, "--elect", "--wait", "0", "k", "--", "true"), nil, 2, "--elect with --wait"},
+		{"elect, -n", run(redisURL, "--elect", "-n", "k", "--", "true"), nil, 2, "--elect with -n"},
+		{"value without elect", run(redisURL, "--value", "v", "k", "--", "true"), nil, 2, "--value publishes a leader's value: it goes with --elect"},
+		{"elect, name at the key limit", run(redisURL, "--elect", long[:65536], "--", "true"), nil, 2, "is longer than 65536"},
+		{"status elect and shared", []string{"status", "--store", redisURL, "--elect", "--shared", "k"}, nil, 2, "exclude each other"},
 		{"limit on redlock", run(redlockURL, "--limit", "3", "k", "--", "true"), nil, 2, "--limit: store redlock:redis://"},
 		{"shared on redlock", run(redlockURL, "--shared", "k", "--", "true"), nil, 2, "redlock holds mutexes only"},
 		{"exclusive on redlock", run(redlockURL, "--exclusive", "k", "--", "true"), nil, 2, "cannot hold a read/write lock"},
@@ -151,7 +157,7 @@ func TestHelp(t *testing.T) {
 			"etcd://", "zk://", "postgres://", "mysql://", "memory://", "--conflict-exit-code", "--grace", "DISTLOCK_TOKEN",
 			"Exit status of run", "Exit status of status", "--limit N", "--shared", "--exclusive", "--json", "HOST:PID",
 			"-n ", "-w, --wait", "-E, --conflict-exit-code", "-s, --shared", "-x, --exclusive", "-c, --shell", "--label",
-			"--prefix", "--table", "--version", "at least 500ms"} {
+			"--prefix", "--table", "--version", "at least 500ms", "--elect", "--value V", "DISTLOCK_TERM", "DISTLOCK_ELECTION"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("distlock %q: the help does not say %q", args, want)
 			}

@@ -40,6 +40,8 @@ var (
 	multiAcquireSrc string
 	//go:embed batchextend.lua
 	batchExtendSrc string
+	//go:embed relabel.lua
+	relabelSrc string
 )
 
 // FenceGrace is how long a fence outlives the lock it last served: every
@@ -151,6 +153,12 @@ var MultiAcquire = goredis.NewScript(tokenSrc + multiAcquireSrc)
 // value, ttl ms, "1" | "" (a label key) per lock. Reply: 1 extended or 0
 // not held, per lock.
 var BatchExtend = goredis.NewScript(graceSrc + batchExtendSrc)
+
+// Relabel sets a mutex holder's label (the key lock + [LabelSuffix], with
+// the lock's time left) if the lock holds the value, touching nothing
+// else: an election's leader publishes its value so. KEYS: lock. ARGV:
+// value, label. Reply: 1 set, 0 not held.
+var Relabel = goredis.NewScript(relabelSrc)
 
 // Suffixes of the keys of a semaphore and of a read/write lock, appended
 // to the lock key of [Layout].

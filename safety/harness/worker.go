@@ -54,10 +54,13 @@ type Config struct {
 	Zombie bool
 	// Lock is the kind of lock the worker takes: "" (the mutex),
 	// "semaphore" (of Limit holders), "read" or "write" (the two sides of
-	// the read/write lock). A reader neither writes to the fenced
-	// register nor increments the counter (it reads); a semaphore's
-	// holder writes to the register, and does not increment the counter,
-	// which its fellow holders would race.
+	// the read/write lock), or "election" (the leadership of the
+	// election named Key, campaigned for within Wait, its term the
+	// token; the leader writes and increments as a mutex's holder). A
+	// reader neither writes to the fenced register nor increments the
+	// counter (it reads); a semaphore's holder writes to the register,
+	// and does not increment the counter, which its fellow holders would
+	// race.
 	Lock  string
 	Limit int
 	// Fence, when its Kind is set, takes the fenced writes instead of the
@@ -220,8 +223,8 @@ func (w *worker) cycle(ctx context.Context, owner string) error {
 				return err
 			}
 		}
-		if w.cfg.Lock == "" || w.cfg.Lock == "write" {
-			if err := w.increment(ctx, owner, step/2); err != nil {
+		if w.cfg.Lock == "" || w.cfg.Lock == "write" || w.cfg.Lock == "election" {
+			if err := w.increment(ctx, owner, step/2, lk.Done()); err != nil {
 				return err
 			}
 		} else if _, err := w.store.Get(ctx); err != nil { // the read
@@ -276,6 +279,10 @@ func (w *worker) acquire(ctx context.Context) (*distlock.Lock, error) {
 		return w.d.RWMutex(w.cfg.Key).TryRLock(ctx, w.cfg.Wait)
 	case "write":
 		return w.d.RWMutex(w.cfg.Key).TryLock(ctx, w.cfg.Wait)
+	case "election":
+		ctx, cancel := context.WithTimeout(ctx, w.cfg.Wait)
+		defer cancel()
+		return w.d.Election(w.cfg.Key).Campaign(ctx, w.cfg.Name)
 	}
 	return w.d.TryLock(ctx, w.cfg.Key, w.cfg.Wait)
 }
@@ -309,14 +316,22 @@ func (w *worker) write(ctx context.Context, owner string, token uint64) error {
 	return w.rec.Add(history.Event{Kind: history.Write, Owner: owner, Token: token, Call: call, Return: ret, Accepted: accepted, Seq: seq})
 }
 
-// increment reads the counter, waits gap, and writes it back plus one.
-func (w *worker) increment(ctx context.Context, owner string, gap time.Duration) error {
+// increment reads the counter, waits gap, and writes it back plus one,
+// unless done closed meanwhile: a holder that learnt of its loss writes
+// no more (its holding ended then, in the history), as a client that looks
+// at Done before it writes.
+func (w *worker) increment(ctx context.Context, owner string, gap time.Duration, done <-chan struct{}) error {
 	v, err := w.store.Get(ctx)
 	if err != nil {
 		return err
 	}
 	if gap > 0 {
 		time.Sleep(gap) // the read-modify-write's window, on purpose
+	}
+	select {
+	case <-done:
+		return nil
+	default:
 	}
 	return w.store.Set(ctx, owner, v, v+1)
 }
