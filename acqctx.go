@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // attemptBound bounds a single attempt (wait == 0), and an inspection,
@@ -17,11 +19,16 @@ const attemptBound = time.Second
 //
 // It is allocated with what else the acquisition needs only while it runs
 // (see acquisition), not with the grant: a held lock does not keep it.
-// It makes its Done channel and timer only when someone asks for Done: a
-// store that answers in process never does, a network client does when it
-// waits. Deadline reports the bound, so clients that set I/O deadlines
-// from the context (go-redis, gRPC) stop at it. Err reports the caller's
-// context's end and Close at once, and the bound once Done's timer fired.
+// It costs nothing for what nobody asks: Deadline reports the bound, so
+// clients that set I/O deadlines from the context (go-redis with
+// ContextTimeoutEnabled, gRPC) stop at it; Err reports the caller's
+// context's end, Close and the bound's passing as soon as asked (it reads
+// the clock); Cancelled hands a store that bounds its I/O by the deadline
+// the caller's own Done, the one end the deadline does not cover
+// ([backend.BoundedContext]). Only Done makes a channel, with the timer
+// and callbacks that close it, on its first call; AfterFunc registers
+// with it, so that context.WithCancel and context.AfterFunc over an
+// acqCtx start no goroutine.
 //
 // context.Cause of an acqCtx is the caller's context's cause; the facade
 // classifies an acquisition's end itself (bound, Close, caller).
@@ -36,7 +43,20 @@ type acqCtx struct {
 	timer      *time.Timer
 	stopParent func() bool
 	stopClose  func() bool
+	afters     []*afterFunc // AfterFunc's callbacks, run when it ends
 }
+
+// afterFunc is a callback registered by AfterFunc.
+type afterFunc struct{ f func() }
+
+var (
+	_ backend.BoundedContext = (*acqCtx)(nil)
+	// The context package's afterFuncer, which context.WithCancel and
+	// context.AfterFunc use instead of a goroutine waiting on Done.
+	_ interface {
+		AfterFunc(func()) func() bool
+	} = (*acqCtx)(nil)
+)
 
 func (c *acqCtx) init(parent context.Context, d *DistributeLock, r *Request) {
 	c.parent = parent
@@ -66,7 +86,10 @@ func (c *acqCtx) Deadline() (time.Time, bool) {
 // Value returns the caller's context's values.
 func (c *acqCtx) Value(key any) any { return c.parent.Value(key) }
 
-// Err returns why the context ended, or nil.
+// Err returns why the context ended, or nil: the caller's context's
+// error, context.Canceled once Close ran (for an acquisition that may
+// wait), context.DeadlineExceeded once the bound has passed. Err ends the
+// context when it finds it ended, closing Done if it was made.
 func (c *acqCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -76,9 +99,42 @@ func (c *acqCtx) Err() error {
 			c.endLocked(c.parent.Err())
 		case c.d != nil && c.d.isClosed():
 			c.endLocked(context.Canceled)
+		case !time.Now().Before(c.boundLocked()):
+			c.endLocked(context.DeadlineExceeded)
 		}
 	}
 	return c.err
+}
+
+// Cancelled implements [backend.BoundedContext]: the caller's context's
+// Done, the one way the acquisition's context ends that its deadline does
+// not tell (Close is seen by Err); nil when the caller's cannot end.
+func (c *acqCtx) Cancelled() <-chan struct{} { return c.parent.Done() }
+
+// AfterFunc arranges for f to run in its own goroutine once the context
+// ends (at once if it has), as context.AfterFunc does, and returns a
+// function that stops that, reporting whether it did.
+func (c *acqCtx) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // arms what ends it
+	a := &afterFunc{f: f}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	c.afters = append(c.afters, a)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, x := range c.afters {
+			if x == a {
+				c.afters = append(c.afters[:i], c.afters[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Done returns a channel closed when the context ends, arming what closes
@@ -118,6 +174,10 @@ func (c *acqCtx) endLocked(err error) {
 	if c.done != nil {
 		close(c.done)
 	}
+	for _, a := range c.afters {
+		go a.f()
+	}
+	c.afters = nil
 	c.stopLocked()
 }
 
