@@ -52,6 +52,9 @@ var (
 type Resource struct {
 	c       goredis.UniversalClient
 	cluster *goredis.ClusterClient // c, when it is a Cluster client
+	// bounded says that c bounds the I/O of a request by its context's
+	// deadline when the context is an acquisition's (see boundedView).
+	bounded bool
 	prefix  string
 	publish any // redisscript.Publish or ShardedPublish, boxed once
 
@@ -121,6 +124,7 @@ func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
 	}
 	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
 		tasks: make(chan *batch), quit: make(chan struct{})}
+	r.bounded = boundedView(c)
 	if cc, ok := c.(*goredis.ClusterClient); ok {
 		r.cluster = cc
 		r.publish = redisscript.ShardedPublish
@@ -136,6 +140,79 @@ func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
 		r.hub = newHub(c, r.cluster)
 	}
 	return r, nil
+}
+
+// boundedView makes c bound the I/O of the Resource's requests by their
+// context's deadline (go-redis's ContextTimeoutEnabled) when their context
+// is an acquisition's (see send), and reports whether it does: a request
+// whose context can end only at its deadline then runs on the caller's
+// goroutine and still returns by it.
+//
+// A *goredis.Client built without ContextTimeoutEnabled gets a view of
+// itself with it (WithTimeout, with its own timeouts: it shares the
+// client's connection pool) and a hook, added last, so innermost: after
+// every hook the client has, which see the requests as before, it sends
+// the Resource's bounded requests (their context is an *ioContext, or a
+// batch's) through the view; every other request goes on as before. A
+// Cluster or Ring client is bounded if it was built with
+// ContextTimeoutEnabled. A client that sets no I/O deadlines at all (a
+// negative ReadTimeout or WriteTimeout) is not bounded.
+func boundedView(c goredis.UniversalClient) bool {
+	deadlines := func(read, write time.Duration) bool { return read >= 0 && write >= 0 }
+	switch c := c.(type) {
+	case *goredis.Client:
+		o := c.Options()
+		if !deadlines(o.ReadTimeout, o.WriteTimeout) {
+			return false
+		}
+		if o.ContextTimeoutEnabled {
+			return true
+		}
+		v := c.WithTimeout(o.ReadTimeout)
+		vo := v.Options() // the view's own copy
+		vo.WriteTimeout = o.WriteTimeout
+		vo.ContextTimeoutEnabled = true
+		c.AddHook(viewHook{v})
+		return true
+	case *goredis.ClusterClient:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && deadlines(o.ReadTimeout, o.WriteTimeout)
+	case *goredis.Ring:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && deadlines(o.ReadTimeout, o.WriteTimeout)
+	}
+	return false
+}
+
+// viewHook sends the Resource's bounded requests through view, a
+// ContextTimeoutEnabled view of the client it is added to (see
+// boundedView). A WithTimeout view has none of the client's hooks: they
+// ran already, outside this one.
+type viewHook struct{ view *goredis.Client }
+
+func (viewHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h viewHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if _, ok := ctx.(*ioContext); ok {
+			return h.view.Process(ctx, cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h viewHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if _, ok := ctx.(deadlineContext); !ok {
+			return next(ctx, cmds)
+		}
+		pipe := h.view.Pipeline()
+		for _, cmd := range cmds {
+			_ = pipe.Process(ctx, cmd)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
 }
 
 // isNil reports whether c is nil, or a nil pointer of one of go-redis's
