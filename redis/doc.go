@@ -23,9 +23,9 @@
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success take the next token
-//     from the fence (see Fencing tokens) and return it; on failure return
-//     the holder's PTTL, so the spin loop never sleeps past the holder's
-//     expiry;
+//     from the fence (TIME, then one SET ... GET: see Fencing tokens) and
+//     return it; on failure return the holder's PTTL, so the spin loop
+//     never sleeps past the holder's expiry;
 //   - release: compare-and-delete (a RENAME to the release's trace, see
 //     [Resource.Release]), then PUBLISH (SPUBLISH on Cluster) a release
 //     notice on the key's channel;
@@ -48,7 +48,14 @@
 // living one lease TTL, and the acquire script does not take the lock for a
 // value whose tombstone exists. Scripts run one at a time, so whichever of
 // the two comes second sees the first: a failed attempt leaves no orphan,
-// unless its request is delayed by more than the TTL. The client itself may
+// unless its request is delayed by more than the TTL. The acquire script
+// looks for a tombstone only while one can exist: the clean-up also makes
+// the lock's tombstone hint, prefix{k'}:dead, live as long as the
+// tombstone, and marks the fence (its token negated); a grant reads the
+// mark with the token, and asks the hint only when the fence is marked or
+// missing. An uncontended cycle thus runs eight commands on the server:
+// EVALSHA, SET, TIME and SET of the fence; EVALSHA, GET, RENAME and
+// PUBLISH. The client itself may
 // resend an acquire whose reply it lost (go-redis retries a command after a
 // read timeout, up to MaxRetries): the acquire script counts a lock that
 // already holds the attempt's own value as acquired, so the resent request
@@ -211,7 +218,8 @@
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
 // sets another; it is escaped the same way, so its braces never make the
 // tag. A failed acquire's tombstone, prefix{k'}:dead:value, lives in the
-// same slot for one lease TTL. A mutex holder's label (distlock.WithLabel)
+// same slot for one lease TTL, and the lock's tombstone hint,
+// prefix{k'}:dead, as long as its longest-lived tombstone. A mutex holder's label (distlock.WithLabel)
 // is kept beside the lock, in prefix{k'}:label, with the lock's expiry. A
 // release renames the lock to prefix{k'}:released (see
 // [Resource.Release]). The semaphore of k uses prefix{k'}:sem (holders),

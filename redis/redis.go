@@ -523,8 +523,8 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	// Built here, not kept in the handle: clean-ups are rare.
-	cmd := []any{"evalsha", cleanupSHA, 1, h.acq[3], h.acq[5], h.acq[6], r.publish}
-	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], cmd)
+	cmd := []any{"evalsha", cleanupSHA, 2, h.acq[3], h.acq[4], h.acq[5], h.acq[6], r.publish}
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:], cmd)
 	return err
 }
 

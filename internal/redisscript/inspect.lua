@@ -22,7 +22,9 @@ if ARGV[1] == 'm' then
       label = string.sub(rest, tonumber(n) + 1)
     end
   end
-  return {redis.call('GET', KEYS[2]) or '0', redis.call('PTTL', KEYS[1]), label, v}
+  -- The fence's token: negated while a tombstone may exist (clock.lua).
+  local tok = string.match(redis.call('GET', KEYS[2]) or '0', '^-?(%d+)$') or '0'
+  return {tok, redis.call('PTTL', KEYS[1]), label, v}
 end
 local now = now_ms()
 local out = {redis.call('HGET', KEYS[3], '') or ''}

@@ -29,6 +29,6 @@ for i = 1, #KEYS, 2 do
   if ARGV[3] then
     redis.call('SET', KEYS[i] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
   end
-  tokens[#tokens + 1] = next_token(KEYS[i + 1], ARGV[2])
+  tokens[#tokens + 1] = next_token(KEYS[i + 1], ARGV[2], KEYS[i] .. ':dead')
 end
 return tokens

@@ -68,7 +68,11 @@ var tokenSrc = graceSrc + clockSrc
 // first run was a late copy of an earlier attempt, whose expiry would
 // end the lock before the validity its holder counts from this attempt's
 // start. It fails with a DEAD error (see
-// [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
+// [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists;
+// with a fence it looks for one only while a [Cleanup]'s hint (the key
+// lock + [DeadHintSuffix]) lives, which it learns from a mark on the fence
+// or when there is no fence, so that an uncontended acquire runs SET,
+// TIME and one SET ... GET of the fence.
 // With a label, it keeps the label beside the lock (the key lock +
 // [LabelSuffix], with the lock's expiry), for [Inspect].
 // KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
@@ -77,8 +81,12 @@ var Acquire = goredis.NewScript(tokenSrc + acquireSrc)
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
 // way (a request delayed past its clean-up) sets nothing, then deletes the
-// lock if it holds the value, as [Release]. KEYS: lock. ARGV: value, ttl
-// ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// lock if it holds the value, as [Release]. KEYS: lock [, fence]. ARGV:
+// value, ttl ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// With the fence, it makes the lock's tombstone hint (lock +
+// [DeadHintSuffix]) live as long as the tombstone, and marks the fence
+// (its token negated): [Acquire] looks for tombstones only while the hint
+// lives.
 //
 // The value is dead afterwards, until the tombstone expires: use it only
 // for an acquisition that has been given up, never for one that will try
@@ -173,6 +181,7 @@ const (
 	RWReadersSuffix  = ":rw:qr"     // readers' intents, by arrival
 	RWIntentsSuffix  = ":rw:qx"     // every intent, by expiry
 	LabelSuffix      = ":label"     // a mutex holder's label
+	DeadHintSuffix   = ":dead"      // a mutex's tombstones may exist (Cleanup's hint)
 	ReleasedSuffix   = ":released"  // the last released owner value (Release's trace)
 )
 
