@@ -24,17 +24,22 @@ import (
 //
 // The stores start as the bench program starts them (internal/testserver).
 // make test's bench-check runs the Redis rows and fails when distlock's
-// cycle needs more server commands or allocations than countTargets allow.
+// cycle needs more server commands, allocations, goroutine blocks or
+// timers than countTargets allow.
 
 // countTargets are the most an uncontended distlock cycle may cost on a
-// store, fencing on (the default): checked by BenchmarkCycleCounts.
+// store, fencing on (the default): checked by BenchmarkCycleCounts. Redis:
+// the acquire's EVALSHA, SET NX, TIME and SET ... GET of the fence; the
+// release's EVALSHA, GET, RENAME (its trace) and PUBLISH; at most the
+// floor's allocations; no goroutine block (a handoff to a worker and
+// back), no timer.
 var countTargets = map[string]struct {
 	cmds   float64 // server commands per cycle, scripts' inner commands included
 	allocs float64 // heap allocations per cycle, at most: the floor's when 0
 	blocks float64 // goroutine blocks per cycle
 	timers float64 // timers made per cycle
 }{
-	"redis": {cmds: 6, blocks: 0, timers: 0},
+	"redis": {cmds: 8, blocks: 0, timers: 0},
 }
 
 var (
