@@ -7,9 +7,11 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -116,6 +118,16 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // NewFailoverClient, or a *goredis.ClusterClient. The caller owns c: the
 // Resource never closes it. New does no I/O.
 //
+// An acquisition's request runs on the caller's goroutine, bounded by the
+// acquisition's deadline, when the client bounds its I/O by its context's
+// deadline and the caller's context cannot be cancelled; otherwise it
+// waits for its reply from another goroutine. A *goredis.Client built
+// without ContextTimeoutEnabled is given that bound for the Resource's
+// requests only: the first New over it adds a hook to it, after its own
+// hooks, which sends them through a view of the client (same pool) that
+// has ContextTimeoutEnabled; its other requests are as before. A Cluster
+// or Ring client has it when built with ContextTimeoutEnabled.
+//
 // New returns an error wrapping [backend.ErrInvalid] (distlock.ErrInvalid)
 // for a nil c or a nil option.
 func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
@@ -156,7 +168,10 @@ func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
 // batch's) through the view; every other request goes on as before. A
 // Cluster or Ring client is bounded if it was built with
 // ContextTimeoutEnabled. A client that sets no I/O deadlines at all (a
-// negative ReadTimeout or WriteTimeout) is not bounded.
+// negative ReadTimeout or WriteTimeout) is not bounded. A client gets
+// one view and one hook, the first time a Resource is made over it;
+// hooks added to it after that are inner to the view's, and do not see
+// the bounded requests.
 func boundedView(c goredis.UniversalClient) bool {
 	deadlines := func(read, write time.Duration) bool { return read >= 0 && write >= 0 }
 	switch c := c.(type) {
@@ -168,11 +183,22 @@ func boundedView(c goredis.UniversalClient) bool {
 		if o.ContextTimeoutEnabled {
 			return true
 		}
+		key := weak.Make(c)
+		if _, ok := views.Load(key); ok {
+			return true // an earlier Resource over c added the hook
+		}
+		viewsMu.Lock()
+		defer viewsMu.Unlock()
+		if _, ok := views.Load(key); ok {
+			return true
+		}
 		v := c.WithTimeout(o.ReadTimeout)
 		vo := v.Options() // the view's own copy
 		vo.WriteTimeout = o.WriteTimeout
 		vo.ContextTimeoutEnabled = true
 		c.AddHook(viewHook{v})
+		views.Store(key, struct{}{})
+		runtime.AddCleanup(c, func(k weak.Pointer[goredis.Client]) { views.Delete(k) }, key)
 		return true
 	case *goredis.ClusterClient:
 		o := c.Options()
@@ -183,6 +209,14 @@ func boundedView(c goredis.UniversalClient) bool {
 	}
 	return false
 }
+
+// views holds the clients boundedView gave a view and its hook, so that
+// one client gets one hook however many Resources are made over it; an
+// entry goes with its client.
+var (
+	views   sync.Map // weak.Pointer[goredis.Client] -> struct{}
+	viewsMu sync.Mutex
+)
 
 // viewHook sends the Resource's bounded requests through view, a
 // ContextTimeoutEnabled view of the client it is added to (see
