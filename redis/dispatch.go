@@ -96,8 +96,9 @@ var batches = sync.Pool{New: func() any { return new(batch) }}
 // returns when the reply came or ctx ended, whichever is first: a client
 // honours a context's deadline only when built with ContextTimeoutEnabled,
 // and its cancellation never, so the request runs on a worker goroutine
-// whenever ctx can end, batched with the calls that overlap it (see
-// Natural batching above). A request cut short that way runs on until
+// whenever ctx can end before the client returns (see send), batched with
+// the calls that overlap it (see Natural batching above). A request cut
+// short that way runs on until
 // the client gives up on it (its ReadTimeout, or the batch's deadline
 // under ContextTimeoutEnabled), and may still reach the server: the
 // caller decides what that means (see TryAcquire).

@@ -182,10 +182,16 @@
 //
 // Every call returns when its context ends, whatever the server does. A
 // go-redis client stops at a context's deadline only when created with
-// ContextTimeoutEnabled, and never at a cancellation without a deadline, so
-// the Resource runs a request whose context can end on a worker goroutine
-// and stops waiting for it when the context ends (a call alone with a
-// context that cannot end, context.Background(), runs in the caller's).
+// ContextTimeoutEnabled, and never at a cancellation without a deadline.
+// The Resource gives a *goredis.Client that bound for its own requests
+// (see [New]), so an acquisition's request whose context only its
+// deadline can end (the facade's context over a caller's that cannot be
+// cancelled: Close is seen between requests) runs in the caller's
+// goroutine and returns by its deadline, as does a call alone with a
+// context that cannot end at all (context.Background()): an uncontended
+// cycle costs no goroutine handoff, timer or context callback. A request
+// whose context the caller can cancel runs on a worker goroutine, and the
+// caller stops waiting for it when the context ends.
 // A call still waiting for the next batch when its context ends is never
 // sent. One sent runs on until the client gives up on it (its
 // ReadTimeout, 5s by default, or the context's deadline with
