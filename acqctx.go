@@ -29,12 +29,13 @@ const attemptBound = time.Second
 // the caller's own Done, the one end the deadline does not tell
 // ([backend.BoundedContext]). Only Done makes something: a context of its
 // own (inner: the caller's context, with the bound as deadline too,
-// cancelled by Close), whose Done is the acqCtx's and which Value hands the context
-// package as the nearest cancel context, so that context.WithCancel and
-// context.AfterFunc over an acqCtx, or over a context that wraps it with
-// values (gRPC's metadata, etcd's), register with inner instead of
-// starting a goroutine that waits on Done. Done closes when the
-// acquisition ends, too: nothing may outlive it on its context.
+// cancelled by Close), whose Done is the acqCtx's and which Value hands
+// the context package as the nearest cancel context, so that
+// context.WithCancel and context.AfterFunc over an acqCtx, or over a
+// context that wraps it with values (gRPC's metadata, etcd's), register
+// with inner instead of starting a goroutine that waits on Done. Done
+// closes when the acquisition ends, too: nothing may outlive it on its
+// context, and nothing of it stays registered with the caller's.
 //
 // context.Cause of an acqCtx is the caller's context's cause once it ended
 // the acquisition, context.Canceled for Close and context.DeadlineExceeded
