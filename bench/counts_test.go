@@ -53,6 +53,7 @@ func TestMain(m *testing.M) {
 	// before anything allocates much: the rate is read when a sample is
 	// due. Only the counting benchmark reads the profile.
 	runtime.MemProfileRate = 1
+	registerVariants()
 	code := m.Run()
 	if countServers != nil {
 		countServers.close()
@@ -77,7 +78,7 @@ func BenchmarkCycleCounts(b *testing.B) {
 	s := countServers
 	floorAllocs := map[string]float64{}
 	for _, store := range []string{"redis", "etcd", "zookeeper", "postgres"} {
-		ps, err := selectPeers([]string{store}, []string{"distlock", "redislock", "concurrency.Mutex", "zk.Lock", "floor"})
+		ps, err := selectPeers([]string{store}, []string{"distlock", "distlock-cancellable", "redislock", "concurrency.Mutex", "zk.Lock", "floor"})
 		if err != nil {
 			b.Fatal(err)
 		}
