@@ -27,8 +27,8 @@
 //     return it; on failure return the holder's PTTL, so the spin loop
 //     never sleeps past the holder's expiry;
 //   - release: compare-and-delete (a RENAME to the release's trace, see
-//     [Resource.Release]), then PUBLISH (SPUBLISH on Cluster) a release
-//     notice on the key's channel;
+//     [Resource.Release]), then, when someone waits (see Wake-up),
+//     PUBLISH (SPUBLISH on Cluster) a release notice on the key's channel;
 //   - refresh: compare-and-PEXPIRE, of the lock and its fence; many locks
 //     at once in one script (see Many locks);
 //   - relabel (backend.Relabeler, an election's Proclaim): if the lock
@@ -53,9 +53,9 @@
 // the lock's tombstone hint, prefix{k'}:dead, live as long as the
 // tombstone, and marks the fence (its token negated); a grant reads the
 // mark with the token, and asks the hint only when the fence is marked or
-// missing. An uncontended cycle thus runs eight commands on the server:
-// EVALSHA, SET, TIME and SET of the fence; EVALSHA, GET, RENAME and
-// PUBLISH. The client itself may
+// missing. An uncontended cycle thus runs seven commands on the server:
+// EVALSHA, SET, TIME and SET of the fence; EVALSHA, GET and RENAME. The
+// client itself may
 // resend an acquire whose reply it lost (go-redis retries a command after a
 // read timeout, up to MaxRetries): the acquire script counts a lock that
 // already holds the attempt's own value as acquired, so the resent request
@@ -335,11 +335,17 @@
 // key's channel only while a waiter in this process waits for it. When
 // Redis confirms a subscription (the first time, or again after a
 // reconnect) the waiters retry once too, so a release that came before the
-// subscription is not slept through. Every release publishes: a waiter may
-// wait without having tried against the current holder (hotspot's
-// WithYield waits for the next notice before it tries), so the release
-// cannot tell that nobody waits; a notice nobody hears costs one PUBLISH
-// with no subscriber. Notices are hints: a lost or failed subscription
+// subscription is not slept through. A mutex's release publishes only when
+// someone waits: an attempt refused the lock marks it as waited for
+// (redisscript.WaitedMark appended to the holder's value, one APPEND per
+// holder), and an acquisition that was refused once takes the lock marked
+// itself, as one likely to be waited for (a waiter may wait for the next
+// notice without trying against the holder: hotspot's WithYield). So an
+// uncontended lock is released without a PUBLISH; a release of a lock
+// whose last refused waiter gave up sends a notice nobody hears. Every
+// compare of the value ignores the mark, which is why an owner value
+// ending with a NUL byte is refused (backend.ErrInvalid). A semaphore's
+// or read/write lock's release always publishes. Notices are hints: a lost or failed subscription
 // costs only latency, as the spin loop keeps retrying on its own.
 //
 // A subscription connection that breaks is dialled again and its channels

@@ -278,6 +278,7 @@ type handle struct {
 	value   string    // the owner value the commands were built from
 	ms      int64     // the TTL in acq
 	labeled bool      // acq carries a label, and the lock a label key
+	marked  bool      // acq's value carries redisscript.WaitedMark (an attempt was refused)
 	keys    [2]string // lock, fence
 	acq     [8]any    // EVALSHA acquire 2 lock fence value ms [label]
 }
@@ -379,6 +380,16 @@ func await(ctx context.Context, f func()) bool {
 	}
 }
 
+// checkValue refuses a mutex's owner value that ends with
+// redisscript.WaitedMark, which the scripts could not tell from its marked
+// form (a lock an attempt of another value was refused).
+func checkValue(l *backend.Lease) error {
+	if v := l.Value; v == "" || v[len(v)-1] == redisscript.WaitedMark[0] {
+		return fmt.Errorf("redis: acquire %q: %w: an owner value must not be empty nor end with a NUL byte", l.Key, backend.ErrInvalid)
+	}
+	return nil
+}
+
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
 // one longer than [MaxKeyLen] bytes. Any bytes are allowed, braces included.
 func (r *Resource) ValidateKey(key string) error {
@@ -429,6 +440,9 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if l.Kind != backend.KindMutex {
 		return r.tryAcquireKind(ctx, l, ms)
 	}
+	if err := checkValue(l); err != nil {
+		return false, 0, err
+	}
 	h, ok := l.Handle.(*handle)
 	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
 		h = r.newHandle(l)
@@ -448,6 +462,14 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			func(ctx context.Context) error { return r.cleanup(ctx, h) })
 	}
 	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
+	if !acquired && !h.marked {
+		// An acquisition that had to wait is likely to be waited for
+		// too (a waiter may wait for the next notice without trying
+		// against the holder: hotspot's WithYield): its next attempts
+		// set the lock with the waited mark, so that its release sends
+		// the notice.
+		h.acq[5], h.marked = h.value+redisscript.WaitedMark, true
+	}
 	if acquired {
 		// The attempts are over: nothing of the handle is needed while
 		// the lock is held, and nothing refers to it but l (the request
@@ -563,8 +585,9 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
-// the key if it holds l.Value and publish a release notice on the key's
-// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
+// the key if it holds l.Value and, when someone waits for it (an attempt
+// was refused the lock: see Wake-up in the package doc), publish
+// a release notice on the key's channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
 // key expired or holds another value. It returns when ctx ends, with an
 // error wrapping ctx's: the lock may then still be held (the request may
 // also still reach the server and delete it), and Release may be called

@@ -30,8 +30,13 @@
 -- started this attempt, from which the holder counts the lock's validity,
 -- and the lock must not end sooner than that. The value check costs a
 -- contended attempt one GET.
+-- A refused attempt marks the lock as waited for (mark_waited, once per
+-- holder: one APPEND), so that its release sends a notice (release.lua);
+-- a lock nobody asked for is released without one. ARGV[1] may carry the
+-- mark itself: an acquisition that was refused before sets it so, as one
+-- likely to be waited for (the redis package does).
 local function dead()
-  return redis.call('EXISTS', KEYS[1] .. ':dead:' .. ARGV[1]) == 1
+  return redis.call('EXISTS', KEYS[1] .. ':dead:' .. unmarked(ARGV[1])) == 1
 end
 local function refuse()
   redis.call('DEL', KEYS[1])
@@ -41,14 +46,18 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if not KEYS[2] and dead() then
     return refuse()
   end
-elseif redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 then
-    return 0
+  local v = redis.call('GET', KEYS[1])
+  if same(v, ARGV[1]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  else
+    mark_waited(KEYS[1], v)
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl < 0 then
+      return 0
+    end
+    return -ttl
   end
-  return -ttl
 end
 -- Acquired.
 local tok = 1

@@ -15,7 +15,7 @@
 -- token negated), which is how a grant learns, for free, to ask the hint.
 -- A label key the acquire may have written goes with the lock.
 -- Returns 1 when deleted, 0 when the key did not hold ARGV[1].
-redis.call('SET', KEYS[1] .. ':dead:' .. ARGV[1], '1', 'PX', ARGV[2])
+redis.call('SET', KEYS[1] .. ':dead:' .. unmarked(ARGV[1]), '1', 'PX', ARGV[2])
 if KEYS[2] then
   local hint = KEYS[1] .. ':dead'
   if redis.call('PTTL', hint) < tonumber(ARGV[2]) then
@@ -27,7 +27,8 @@ if KEYS[2] then
     redis.call('SET', KEYS[2], string.format('%d', -last), 'KEEPTTL')
   end
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if same(v, ARGV[1]) then
   redis.call('DEL', KEYS[1], KEYS[1] .. ':label')
   if ARGV[3] and ARGV[3] ~= '' then
     redis.pcall(ARGV[3], KEYS[1], '')

@@ -14,11 +14,12 @@ if ARGV[1] == 'm' then
   if not v then
     return {}
   end
+  v = unmarked(v)
   local label = ''
   local l = redis.call('GET', KEYS[1] .. ':label')
   if l then
     local n, rest = string.match(l, '^(%d+):(.*)$')
-    if n and string.sub(rest, 1, tonumber(n)) == v then
+    if n and unmarked(string.sub(rest, 1, tonumber(n))) == v then
       label = string.sub(rest, tonumber(n) + 1)
     end
   end
