@@ -92,7 +92,8 @@ soak:
 # testserver's helpers (cmd/container takes the Docker path only). make
 # test has vetted and tested their packages already. It then counts what
 # an uncontended Redis lock+unlock costs (server commands, allocations,
-# goroutine blocks, timers: counts, not times) and fails when a count
+# goroutines created, goroutine blocks, timers: counts, not times), fenced
+# as by default, and fails when a count
 # rises above its target (bench/counts_test.go).
 bench-check:
 	$(GO) build -o /dev/null ./bench ./examples/... ./internal/testserver/cmd/...

@@ -24,22 +24,24 @@ import (
 //
 // The stores start as the bench program starts them (internal/testserver).
 // make test's bench-check runs the Redis rows and fails when distlock's
-// cycle needs more server commands, allocations, goroutine blocks or
-// timers than countTargets allow.
+// cycle needs more server commands, allocations, goroutine blocks,
+// goroutines or timers than countTargets allow.
 
 // countTargets are the most an uncontended distlock cycle may cost on a
 // store, fencing on (the default): checked by BenchmarkCycleCounts. Redis:
 // the acquire's EVALSHA, SET NX, TIME and SET ... GET of the fence; the
-// release's EVALSHA, GET, RENAME (its trace) and PUBLISH; at most the
-// floor's allocations; no goroutine block (a handoff to a worker and
-// back), no timer.
+// release's EVALSHA, GET and RENAME (its trace), no PUBLISH when nobody
+// waits; at most the floor's allocations; no goroutine block (a handoff
+// to a worker and back), no timer. Issue 32 asks for 6 commands: the
+// seventh is the fence's TIME (see the redis package's Fencing tokens).
 var countTargets = map[string]struct {
 	cmds   float64 // server commands per cycle, scripts' inner commands included
 	allocs float64 // heap allocations per cycle, at most: the floor's when 0
 	blocks float64 // goroutine blocks per cycle
 	timers float64 // timers made per cycle
+	gos    float64 // goroutines created per cycle
 }{
-	"redis": {cmds: 8, blocks: 0, timers: 0},
+	"redis": {cmds: 7, blocks: 0, timers: 0, gos: 0},
 }
 
 var (
@@ -100,6 +102,9 @@ func BenchmarkCycleCounts(b *testing.B) {
 					if c.cmds > t.cmds {
 						b.Errorf("%s: %.2f server commands per cycle; the target is at most %v", store, c.cmds, t.cmds)
 					}
+					if maxAllocs == 0 {
+						b.Errorf("%s: no floor measured to hold the allocations to: run the store's whole row", store)
+					}
 					if maxAllocs > 0 && c.allocs > maxAllocs+0.5 {
 						b.Errorf("%s: %.2f allocations per cycle; the target is at most %.2f (the floor's)", store, c.allocs, maxAllocs)
 					}
@@ -108,6 +113,9 @@ func BenchmarkCycleCounts(b *testing.B) {
 					}
 					if c.timers > t.timers+0.05 {
 						b.Errorf("%s: %.2f timers per cycle; the target is %v", store, c.timers, t.timers)
+					}
+					if c.goroutines > t.gos+0.05 {
+						b.Errorf("%s: %.2f goroutines created per cycle; the target is %v", store, c.goroutines, t.gos)
 					}
 				})
 			}
