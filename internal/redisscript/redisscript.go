@@ -87,6 +87,10 @@ const WaitedMark = "\x00"
 // KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
 var Acquire = goredis.NewScript(tokenSrc + waitedSrc + acquireSrc)
 
+// AcquireQuiet is [Acquire] for a store that sends no release notices
+// (Redlock): a refused attempt leaves the holder's value as it is.
+var AcquireQuiet = goredis.NewScript(tokenSrc + strings.Replace(waitedSrc, "local MARK_REFUSED = true", "local MARK_REFUSED = false", 1) + acquireSrc)
+
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
 // way (a request delayed past its clean-up) sets nothing, then deletes the

@@ -11,10 +11,13 @@
 -- here (the redis package's ErrInvalid), so no two owners can be told
 -- apart only by it.
 local WAITED = '\0'
+-- MARK_REFUSED: whether a refused attempt marks the lock (false in
+-- AcquireQuiet, for a store that sends no notices).
+local MARK_REFUSED = true
 -- mark_waited marks the lock key, which holds v (false: nothing), unless
 -- it is marked already.
 local function mark_waited(key, v)
-  if v and string.byte(v, -1) ~= 0 then
+  if MARK_REFUSED and v and string.byte(v, -1) ~= 0 then
     redis.call('APPEND', key, WAITED)
   end
 end
