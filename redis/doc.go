@@ -277,6 +277,14 @@
 // a fence expires, unless the server's clock was stepped back by more
 // than the grace meanwhile.
 //
+// A grant reads the clock (TIME) even while the fence lives: the one SET
+// ... PX ... GET that takes the last token must write the new one, so it
+// must know it before it runs, and it must push the fence's expiry past
+// the new lock's (Inspect reads a holder's token from the fence). An INCR
+// would take the token without the clock but leave the expiry, costing a
+// PEXPIRE instead: either way two commands, the uncontended cycle's
+// seventh.
+//
 // The clock is also what keeps tokens from going backwards when the fence
 // key is lost. A server without persistence (no AOF, as a cache node is often
 // run) restarts empty; a failover can promote a replica that missed the
