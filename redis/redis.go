@@ -331,7 +331,7 @@ func (r *Resource) boxMillis(ms int64) any {
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := handles.Get().(*handle)
-	h.key, h.value, h.ms, h.labeled = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != ""
+	h.key, h.value, h.ms, h.labeled, h.marked = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != "", false
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
 	h.acq = [8]any{"evalsha", acquireSHA, 2, h.keys[0], h.keys[1], l.Value, r.boxMillis(h.ms), l.Label}
 	return h
