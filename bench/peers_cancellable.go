@@ -9,13 +9,13 @@ func init() { variantHooks = append(variantHooks, cancellableVariants) }
 
 // cancellableVariants adds, for the distlock peers whose stores run a
 // request on the caller's goroutine only when the caller's context cannot
-// be cancelled (Redis, PostgreSQL), the same with a caller's context that
+// be cancelled (Redis), the same with a caller's context that
 // can be (one per instance, as a server's request context would be): the
 // cost of watching it. They run in the uncontended and parallel
 // workloads.
 func cancellableVariants() {
 	for _, base := range registry {
-		if base.name != "distlock" || len(base.only) > 0 || (base.store != "redis" && base.store != "postgres") {
+		if base.name != "distlock" || len(base.only) > 0 || base.store != "redis" {
 			continue
 		}
 		register(&peer{

@@ -269,18 +269,9 @@
 // the drivers drop the connection when it ends, and a statement left
 // running on the server deletes or extends only the caller's own row.
 //
-// An acquisition's statement whose context only its deadline can end (the
-// facade's context over a caller's that cannot be cancelled; Close is
-// seen between attempts) runs on the caller's goroutine, with the
-// connection's deadline set to the context's (or to the server-side bound
-// plus a second, when sooner): no goroutine, timer or context callback per
-// statement. When no reply has come by then, the connection is closed and
-// TryAcquire returns a backend.AbandonedError whose Cleanup deletes the
-// row by key and owner once the server-side bound has passed.
-//
-// Any other acquire statement runs in a goroutine of its own. When the
-// context ends before its reply, TryAcquire returns a
-// backend.AbandonedError at once, and the statement runs on: dropping it would not stop the server,
+// An acquire statement runs in a goroutine of its own. When the context
+// ends before its reply, TryAcquire returns a backend.AbandonedError at
+// once, and the statement runs on: dropping it would not stop the server,
 // which could commit the row after a clean-up sent over another
 // connection had found nothing. Its Cleanup (the facade runs it in the
 // background; Close waits for it within its bound) waits for the

@@ -482,14 +482,8 @@ func keyArg(key string) any {
 // time as holderTTL (and marks the row so that its release notifies);
 // later ones get 0.
 //
-// It returns when ctx ends, whatever the database does. For an
-// acquisition's context that only its deadline can end (the caller's
-// context cannot be cancelled; Close is seen between attempts), the
-// statement runs on the caller's goroutine, and the connection's deadline
-// stops the wait for its reply at the context's (its connection is then
-// closed, and the [backend.AbandonedError]'s Cleanup deletes l.Value's
-// row once the statement's server-side bound has passed). Otherwise a
-// statement then in flight (the table locked by another session, say) is
+// It returns when ctx ends, whatever the database does: a statement
+// then in flight (the table locked by another session, say) is
 // abandoned with a [backend.AbandonedError]. TryAcquire sends a cancel
 // request for it, and its Cleanup waits for the statement's reply and
 // deletes l.Value's row if the statement wrote it after all, or if no
@@ -511,14 +505,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, err
 	}
 	// Waiting for a connection sends nothing: ctx may end it, no trace.
-	// An acquisition's context that only its deadline can end (Close is
-	// seen between attempts) is not asked for its Done, which costs a
-	// timer and callbacks: the wait is bounded by its deadline instead.
-	bounded := false
-	if bc, ok := ctx.(backend.BoundedContext); ok && bc.Cancelled() == nil {
-		bounded = true
-	}
-	c, err := p.acquireConn(ctx, bounded)
+	c, err := p.pool.Acquire(ctx)
 	if err == nil {
 		err = ctx.Err()
 		if err != nil {
@@ -527,9 +514,6 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
-	}
-	if bounded {
-		return p.tryAcquireBounded(ctx, c, l)
 	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
 		var call pgCall
@@ -586,76 +570,6 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			return p.cleanup(ctx, l)
 		},
 	}
-}
-
-// acquireConn takes a connection from the pool within ctx; for a bounded
-// acquisition's context, within its deadline, without asking for its Done.
-func (p *Postgres) acquireConn(ctx context.Context, bounded bool) (*pgxpool.Conn, error) {
-	if !bounded {
-		return p.pool.Acquire(ctx)
-	}
-	dl, _ := ctx.Deadline()
-	wctx, cancel := context.WithDeadline(valuesOnly{ctx}, dl)
-	defer cancel()
-	return p.pool.Acquire(wctx)
-}
-
-// valuesOnly is a context's values, without its end.
-type valuesOnly struct{ context.Context }
-
-func (valuesOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (valuesOnly) Done() <-chan struct{}       { return nil }
-func (valuesOnly) Err() error                  { return nil }
-
-// tryAcquireBounded is TryAcquire for an acquisition's context that only
-// its deadline can end (Close is seen between attempts): the statement
-// runs on the caller's goroutine, with no flight and nothing watching the
-// context. Its server-side bound stops it writing past the deadline, and
-// the connection's deadline, the context's (or the bound's and
-// replyGrace's, when sooner), stops the wait for a reply that does not
-// come: that connection is then closed, and the AbandonedError's Cleanup
-// deletes l.Value's row once the statement can write no more.
-func (p *Postgres) tryAcquireBounded(ctx context.Context, c *pgxpool.Conn, l *backend.Lease) (bool, time.Duration, error) {
-	bound := statementBound(ctx)
-	sent := time.Now()
-	replyBy := sent.Add(bound + replyGrace)
-	cut := replyBy
-	if dl, ok := ctx.Deadline(); ok && dl.Before(cut) {
-		cut = dl
-	}
-	pc := c.Conn().PgConn()
-	_ = pc.Conn().SetDeadline(cut)
-	var call pgCall
-	call.parent = ctx
-	r := p.acquireOn(&call, &call, c, l, bound)
-	if !pc.IsClosed() {
-		_ = pc.Conn().SetDeadline(time.Time{})
-	}
-	c.Release()
-	if r.err != nil && !errors.Is(r.err, pgx.ErrNoRows) && !pgContention(r.err) && !pgLate(r.err) && pgAmbiguous(r.err) {
-		// The reply did not come: the statement may still write, until
-		// its bound. Clean up after that.
-		err := r.err
-		if cerr := ctx.Err(); cerr != nil {
-			err = fmt.Errorf("%w: %w", err, cerr)
-		}
-		return false, 0, &backend.AbandonedError{
-			Err: fmt.Errorf("sqldb: postgres: acquire %q: outcome unknown: %w", l.Key, err),
-			Cleanup: func(ctx context.Context) error {
-				if wait := time.Until(replyBy); wait > 0 {
-					t := time.NewTimer(wait)
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						t.Stop()
-						return fmt.Errorf("sqldb: postgres: clean up %q: waiting for the statement's bound: %w", l.Key, ctx.Err())
-					}
-				}
-				return p.cleanup(ctx, l)
-			},
-		}
-	}
-	return p.outcome(ctx, l, r, bound)
 }
 
 // pgReply is an acquire statement's reply.

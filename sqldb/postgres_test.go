@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -688,46 +687,4 @@ func testNotifyKinds(t *testing.T, pg *pgFixture) {
 	if err := b.Withdraw(t.Context(), wr); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// TestPostgresCycleStartsNoGoroutine: an uncontended TryLock (with a wait:
-// Close could end it) and Unlock run each statement on the caller's
-// goroutine; the acquisition's deadline bounds the statement through the
-// connection's deadline, as its server-side bound does.
-func TestPostgresCycleStartsNoGoroutine(t *testing.T) {
-	f := newPG(t)
-	d, err := distlock.New(f.resource(t, f.pool(t, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	ctx := context.Background()
-	key := t.Name()
-	cycle := func() {
-		lk, err := d.TryLock(ctx, key, 10*time.Second)
-		if err != nil {
-			t.Fatalf("TryLock = %v", err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			t.Fatalf("Unlock = %v", err)
-		}
-	}
-	for range 20 { // warm up: connections, prepared statements
-		cycle()
-	}
-	const n = 200
-	before := goroutinesCreated()
-	for range n {
-		cycle()
-	}
-	if got := goroutinesCreated() - before; got > n/20 {
-		t.Errorf("%d cycles started %d goroutines; want none (a few for the pool's own upkeep at most)", n, got)
-	}
-}
-
-var createdSample = []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-
-func goroutinesCreated() uint64 {
-	metrics.Read(createdSample)
-	return createdSample[0].Value.Uint64()
 }
