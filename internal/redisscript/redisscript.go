@@ -182,7 +182,7 @@ var BatchExtend = goredis.NewScript(graceSrc + waitedSrc + batchExtendSrc)
 // the lock's time left) if the lock holds the value, touching nothing
 // else: an election's leader publishes its value so. KEYS: lock. ARGV:
 // value, label. Reply: 1 set, 0 not held.
-var Relabel = goredis.NewScript(relabelSrc)
+var Relabel = goredis.NewScript(waitedSrc + relabelSrc)
 
 // Suffixes of the keys of a semaphore and of a read/write lock, appended
 // to the lock key of [Layout].
