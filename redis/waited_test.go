@@ -13,8 +13,8 @@ import (
 // TestNoticeOnlyWhenWaited checks that a release publishes its notice only
 // when an attempt of another owner was refused the lock (the waited mark,
 // redisscript.WaitedMark), and that a marked lock is still its holder's
-// for every script that compares the value: refresh, inspect (value and
-// label), a resent acquire, a resent release, TryAcquireAll.
+// for every script that compares the value: refresh, relabel, inspect
+// (value and label), a resent acquire, a resent release, TryAcquireAll.
 func TestNoticeOnlyWhenWaited(t *testing.T) {
 	c := standalone(t)
 	r := newResource(t, c)
@@ -55,9 +55,13 @@ func TestNoticeOnlyWhenWaited(t *testing.T) {
 	if err := r.Refresh(ctx, l); err != nil {
 		t.Errorf("Refresh of a marked lock = %v; want nil", err)
 	}
+	l.Label = "host-2" // an election's Proclaim
+	if err := r.Relabel(ctx, l); err != nil {
+		t.Errorf("Relabel of a marked lock = %v; want nil", err)
+	}
 	in, err := r.Inspect(ctx, key, backend.KindMutex)
-	if err != nil || len(in.Holders) != 1 || in.Holders[0].Token != l.Token || in.Holders[0].Label != "host-1" {
-		t.Errorf("Inspect of a marked lock = %+v, %v; want the holder, token %d, label host-1", in, err, l.Token)
+	if err != nil || len(in.Holders) != 1 || in.Holders[0].Token != l.Token || in.Holders[0].Label != "host-2" {
+		t.Errorf("Inspect of a marked lock = %+v, %v; want the holder, token %d, label host-2", in, err, l.Token)
 	}
 	// A resent acquire (its first run's reply lost) takes the marked lock.
 	again, err := redisscript.Acquire.Run(ctx, c, []string{lock}, l.Value, int64(60000)).Int64()
