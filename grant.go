@@ -92,7 +92,7 @@ type grant struct {
 	flags grantFlags
 	slack uint8 // the scheduler's (under its mutex): due may be taken this much early (slackBits)
 	refs  int32 // live handles
-	index int32 // the scheduler's (under its mutex): in its heap (registered); -1 when not
+	pos   int32 // the scheduler's (under its mutex): its place in the scheduler (registered); -1 when not
 
 	// Times on the facade's monotonic clock (see mono).
 	expiry  int64 // when the validity ends; never: the store keeps it alive

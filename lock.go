@@ -285,7 +285,7 @@ func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []stri
 		gr := new(grantRequest)
 		g, r, actx = &gr.grant, &gr.req, new(acqCtx)
 	}
-	g.d, g.req, g.index, g.first.g = d, r, -1, g
+	g.d, g.req, g.pos, g.first.g = d, r, -1, g
 	*r = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g, label: label}
 	if wait > 0 {
 		r.Deadline = time.Now().Add(wait)

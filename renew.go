@@ -18,61 +18,109 @@ import (
 // result does to its grant is decided by grant.step (evDue, evRefreshed).
 
 // scheduler keeps a DistributeLock's committed grants, from the commit
-// until released (Close releases what it holds), ordered by their next
-// timed event: a renewal or an expiry, or none (never) for a grant without
-// renewal that nobody watches, one the store keeps alive, or one lost or
-// being released. It runs the events from one timer armed for the
-// earliest, instead of a timer per lock. A grant tells it when it is next
-// due ([grant.scheduleLocked]); when the time comes the scheduler steps it
-// (evDue), and step decides what is due: the expiry, or a renewal, which
-// the scheduler sends ([DistributeLock.renew]).
+// until released (Close releases what it holds), and orders those with a
+// timed event, a renewal or an expiry, by when it is next due. A grant
+// without one (no renewal and nobody watches its Done, one the store
+// keeps alive, one lost or being released) is only registered: one slot
+// in an unordered slice, taken and given back in constant time. It runs
+// the events from one timer armed for the earliest, instead of a timer
+// per lock. A grant tells it when it is next due ([grant.scheduleLocked]);
+// when the time comes the scheduler steps it (evDue), and step decides
+// what is due: the expiry, or a renewal, which the scheduler sends
+// ([DistributeLock.renew]).
 //
 // One slice entry per held lock is all it costs: the grant carries its
-// own place in the heap, its due time and slack.
+// own place, its due time and slack.
 //
 // Lock order: a grant's mutex may be held while calling the scheduler;
 // the scheduler never takes a grant's mutex while holding its own.
 type scheduler struct {
 	mu    sync.Mutex
-	q     grantHeap
+	reg   []*grant    // the registered grants with no timed event, in no order
+	q     grantHeap   // the registered grants with a timed event, by due time
 	timer *time.Timer // armed for q[0].due while it is planned
 	armed int64       // when timer fires, on the facade's monotonic clock; 0: stopped
 }
 
-// schedule makes g due at at (never: no event planned), adding it or
-// moving it; it may be taken up to slack earlier (rounded down to a power
-// of two), with grants due before it.
+// A registered grant is in exactly one of q (g.due != never) and reg
+// (g.due == never), at g.pos; g.pos is -1 when it is not registered.
+
+// schedule registers g, if it is not, and makes it due at at (never: no
+// event planned); it may be taken up to slack earlier (rounded down to a
+// power of two), with grants due before it.
 func (s *scheduler) schedule(g *grant, at, slack int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if at == never {
+		if g.pos < 0 {
+			s.addLocked(g)
+		} else {
+			s.untimeLocked(g)
+		}
+		return
+	}
+	if g.pos >= 0 && g.due == never {
+		s.unregLocked(g)
+	}
+	timed := g.pos >= 0
 	g.due, g.slack = at, slackBits(slack)
-	if g.index >= 0 {
-		heap.Fix(&s.q, int(g.index))
+	if timed {
+		heap.Fix(&s.q, int(g.pos))
 	} else {
 		heap.Push(&s.q, g)
 	}
 	s.armLocked()
 }
 
-// unschedule plans no event for g, which stays registered; nothing if g is
-// not registered (an acquisition rolled back).
+// unschedule plans no event for g, which stays registered (if it was).
 func (s *scheduler) unschedule(g *grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if g.index >= 0 && g.due != never {
-		g.due, g.slack = never, 0
-		heap.Fix(&s.q, int(g.index))
-		s.armLocked()
+	if g.pos >= 0 {
+		s.untimeLocked(g)
 	}
+}
+
+// addLocked registers g with no timed event.
+func (s *scheduler) addLocked(g *grant) {
+	g.due, g.slack = never, 0
+	g.pos = int32(len(s.reg))
+	s.reg = append(s.reg, g)
+}
+
+// untimeLocked moves the registered g out of the timed events, if it is
+// there.
+func (s *scheduler) untimeLocked(g *grant) {
+	if g.due == never {
+		return
+	}
+	heap.Remove(&s.q, int(g.pos))
+	s.addLocked(g)
+	s.armLocked()
+}
+
+// unregLocked takes g, registered with no timed event, out of reg.
+func (s *scheduler) unregLocked(g *grant) {
+	i, last := g.pos, len(s.reg)-1
+	s.reg[i] = s.reg[last]
+	s.reg[i].pos = i
+	s.reg[last] = nil
+	s.reg = s.reg[:last]
+	g.pos = -1
 }
 
 // remove forgets g (released), if registered.
 func (s *scheduler) remove(g *grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if g.index >= 0 {
-		heap.Remove(&s.q, int(g.index))
+	switch {
+	case g.pos < 0:
+	case g.due != never:
+		heap.Remove(&s.q, int(g.pos))
+		g.due, g.slack = never, 0
 		s.armLocked()
+	default:
+		s.unregLocked(g)
 	}
 }
 
@@ -80,12 +128,13 @@ func (s *scheduler) remove(g *grant) {
 func (s *scheduler) grants() []*grant {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]*grant(nil), s.q...)
+	out := make([]*grant, 0, len(s.reg)+len(s.q))
+	return append(append(out, s.reg...), s.q...)
 }
 
 // armLocked arms the timer for the earliest due grant, or stops it.
 func (s *scheduler) armLocked() {
-	if len(s.q) == 0 || s.q[0].due == never {
+	if len(s.q) == 0 {
 		if s.timer != nil && s.armed != 0 {
 			s.timer.Stop()
 			s.armed = 0
@@ -112,10 +161,9 @@ func (s *scheduler) run() {
 	now := monoNow()
 	var due []*grant
 	s.mu.Lock()
-	for len(s.q) > 0 && s.q[0].due != never && s.q[0].due <= now+slackOf(s.q[0].slack) {
-		g := s.q[0]
-		g.due, g.slack = never, 0
-		heap.Fix(&s.q, 0)
+	for len(s.q) > 0 && s.q[0].due <= now+slackOf(s.q[0].slack) {
+		g := heap.Pop(&s.q).(*grant)
+		s.addLocked(g)
 		due = append(due, g)
 	}
 	s.armed = 0
@@ -156,18 +204,18 @@ func (h grantHeap) Len() int           { return len(h) }
 func (h grantHeap) Less(i, j int) bool { return h[i].due < h[j].due }
 func (h grantHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = int32(i), int32(j)
+	h[i].pos, h[j].pos = int32(i), int32(j)
 }
 func (h *grantHeap) Push(x any) {
 	g := x.(*grant)
-	g.index = int32(len(*h))
+	g.pos = int32(len(*h))
 	*h = append(*h, g)
 }
 func (h *grantHeap) Pop() any {
 	old := *h
 	g := old[len(old)-1]
 	old[len(old)-1] = nil
-	g.index = -1
+	g.pos = -1
 	*h = old[:len(old)-1]
 	return g
 }

@@ -414,6 +414,26 @@ type Watcher interface {
 	Watch(key string) (ch <-chan struct{}, cancel func())
 }
 
+// BoundedContext is implemented by the contexts the facade passes to
+// [Spinner.TryAcquire], [Waiter.Acquire] and [MultiSpinner.TryAcquireAll]:
+// the caller's context, bounded by the facade (the wait's end, or a
+// single attempt's bound) and, for an acquisition that may wait, ended
+// by the DistributeLock's Close.
+//
+// Its Deadline is the bound (or the caller's deadline, if earlier), and
+// its Err reports the bound's passing and Close as soon as it is asked.
+// Its Done closes at all of these too, but making it costs a timer and
+// callbacks: a store whose client bounds its I/O by the context's
+// deadline by itself (go-redis with ContextTimeoutEnabled, a connection
+// whose deadline the store sets) can watch Cancelled instead, and check
+// Err between requests. Cancelled returns a channel closed when the
+// caller's context ends, the one end of the context its deadline does not
+// tell, or nil when the caller's context cannot end; it costs nothing.
+type BoundedContext interface {
+	context.Context
+	Cancelled() <-chan struct{}
+}
+
 // KeyValidator is implemented by stores with limits on keys. The facade
 // calls ValidateKey before any I/O and returns its error to the caller.
 type KeyValidator interface {

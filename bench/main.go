@@ -133,6 +133,11 @@ func run(cfg config) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	// The peers' calls get a context that cannot be cancelled, as a job's
+	// or context.Background() is: an interrupt stops the run between
+	// stores. A caller's context that can be cancelled (a request's) is
+	// the distlock-cancellable peer's.
+	work := context.WithoutCancel(ctx)
 	s := newServers()
 	defer s.close()
 	log := logger{quiet: cfg.quiet}
@@ -163,7 +168,7 @@ func run(cfg config) error {
 				// Every store's group runs: the workload picks its own
 				// peers (kindsPeers), memory included.
 				log.printf("%s: %s, at %v", w, g[0].store, time.Since(rep.start).Round(time.Second))
-				rep.kinds(runKinds(ctx, cfg, s, w, g, log))
+				rep.kinds(runKinds(work, cfg, s, w, g, log))
 				continue
 			}
 			if g = runningIn(g, w); len(g) == 0 {
@@ -177,17 +182,17 @@ func run(cfg config) error {
 					n = cfg.parallel
 				}
 				cyc := withoutHotspot(g)
-				rs, pinned, err := runCycles(ctx, cfg, s, cyc, n, log)
+				rs, pinned, err := runCycles(work, cfg, s, cyc, n, log)
 				if err != nil {
 					return err
 				}
 				rep.cycles(w, g[0].store, rs, pinned)
 			case "contended":
-				rep.contended(g[0].store, runContendedAll(ctx, cfg, s, g, log))
+				rep.contended(g[0].store, runContendedAll(work, cfg, s, g, log))
 			case "handoff":
-				rep.handoff(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry}))
+				rep.handoff(g[0].store, runHandoff(work, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry}))
 			case wlElection:
-				rep.election(g[0].store, runHandoff(ctx, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry, election: true}))
+				rep.election(g[0].store, runHandoff(work, cfg, s, withoutHotspot(g), log, openOpts{ttl: cfg.ttl, retry: cfg.retry, election: true}))
 			case "scale":
 				if g[0].store == "postgres" {
 					if err := s.enablePGStatements(ctx); err != nil {
@@ -196,7 +201,7 @@ func run(cfg config) error {
 				}
 				var held []heldResult
 				for _, p := range withoutHotspot(g) {
-					h := runHeld(ctx, cfg, s, p)
+					h := runHeld(work, cfg, s, p)
 					log.printf("  %s: %d locks held in %v, %.0f B/lock, %.1f requests/s while held, %d lost (err %v)",
 						p.name, h.n, h.acquire.Round(time.Millisecond), h.bytesPerLock, h.perSec(h.requests), h.lost, h.err)
 					held = append(held, h)
@@ -205,7 +210,7 @@ func run(cfg config) error {
 				var hot []contendedResult
 				for _, p := range g {
 					if p.hotspot {
-						h := runHotKey(ctx, cfg, s, p)
+						h := runHotKey(work, cfg, s, p)
 						log.printf("  %s: %d/%d held, %.2f round trips per success, %v", p.label(), h.successes, h.attempts, per(h.c.rt, h.successes), h.wall.Round(time.Millisecond))
 						hot = append(hot, h)
 					}

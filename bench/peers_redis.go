@@ -106,7 +106,7 @@ func init() {
 	})
 	register(&peer{
 		name: "distlock", store: "redis", elects: true,
-		note:    "redis.New, defaults: one script (SET NX PX + INCR fence) per attempt, a release script that PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms); no auto-renew except in the scale workload",
+		note:    "redis.New, defaults: one script per attempt (SET NX PX, then the token: TIME and one SET ... GET of the fence), a release script that renames the lock to its trace and, when an attempt was refused the lock, PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms); no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: a refresh script per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
 			return openRedisDistlock(s, o)

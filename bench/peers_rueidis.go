@@ -48,6 +48,36 @@ func (c countedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) [
 type rueidislockInstance struct {
 	l    rueidislock.Locker
 	sent atomic.Int64
+
+	mu      sync.Mutex
+	guard   context.Context // see bounded
+	guardTo time.Time
+	stop    context.CancelFunc
+}
+
+// guardSpan is how long one guard context lives (see bounded).
+const guardSpan = time.Minute
+
+// bounded returns ctx, ended also within guardSpan: an uncontended
+// WithContext that finds its key held (a release whose invalidation was
+// lost, under load) waits for an invalidation with no timeout of its own,
+// and hung a whole bench run once. One guard serves every cycle of a
+// minute, so the bound costs the peer nothing per cycle.
+func (r *rueidislockInstance) bounded(ctx context.Context) context.Context {
+	if ctx.Done() != nil {
+		return ctx
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.guard == nil || time.Until(r.guardTo) < guardSpan/2 {
+		if r.stop != nil {
+			old := r.stop
+			time.AfterFunc(guardSpan, old) // cycles still on it end first
+		}
+		r.guardTo = time.Now().Add(guardSpan)
+		r.guard, r.stop = context.WithDeadline(ctx, r.guardTo)
+	}
+	return r.guard
 }
 
 func openRueidislock(_ context.Context, s *servers, o openOpts) (instance, error) {
@@ -76,7 +106,7 @@ func openRueidislock(_ context.Context, s *servers, o openOpts) (instance, error
 }
 
 func (r *rueidislockInstance) cycle(ctx context.Context, key string) error {
-	_, cancel, err := r.l.WithContext(ctx, key)
+	_, cancel, err := r.l.WithContext(r.bounded(ctx), key)
 	if err != nil {
 		return err
 	}
@@ -134,6 +164,11 @@ func (r *rueidislockInstance) waiting(_ context.Context, _ string, mark int64) b
 
 func (r *rueidislockInstance) close() error {
 	r.l.Close()
+	r.mu.Lock()
+	if r.stop != nil {
+		r.stop()
+	}
+	r.mu.Unlock()
 	return nil
 }
 

@@ -60,12 +60,34 @@ func (r *report) targets(b *strings.Builder) {
 		return nil
 	}
 
+	// par is the median ratio of a peer's rate to another's, same round,
+	// in the parallel workload with the run's goroutines.
+	par := func(store, a, b string) float64 {
+		var ra, rb *cycleResult
+		for _, c := range r.cyc["parallel/"+store] {
+			if c.err != nil || len(c.rounds) == 0 {
+				continue
+			}
+			switch c.p.name {
+			case a:
+				ra = c
+			case b:
+				rb = c
+			}
+		}
+		return vs(ra, rb)
+	}
+
 	dl, floor := cyc("redis", "distlock"), cyc("redis", "floor")
 	x := vs(dl, floor)
-	add("Redis cycle >= 0.9x the floor", f2(x)+"x", x >= 0.9, known(x))
+	add("Redis cycle >= 0.95x the floor (fenced)", f2(x)+"x", x >= 0.95, known(x))
 	for _, peer := range []string{"redislock", "redsync-1"} {
 		x := vs(dl, cyc("redis", peer))
 		add("Redis cycle >= 1.0x "+peer, f2(x)+"x", x >= 1.0, known(x))
+	}
+	if x, y := par("redis", "distlock", "floor"), par("redis", "distlock", "rueidislock"); known(x) {
+		add(fmt.Sprintf("Redis, %d goroutines on distinct keys: >= 1.0x the floor and >= rueidislock", r.cfg.parallel),
+			fmt.Sprintf("%sx the floor, %sx rueidislock", f2(x), f2(y)), x >= 1.0 && y >= 1.0, true)
 	}
 	if dl != nil && floor != nil {
 		a, f := per(int64(dl.mallocs), dl.cycles), per(int64(floor.mallocs), floor.cycles)
@@ -76,16 +98,18 @@ func (r *report) targets(b *strings.Builder) {
 	h := hand("redis", "distlock")
 	add("Redis handoff p50 <= 2ms (with wake-up)", f2(h)+"ms", h <= 2, known(h))
 	x = vs(cyc("etcd", "distlock"), cyc("etcd", "concurrency.Mutex"))
-	add("etcd cycle >= 0.9x concurrency.Mutex (WithAutoRenew, as the Mutex's Session)", f2(x)+"x", x >= 0.9, known(x))
+	add("etcd cycle >= 1.0x concurrency.Mutex (WithAutoRenew, as the Mutex's Session)", f2(x)+"x", x >= 1.0, known(x))
 	if x := vs(cyc("etcd", "distlock-ttl"), cyc("etcd", "concurrency.Mutex")); known(x) {
 		rows = append(rows, row{"(distlock without WithAutoRenew: a lease per lock, same run)", f2(x) + "x"})
 	}
 	h = hand("etcd", "distlock")
 	add("etcd handoff p50 <= 5ms", f2(h)+"ms", h <= 5, known(h))
 	x = vs(cyc("zookeeper", "distlock"), cyc("zookeeper", "zk.Lock"))
-	add("ZooKeeper cycle >= 0.9x zk.Lock", f2(x)+"x", x >= 0.9, known(x))
+	add("ZooKeeper cycle >= 1.0x zk.Lock", f2(x)+"x", x >= 1.0, known(x))
 	x = hand("zookeeper", "distlock") / hand("zookeeper", "zk.Lock")
 	add("ZooKeeper handoff p50 within 1.2x of zk.Lock's", f2(x)+"x", x <= 1.2, known(x))
+	x = vs(cyc("postgres", "distlock"), cyc("postgres", "floor"))
+	add("PostgreSQL cycle >= 0.95x the bare pgx floor", f2(x)+"x", x >= 0.95, known(x))
 	// The target is for the hotspot with wake-up across processes: the
 	// release notices wake the other instances' waiters, and WithYield
 	// makes the releasing instance's next waiter wait for its turn. The
@@ -97,6 +121,11 @@ func (r *report) targets(b *strings.Builder) {
 		add(target, fmt.Sprintf("%s per success, %d timeouts", f2(rt), c.timeouts), rt <= 4 && c.timeouts == 0, true)
 	} else {
 		add(target, "-", false, false)
+	}
+	if c, rl := cont("redis", "distlock", short), cont("redis", "redislock", short); c != nil && rl != nil {
+		a, b := per(c.c.rt, c.successes), per(rl.c.rt, rl.successes)
+		add("Redis contended, "+short+", no hotspot: requests per success <= redislock's",
+			fmt.Sprintf("%s vs %s", f2(a), f2(b)), a <= b, true)
 	}
 	for _, ref := range []struct{ name, label string }{
 		{"distlock+hotspot", "(distlock+hotspot without WithYield, same variant)"},

@@ -86,19 +86,15 @@ func wake(t testing.TB, ch <-chan struct{}, what string) {
 	}
 }
 
-// notices checks that releases of each key through r reach its waiter in
-// chans: twice, each release then a wake-up, so that at least one wake-up
+// notices checks that releases of each key through r, each waited for,
+// reach its waiter in chans: twice, each release then a wake-up, so that at least one wake-up
 // is a notice even if a subscription's confirmation (which comes once)
 // arrives meanwhile.
 func notices(t testing.TB, r *redis.Resource, keys []string, chans []<-chan struct{}) {
 	t.Helper()
 	for i, key := range keys {
 		for range 2 {
-			l := newLease(key, time.Minute)
-			mustAcquire(t, r, l)
-			if err := r.Release(context.Background(), l); err != nil {
-				t.Fatalf("Release(%q) = %v", key, err)
-			}
+			waitedCycle(t, r, key)
 			wake(t, chans[i], "the release notice of "+key)
 		}
 	}
@@ -414,11 +410,7 @@ func TestHubRandomized(t *testing.T) {
 					continue
 				}
 				for range 2 { // see notices(): one wake-up may be a confirmation
-					l := newLease(keys[k], time.Minute)
-					mustAcquire(t, other, l)
-					if err := other.Release(context.Background(), l); err != nil {
-						t.Fatal(err)
-					}
+					waitedCycle(t, other, keys[k])
 					for _, ch := range chans {
 						wake(t, ch, "a release notice of "+keys[k])
 					}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // Natural batching.
@@ -60,6 +62,7 @@ const (
 // stopped waiting after it was sent (its batch may still write to it).
 type call struct {
 	ctx  context.Context
+	io   ioContext // ctx as the client sees it, for a bounded context (see send)
 	s    *goredis.Script
 	keys []string
 	cmd  []any
@@ -93,8 +96,9 @@ var batches = sync.Pool{New: func() any { return new(batch) }}
 // returns when the reply came or ctx ended, whichever is first: a client
 // honours a context's deadline only when built with ContextTimeoutEnabled,
 // and its cancellation never, so the request runs on a worker goroutine
-// whenever ctx can end, batched with the calls that overlap it (see
-// Natural batching above). A request cut short that way runs on until
+// whenever ctx can end before the client returns (see send), batched with
+// the calls that overlap it (see Natural batching above). A request cut
+// short that way runs on until
 // the client gives up on it (its ReadTimeout, or the batch's deadline
 // under ContextTimeoutEnabled), and may still reach the server: the
 // caller decides what that means (see TryAcquire).
@@ -144,9 +148,23 @@ func evalsha(sha any, keys []string, args ...any) []any {
 
 // send runs c, from newCall, as run does, and gives it back to the pool
 // (unless a batch may still read it).
+//
+// A call whose context cannot end runs on the caller's goroutine, unless
+// it is batched with calls queued before it. So does one whose context is
+// an acquisition's (backend.BoundedContext) that the caller cannot
+// cancel, when the client bounds its I/O by the context's deadline (see
+// boundedView): the client then returns by the deadline itself, and Close
+// is seen between requests (Err), so nothing needs watching. Only a call
+// whose context may end before the client would return waits for its
+// reply from another goroutine, to return at that end.
 func (r *Resource) send(ctx context.Context, c *call) (int64, any, error) {
-	done := ctx.Done()
-	c.ctx = ctx
+	var done <-chan struct{}
+	if bc, ok := ctx.(backend.BoundedContext); ok && r.bounded {
+		c.io.BoundedContext = bc
+		c.ctx, done = &c.io, bc.Cancelled()
+	} else {
+		c.ctx, done = ctx, ctx.Done()
+	}
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
 	c.state = callQueued
@@ -199,6 +217,15 @@ func (r *Resource) send(ctx context.Context, c *call) (int64, any, error) {
 	calls.Put(c)
 	return v, val, err
 }
+
+// ioContext is an acquisition's context as the client sees it when the
+// client bounds its I/O by the deadline: its Done is the caller's
+// cancellation only (Cancelled), which costs no timer; Deadline, Err and
+// Value are the context's own.
+type ioContext struct{ backend.BoundedContext }
+
+// Done returns the caller's cancellation.
+func (c *ioContext) Done() <-chan struct{} { return c.BoundedContext.Cancelled() }
 
 // nextLocked returns the queued calls as a batch, counted in flight, when
 // there are some and fewer than maxInFlight batches are; else nil. r.mu

@@ -23,12 +23,12 @@
 // Every operation is one Lua script run by EVALSHA (falling back to EVAL
 // once per server that has not cached the script):
 //   - acquire: SET lock value NX PX ttl; on success take the next token
-//     from the fence (see Fencing tokens) and return it; on failure return
-//     the holder's PTTL, so the spin loop never sleeps past the holder's
-//     expiry;
+//     from the fence (TIME, then one SET ... GET: see Fencing tokens) and
+//     return it; on failure return the holder's PTTL, so the spin loop
+//     never sleeps past the holder's expiry;
 //   - release: compare-and-delete (a RENAME to the release's trace, see
-//     [Resource.Release]), then PUBLISH (SPUBLISH on Cluster) a release
-//     notice on the key's channel;
+//     [Resource.Release]), then, when someone waits (see Wake-up),
+//     PUBLISH (SPUBLISH on Cluster) a release notice on the key's channel;
 //   - refresh: compare-and-PEXPIRE, of the lock and its fence; many locks
 //     at once in one script (see Many locks);
 //   - relabel (backend.Relabeler, an election's Proclaim): if the lock
@@ -48,7 +48,14 @@
 // living one lease TTL, and the acquire script does not take the lock for a
 // value whose tombstone exists. Scripts run one at a time, so whichever of
 // the two comes second sees the first: a failed attempt leaves no orphan,
-// unless its request is delayed by more than the TTL. The client itself may
+// unless its request is delayed by more than the TTL. The acquire script
+// looks for a tombstone only while one can exist: the clean-up also makes
+// the lock's tombstone hint, prefix{k'}:dead, live as long as the
+// tombstone, and marks the fence (its token negated); a grant reads the
+// mark with the token, and asks the hint only when the fence is marked or
+// missing. An uncontended cycle thus runs seven commands on the server:
+// EVALSHA, SET, TIME and SET of the fence; EVALSHA, GET and RENAME. The
+// client itself may
 // resend an acquire whose reply it lost (go-redis retries a command after a
 // read timeout, up to MaxRetries): the acquire script counts a lock that
 // already holds the attempt's own value as acquired, so the resent request
@@ -175,10 +182,16 @@
 //
 // Every call returns when its context ends, whatever the server does. A
 // go-redis client stops at a context's deadline only when created with
-// ContextTimeoutEnabled, and never at a cancellation without a deadline, so
-// the Resource runs a request whose context can end on a worker goroutine
-// and stops waiting for it when the context ends (a call alone with a
-// context that cannot end, context.Background(), runs in the caller's).
+// ContextTimeoutEnabled, and never at a cancellation without a deadline.
+// The Resource gives a *goredis.Client that bound for its own requests
+// (see [New]), so an acquisition's request whose context only its
+// deadline can end (the facade's context over a caller's that cannot be
+// cancelled: Close is seen between requests) runs in the caller's
+// goroutine and returns by its deadline, as does a call alone with a
+// context that cannot end at all (context.Background()): an uncontended
+// cycle costs no goroutine handoff, timer or context callback. A request
+// whose context the caller can cancel runs on a worker goroutine, and the
+// caller stops waiting for it when the context ends.
 // A call still waiting for the next batch when its context ends is never
 // sent. One sent runs on until the client gives up on it (its
 // ReadTimeout, 5s by default, or the context's deadline with
@@ -211,7 +224,8 @@
 // named like the lock key. The prefix is "distlock:" unless [WithPrefix]
 // sets another; it is escaped the same way, so its braces never make the
 // tag. A failed acquire's tombstone, prefix{k'}:dead:value, lives in the
-// same slot for one lease TTL. A mutex holder's label (distlock.WithLabel)
+// same slot for one lease TTL, and the lock's tombstone hint,
+// prefix{k'}:dead, as long as its longest-lived tombstone. A mutex holder's label (distlock.WithLabel)
 // is kept beside the lock, in prefix{k'}:label, with the lock's expiry. A
 // release renames the lock to prefix{k'}:released (see
 // [Resource.Release]). The semaphore of k uses prefix{k'}:sem (holders),
@@ -262,6 +276,14 @@
 // grants within one microsecond only). So tokens never go backwards when
 // a fence expires, unless the server's clock was stepped back by more
 // than the grace meanwhile.
+//
+// A grant reads the clock (TIME) even while the fence lives: the one SET
+// ... PX ... GET that takes the last token must write the new one, so it
+// must know it before it runs, and it must push the fence's expiry past
+// the new lock's (Inspect reads a holder's token from the fence). An INCR
+// would take the token without the clock but leave the expiry, costing a
+// PEXPIRE instead: either way two commands, the uncontended cycle's
+// seventh.
 //
 // The clock is also what keeps tokens from going backwards when the fence
 // key is lost. A server without persistence (no AOF, as a cache node is often
@@ -321,11 +343,17 @@
 // key's channel only while a waiter in this process waits for it. When
 // Redis confirms a subscription (the first time, or again after a
 // reconnect) the waiters retry once too, so a release that came before the
-// subscription is not slept through. Every release publishes: a waiter may
-// wait without having tried against the current holder (hotspot's
-// WithYield waits for the next notice before it tries), so the release
-// cannot tell that nobody waits; a notice nobody hears costs one PUBLISH
-// with no subscriber. Notices are hints: a lost or failed subscription
+// subscription is not slept through. A mutex's release publishes only when
+// someone waits: an attempt refused the lock marks it as waited for
+// (redisscript.WaitedMark appended to the holder's value, one APPEND per
+// holder), and an acquisition that was refused once takes the lock marked
+// itself, as one likely to be waited for (a waiter may wait for the next
+// notice without trying against the holder: hotspot's WithYield). So an
+// uncontended lock is released without a PUBLISH; a release of a lock
+// whose last refused waiter gave up sends a notice nobody hears. Every
+// compare of the value ignores the mark, which is why an owner value
+// ending with a NUL byte is refused (backend.ErrInvalid). A semaphore's
+// or read/write lock's release always publishes. Notices are hints: a lost or failed subscription
 // costs only latency, as the spin loop keeps retrying on its own.
 //
 // A subscription connection that breaks is dialled again and its channels

@@ -141,7 +141,9 @@ func TestDelayedAcquireAfterCleanup(t *testing.T) {
 		if v, err := c.Do(ctx, hook.held...).Int64(); err != nil || v >= 0 {
 			t.Errorf("late acquire while held = %d, %v; want the holder's negative PTTL", v, err)
 		}
-		if got, _ := c.Get(ctx, lock).Result(); got != next.Value {
+		// (The refused request marks the lock as waited for: the value
+		// with redisscript.WaitedMark.)
+		if got, _ := c.Get(ctx, lock).Result(); strings.TrimSuffix(got, redisscript.WaitedMark) != next.Value {
 			t.Errorf("lock holds %q; want the holder's %q", got, next.Value)
 		}
 		if err := r.Release(ctx, next); err != nil {
@@ -213,8 +215,16 @@ func TestReleaseWhenPublishDenied(t *testing.T) {
 	r := newResource(t, c)
 	l := newLease(uniqueKey(t), time.Minute)
 	mustAcquire(t, r, l)
+	// A refused attempt, so that the release sends its notice.
+	if ok, _, err := r.TryAcquire(ctx, newLease(l.Key, time.Minute)); ok || err != nil {
+		t.Fatalf("TryAcquire of a held lock = %v, %v; want false, nil", ok, err)
+	}
+	before := commandRejections(t, admin)
 	if err := r.Release(ctx, l); err != nil {
 		t.Fatalf("Release with PUBLISH denied = %v; want nil", err)
+	}
+	if d := statsDelta(before, commandRejections(t, admin)); d["publish.rejected"] != 1 {
+		t.Errorf("rejected calls during the release: %v; want its PUBLISH refused once", d)
 	}
 	lock, _ := redisscript.Layout(redis.DefaultPrefix, l.Key)
 	if exists(t, admin, lock) {

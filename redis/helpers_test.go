@@ -14,6 +14,7 @@ import (
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/redis"
 )
 
 // standalone starts a Redis server for t and returns a client of it.
@@ -45,6 +46,21 @@ func newLease(key string, ttl time.Duration) *backend.Lease {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return &backend.Lease{Key: key, Value: hex.EncodeToString(b[:]), TTL: ttl}
+}
+
+// waitedCycle takes key through r, has an attempt of another owner
+// refused it (as a waiter's first attempt is, which marks the lock as
+// waited for: its release sends a notice), and releases it.
+func waitedCycle(t testing.TB, r *redis.Resource, key string) {
+	t.Helper()
+	l := newLease(key, time.Minute)
+	mustAcquire(t, r, l)
+	if ok, _, err := r.TryAcquire(context.Background(), newLease(key, time.Minute)); ok || err != nil {
+		t.Fatalf("TryAcquire(%q) of a held lock = %v, %v; want false, nil", key, ok, err)
+	}
+	if err := r.Release(context.Background(), l); err != nil {
+		t.Fatalf("Release(%q) = %v", key, err)
+	}
 }
 
 // cleanupCtx is for t.Cleanup: t.Context() is already cancelled there.

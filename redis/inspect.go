@@ -157,6 +157,9 @@ func (r *Resource) TryAcquireAll(ctx context.Context, ls []*backend.Lease) (bool
 		if l.Kind != backend.KindMutex {
 			return false, 0, errors.ErrUnsupported
 		}
+		if err := checkValue(l); err != nil {
+			return false, 0, err
+		}
 		hs[i] = r.newHandle(l)
 		keys = append(keys, hs[i].keys[0], hs[i].keys[1])
 		if r.cluster != nil && redisscript.Slot(keys[2*i]) != redisscript.Slot(keys[0]) {

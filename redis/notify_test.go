@@ -201,11 +201,7 @@ func TestSubscribeRefcount(t *testing.T) {
 			}
 		}
 
-		l := newLease(key, time.Minute)
-		mustAcquire(t, r, l)
-		if err := r.Release(ctx, l); err != nil {
-			t.Fatal(err)
-		}
+		waitedCycle(t, r, key)
 		for i, ch := range []<-chan struct{}{ch1, ch2} {
 			select {
 			case <-ch:

@@ -7,9 +7,11 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -52,6 +54,9 @@ var (
 type Resource struct {
 	c       goredis.UniversalClient
 	cluster *goredis.ClusterClient // c, when it is a Cluster client
+	// bounded says that c bounds the I/O of a request by its context's
+	// deadline when the context is an acquisition's (see boundedView).
+	bounded bool
 	prefix  string
 	publish any // redisscript.Publish or ShardedPublish, boxed once
 
@@ -113,6 +118,16 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 // NewFailoverClient, or a *goredis.ClusterClient. The caller owns c: the
 // Resource never closes it. New does no I/O.
 //
+// An acquisition's request runs on the caller's goroutine, bounded by the
+// acquisition's deadline, when the client bounds its I/O by its context's
+// deadline and the caller's context cannot be cancelled; otherwise it
+// waits for its reply from another goroutine. A *goredis.Client built
+// without ContextTimeoutEnabled is given that bound for the Resource's
+// requests only: the first New over it adds a hook to it, after its own
+// hooks, which sends them through a view of the client (same pool) that
+// has ContextTimeoutEnabled; its other requests are as before. A Cluster
+// or Ring client has it when built with ContextTimeoutEnabled.
+//
 // New returns an error wrapping [backend.ErrInvalid] (distlock.ErrInvalid)
 // for a nil c or a nil option.
 func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
@@ -121,6 +136,7 @@ func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
 	}
 	r := &Resource{c: c, prefix: DefaultPrefix, publish: redisscript.Publish,
 		tasks: make(chan *batch), quit: make(chan struct{})}
+	r.bounded = boundedView(c)
 	if cc, ok := c.(*goredis.ClusterClient); ok {
 		r.cluster = cc
 		r.publish = redisscript.ShardedPublish
@@ -136,6 +152,101 @@ func New(c goredis.UniversalClient, opts ...Option) (*Resource, error) {
 		r.hub = newHub(c, r.cluster)
 	}
 	return r, nil
+}
+
+// boundedView makes c bound the I/O of the Resource's requests by their
+// context's deadline (go-redis's ContextTimeoutEnabled) when their context
+// is an acquisition's (see send), and reports whether it does: a request
+// whose context can end only at its deadline then runs on the caller's
+// goroutine and still returns by it.
+//
+// A *goredis.Client built without ContextTimeoutEnabled gets a view of
+// itself with it (WithTimeout, with its own timeouts: it shares the
+// client's connection pool) and a hook, added last, so innermost: after
+// every hook the client has, which see the requests as before, it sends
+// the Resource's bounded requests (their context is an *ioContext, or a
+// batch's) through the view; every other request goes on as before. A
+// Cluster or Ring client is bounded if it was built with
+// ContextTimeoutEnabled. A client that sets no I/O deadlines at all (a
+// negative ReadTimeout or WriteTimeout) is not bounded. A client gets
+// one view and one hook, the first time a Resource is made over it;
+// hooks added to it after that are inner to the view's, and do not see
+// the bounded requests.
+func boundedView(c goredis.UniversalClient) bool {
+	deadlines := func(read, write time.Duration) bool { return read >= 0 && write >= 0 }
+	switch c := c.(type) {
+	case *goredis.Client:
+		o := c.Options()
+		if !deadlines(o.ReadTimeout, o.WriteTimeout) {
+			return false
+		}
+		if o.ContextTimeoutEnabled {
+			return true
+		}
+		key := weak.Make(c)
+		if _, ok := views.Load(key); ok {
+			return true // an earlier Resource over c added the hook
+		}
+		viewsMu.Lock()
+		defer viewsMu.Unlock()
+		if _, ok := views.Load(key); ok {
+			return true
+		}
+		v := c.WithTimeout(o.ReadTimeout)
+		vo := v.Options() // the view's own copy
+		vo.WriteTimeout = o.WriteTimeout
+		vo.ContextTimeoutEnabled = true
+		c.AddHook(viewHook{v})
+		views.Store(key, struct{}{})
+		runtime.AddCleanup(c, func(k weak.Pointer[goredis.Client]) { views.Delete(k) }, key)
+		return true
+	case *goredis.ClusterClient:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && deadlines(o.ReadTimeout, o.WriteTimeout)
+	case *goredis.Ring:
+		o := c.Options()
+		return o.ContextTimeoutEnabled && deadlines(o.ReadTimeout, o.WriteTimeout)
+	}
+	return false
+}
+
+// views holds the clients boundedView gave a view and its hook, so that
+// one client gets one hook however many Resources are made over it; an
+// entry goes with its client.
+var (
+	views   sync.Map // weak.Pointer[goredis.Client] -> struct{}
+	viewsMu sync.Mutex
+)
+
+// viewHook sends the Resource's bounded requests through view, a
+// ContextTimeoutEnabled view of the client it is added to (see
+// boundedView). A WithTimeout view has none of the client's hooks: they
+// ran already, outside this one.
+type viewHook struct{ view *goredis.Client }
+
+func (viewHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h viewHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if _, ok := ctx.(*ioContext); ok {
+			return h.view.Process(ctx, cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h viewHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if _, ok := ctx.(deadlineContext); !ok {
+			return next(ctx, cmds)
+		}
+		pipe := h.view.Pipeline()
+		for _, cmd := range cmds {
+			_ = pipe.Process(ctx, cmd)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
 }
 
 // isNil reports whether c is nil, or a nil pointer of one of go-redis's
@@ -167,6 +278,7 @@ type handle struct {
 	value   string    // the owner value the commands were built from
 	ms      int64     // the TTL in acq
 	labeled bool      // acq carries a label, and the lock a label key
+	marked  bool      // acq's value carries redisscript.WaitedMark (an attempt was refused)
 	keys    [2]string // lock, fence
 	acq     [8]any    // EVALSHA acquire 2 lock fence value ms [label]
 }
@@ -219,7 +331,7 @@ func (r *Resource) boxMillis(ms int64) any {
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := handles.Get().(*handle)
-	h.key, h.value, h.ms, h.labeled = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != ""
+	h.key, h.value, h.ms, h.labeled, h.marked = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != "", false
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
 	h.acq = [8]any{"evalsha", acquireSHA, 2, h.keys[0], h.keys[1], l.Value, r.boxMillis(h.ms), l.Label}
 	return h
@@ -266,6 +378,16 @@ func await(ctx context.Context, f func()) bool {
 			return false
 		}
 	}
+}
+
+// checkValue refuses a mutex's owner value that ends with
+// redisscript.WaitedMark, which the scripts could not tell from its marked
+// form (a lock an attempt of another value was refused).
+func checkValue(l *backend.Lease) error {
+	if v := l.Value; v == "" || v[len(v)-1] == redisscript.WaitedMark[0] {
+		return fmt.Errorf("redis: acquire %q: %w: an owner value must not be empty nor end with a NUL byte", l.Key, backend.ErrInvalid)
+	}
+	return nil
 }
 
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
@@ -318,6 +440,9 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if l.Kind != backend.KindMutex {
 		return r.tryAcquireKind(ctx, l, ms)
 	}
+	if err := checkValue(l); err != nil {
+		return false, 0, err
+	}
 	h, ok := l.Handle.(*handle)
 	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
 		h = r.newHandle(l)
@@ -337,6 +462,14 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			func(ctx context.Context) error { return r.cleanup(ctx, h) })
 	}
 	acquired, token, holderTTL := redisscript.DecodeAcquire(v)
+	if !acquired && !h.marked {
+		// An acquisition that had to wait is likely to be waited for
+		// too (a waiter may wait for the next notice without trying
+		// against the holder: hotspot's WithYield): its next attempts
+		// set the lock with the waited mark, so that its release sends
+		// the notice.
+		h.acq[5], h.marked = h.value+redisscript.WaitedMark, true
+	}
 	if acquired {
 		// The attempts are over: nothing of the handle is needed while
 		// the lock is held, and nothing refers to it but l (the request
@@ -446,14 +579,15 @@ func (r *Resource) cleanup(ctx context.Context, h *handle) error {
 	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	// Built here, not kept in the handle: clean-ups are rare.
-	cmd := []any{"evalsha", cleanupSHA, 1, h.acq[3], h.acq[5], h.acq[6], r.publish}
-	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:1], cmd)
+	cmd := []any{"evalsha", cleanupSHA, 2, h.acq[3], h.acq[4], h.acq[5], h.acq[6], r.publish}
+	_, err := r.run(ctx, redisscript.Cleanup, h.keys[:], cmd)
 	return err
 }
 
 // Release implements [backend.RemoteResource] with one script call: delete
-// the key if it holds l.Value and publish a release notice on the key's
-// channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
+// the key if it holds l.Value and, when someone waits for it (an attempt
+// was refused the lock: see Wake-up in the package doc), publish
+// a release notice on the key's channel (SPUBLISH on Cluster). It returns [backend.ErrNotHeld] when the
 // key expired or holds another value. It returns when ctx ends, with an
 // error wrapping ctx's: the lock may then still be held (the request may
 // also still reach the server and delete it), and Release may be called

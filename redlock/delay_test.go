@@ -69,7 +69,7 @@ func evalshaCalls(t testing.TB, node *goredis.Client) int64 {
 func (c *cluster) loadScripts(t testing.TB) {
 	t.Helper()
 	for i, in := range c.inspect {
-		for _, s := range []*goredis.Script{redisscript.Acquire, redisscript.Release, redisscript.Cleanup, redisscript.Extend} {
+		for _, s := range []*goredis.Script{redisscript.AcquireQuiet, redisscript.Release, redisscript.Cleanup, redisscript.Extend} {
 			if err := s.Load(context.Background(), in).Err(); err != nil {
 				t.Fatalf("SCRIPT LOAD on node %d: %v", i, err)
 			}
@@ -102,7 +102,7 @@ func TestDelayedSetOfContendedRound(t *testing.T) {
 	key := uniqueKey(t)
 	c.hold(t, key, "other", time.Minute, 0, 1, 2)
 
-	set := holdScript(t, p, redisscript.Acquire)
+	set := holdScript(t, p, redisscript.AcquireQuiet)
 	before := evalshaCalls(t, c.inspect[4])
 	l := newLease(key, delayTestTTL)
 	if ok, _, err := r.TryAcquire(ctx, l); ok || err != nil {
@@ -173,7 +173,7 @@ func TestDelayedCleanupOfContendedRound(t *testing.T) {
 	// delayed (on two connections: go-redis drops one whose reply is
 	// late), so the round's clean-up cannot fail on a node that set the
 	// key, and the spin loop tries again.
-	set := holdScript(t, p, redisscript.Acquire)
+	set := holdScript(t, p, redisscript.AcquireQuiet)
 	cleanup := holdScript(t, p, redisscript.Release, redisscript.Cleanup)
 	before := evalshaCalls(t, c.inspect[4])
 	l := newLease(key, delayTestTTL)

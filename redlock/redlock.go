@@ -256,7 +256,7 @@ var testHookAfterWait func()
 
 // The scripts' SHA1 digests, boxed once.
 var (
-	acquireSHA any = redisscript.Acquire.Hash()
+	acquireSHA any = redisscript.AcquireQuiet.Hash()
 	extendSHA  any = redisscript.Extend.Hash()
 	releaseSHA any = redisscript.Release.Hash()
 	cleanupSHA any = redisscript.Cleanup.Hash()

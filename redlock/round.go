@@ -40,7 +40,7 @@ const (
 func (o op) script() *goredis.Script {
 	switch o {
 	case opAcquire:
-		return redisscript.Acquire
+		return redisscript.AcquireQuiet
 	case opExtend:
 		return redisscript.Extend
 	case opCleanup:

@@ -9,15 +9,17 @@
 -- Returns > 0 when acquired: the fencing token (next_token of KEYS[2], the
 -- hybrid clock of clock.lua), or 1 when no fence key was given. Returns <= 0 when another owner holds the lock:
 -- minus the holder's remaining milliseconds (0 when unknown).
--- Returns the error DEAD, and leaves the lock as it was, when the tombstone
--- of ARGV[1], KEYS[1]..':dead:'..ARGV[1], exists (cleanup.lua): this request
--- was overtaken by its own clean-up (it was delayed on the way), and its
--- owner has given the value up. Scripts run one at a time, so of a request
--- and its clean-up the second sees the first. The tombstone is looked up
--- only once SET succeeded: a contended attempt pays nothing for it. Its
--- name is built here rather than passed: it shares KEYS[1]'s hash tag, so
--- it lives in its Cluster slot, and the request stays as small as one
--- without it.
+-- Returns the error DEAD, and leaves the lock and fence as they were,
+-- when the tombstone of ARGV[1], KEYS[1]..':dead:'..ARGV[1], exists
+-- (cleanup.lua): this request was overtaken by its own clean-up (it was
+-- delayed on the way), and its owner has given the value up. Scripts run
+-- one at a time, so of a request and its clean-up the second sees the
+-- first. The tombstone is looked up only once SET succeeded, and, with a
+-- fence, only while next_token reports that one may exist (the clean-up's
+-- hint lives, and marks the fence): an uncontended attempt pays nothing
+-- for it. Its name is built here rather than passed: it shares KEYS[1]'s
+-- hash tag, so it lives in its Cluster slot, and the request stays as
+-- small as one without it.
 -- When the lock already holds ARGV[1], this request is a second run of one
 -- that took it: a client resent it after losing the first reply (go-redis
 -- retries a command after a read timeout), or the first run was a copy of
@@ -28,25 +30,51 @@
 -- started this attempt, from which the holder counts the lock's validity,
 -- and the lock must not end sooner than that. The value check costs a
 -- contended attempt one GET.
+-- A refused attempt marks the lock as waited for (mark_waited, once per
+-- holder: one APPEND), so that its release sends a notice (release.lua);
+-- a lock nobody asked for is released without one. ARGV[1] may carry the
+-- mark itself: an acquisition that was refused before sets it so, as one
+-- likely to be waited for (the redis package does).
+local function dead()
+  return redis.call('EXISTS', KEYS[1] .. ':dead:' .. unmarked(ARGV[1])) == 1
+end
+local function refuse()
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('EXISTS', KEYS[1] .. ':dead:' .. ARGV[1]) == 1 then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('DEAD owner value given up by a failed acquire; acquire with a fresh one')
+  if not KEYS[2] and dead() then
+    return refuse()
   end
-elseif redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 then
-    return 0
+  local v = redis.call('GET', KEYS[1])
+  if same(v, ARGV[1]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  else
+    mark_waited(KEYS[1], v)
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl < 0 then
+      return 0
+    end
+    return -ttl
   end
-  return -ttl
 end
 -- Acquired.
+local tok = 1
+if KEYS[2] then
+  local marked, prev
+  tok, marked, prev = next_token(KEYS[2], ARGV[2], KEYS[1] .. ':dead')
+  if marked and dead() then
+    -- No token taken: the fence goes back to what it held.
+    if prev then
+      redis.call('SET', KEYS[2], prev, 'KEEPTTL')
+    else
+      redis.call('DEL', KEYS[2])
+    end
+    return refuse()
+  end
+end
 if ARGV[3] then
   redis.call('SET', KEYS[1] .. ':label', string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[3], 'PX', ARGV[2])
 end
-if KEYS[2] then
-  return next_token(KEYS[2], ARGV[2])
-end
-return 1
+return tok

@@ -6,11 +6,13 @@
 -- when it has a label key (acquire.lua), else ''
 -- Each lock's fence, KEYS[i]..':fence', is lengthened with it (to the
 -- lock's expiry plus FENCE_GRACE_MS, see clock.lua).
+-- A lock holds its owner value with or without the waited mark (waited.lua).
 -- Returns one result per lock, in order: 1 extended, 0 not held.
 local out = {}
 for i = 1, #KEYS do
   local j = 3 * i - 2
-  if redis.call('GET', KEYS[i]) == ARGV[j] then
+  local v = redis.call('GET', KEYS[i])
+  if same(v, ARGV[j]) then
     if ARGV[j + 2] == '1' then
       redis.call('PEXPIRE', KEYS[i] .. ':label', ARGV[j + 1])
     end

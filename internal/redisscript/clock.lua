@@ -26,18 +26,47 @@
 -- microsecond, one script each: never by the grace). A server clock
 -- stepped back by more than the grace meanwhile breaks that, as it does
 -- for a lost fence.
--- One GET and one SET: as many commands as an INCR and an INCRBY, and the
--- SET carries the expiry.
+-- While a mutex's tombstone may exist (cleanup.lua), its fence holds the
+-- last token negated: next_token keeps that mark while the lock's
+-- tombstone hint (KEYS[1]..':dead', the clean-up's, which lives as long as
+-- the longest-lived tombstone) lives, and reports it, so that acquire.lua
+-- looks for a tombstone only then. A lock without a fence (its first
+-- grant, or the first after its fence expired) asks the hint.
+-- One TIME and one SET ... PX ... GET, which writes the server's time with
+-- the fence's expiry and returns the last token at once; a second SET only
+-- when the clock is not ahead of the last token (a step back, or two
+-- grants within a microsecond) or a mark is kept. Redis before 6.2 has no
+-- SET ... GET: a GET, then the SET. Anything in the fence that is not an
+-- integer counts as 0 (the clock takes over); a fence of another type
+-- fails the script.
 -- Before Redis 5.0 a script had to ask for effects replication before it
 -- could write after TIME; redis.replicate_commands is a no-op from 7.0 on.
 if redis.replicate_commands then redis.replicate_commands() end
-local function next_token(fence, ttl)
+-- next_token returns the token; whether a tombstone of the lock may exist
+-- (only with hint, the lock's tombstone hint key); and what the fence held
+-- before (false: nothing), for a caller that takes no token after all.
+local function next_token(fence, ttl, hint)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local tok = (tonumber(redis.call('GET', fence)) or 0) + 1
-  if tok < now then
-    tok = now
+  local nowfmt = string.format('%d', now)
+  local life = string.format('%d', tonumber(ttl) + FENCE_GRACE_MS)
+  local prev = redis.pcall('SET', fence, nowfmt, 'PX', life, 'GET')
+  if type(prev) == 'table' and prev.err then
+    prev = redis.call('GET', fence)
+    redis.call('SET', fence, nowfmt, 'PX', life)
   end
-  redis.call('SET', fence, string.format('%d', tok), 'PX', string.format('%d', tonumber(ttl) + FENCE_GRACE_MS))
-  return tok
+  local last = tonumber(prev) or 0
+  local look = not prev or last < 0
+  last = math.abs(last)
+  local tok = now
+  if last >= now then
+    tok = last + 1
+  end
+  local marked = look and hint and redis.call('PTTL', hint) > 0
+  if marked then
+    redis.call('SET', fence, string.format('%d', -tok), 'PX', life)
+  elseif tok ~= now then
+    redis.call('SET', fence, string.format('%d', tok), 'PX', life)
+  end
+  return tok, marked, prev
 end

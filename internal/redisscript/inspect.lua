@@ -14,15 +14,18 @@ if ARGV[1] == 'm' then
   if not v then
     return {}
   end
+  v = unmarked(v)
   local label = ''
   local l = redis.call('GET', KEYS[1] .. ':label')
   if l then
     local n, rest = string.match(l, '^(%d+):(.*)$')
-    if n and string.sub(rest, 1, tonumber(n)) == v then
+    if n and unmarked(string.sub(rest, 1, tonumber(n))) == v then
       label = string.sub(rest, tonumber(n) + 1)
     end
   end
-  return {redis.call('GET', KEYS[2]) or '0', redis.call('PTTL', KEYS[1]), label, v}
+  -- The fence's token: negated while a tombstone may exist (clock.lua).
+  local tok = string.match(redis.call('GET', KEYS[2]) or '0', '^-?(%d+)$') or '0'
+  return {tok, redis.call('PTTL', KEYS[1]), label, v}
 end
 local now = now_ms()
 local out = {redis.call('HGET', KEYS[3], '') or ''}

@@ -20,6 +20,8 @@ var (
 	cleanupSrc string
 	//go:embed clock.lua
 	clockSrc string
+	//go:embed waited.lua
+	waitedSrc string
 	//go:embed group.lua
 	groupSrc string
 	//go:embed semacquire.lua
@@ -59,6 +61,12 @@ var graceSrc = "local FENCE_GRACE_MS = " + strconv.FormatInt(FenceGrace.Millisec
 // tokenSrc is what every script that makes tokens starts with.
 var tokenSrc = graceSrc + clockSrc
 
+// WaitedMark is appended to a mutex's owner value in the store once an
+// attempt of another value was refused the lock, so that its release
+// sends a notice only then. An owner value that ends with it cannot be
+// told from its marked form: the redis package refuses such values.
+const WaitedMark = "\x00"
+
 // Acquire sets the lock if absent and, when a fence key is given, returns
 // the next fencing token (see [Clock]); when the lock is held it returns minus the
 // holder's remaining milliseconds. A lock that already holds the value
@@ -68,37 +76,53 @@ var tokenSrc = graceSrc + clockSrc
 // first run was a late copy of an earlier attempt, whose expiry would
 // end the lock before the validity its holder counts from this attempt's
 // start. It fails with a DEAD error (see
-// [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists.
+// [IsDead]) and sets nothing when the value's tombstone ([DeadKey]) exists;
+// with a fence it looks for one only while a [Cleanup]'s hint (the key
+// lock + [DeadHintSuffix]) lives, which it learns from a mark on the fence
+// or when there is no fence, so that an uncontended acquire runs SET,
+// TIME and one SET ... GET of the fence. A refused attempt marks the lock
+// as waited for (see [Release]).
 // With a label, it keeps the label beside the lock (the key lock +
 // [LabelSuffix], with the lock's expiry), for [Inspect].
 // KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
-var Acquire = goredis.NewScript(tokenSrc + acquireSrc)
+var Acquire = goredis.NewScript(tokenSrc + waitedSrc + acquireSrc)
+
+// AcquireQuiet is [Acquire] for a store that sends no release notices
+// (Redlock): a refused attempt leaves the holder's value as it is.
+var AcquireQuiet = goredis.NewScript(tokenSrc + strings.Replace(waitedSrc, "local MARK_REFUSED = true", "local MARK_REFUSED = false", 1) + acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
 // way (a request delayed past its clean-up) sets nothing, then deletes the
-// lock if it holds the value, as [Release]. KEYS: lock. ARGV: value, ttl
-// ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// lock if it holds the value, as [Release]. KEYS: lock [, fence]. ARGV:
+// value, ttl ms [, "PUBLISH" | "SPUBLISH"]. Reply: 1 deleted, 0 not held.
+// With the fence, it makes the lock's tombstone hint (lock +
+// [DeadHintSuffix]) live as long as the tombstone, and marks the fence
+// (its token negated): [Acquire] looks for tombstones only while the hint
+// lives.
 //
 // The value is dead afterwards, until the tombstone expires: use it only
 // for an acquisition that has been given up, never for one that will try
 // again with the same value.
-var Cleanup = goredis.NewScript(cleanupSrc)
+var Cleanup = goredis.NewScript(waitedSrc + cleanupSrc)
 
 // Release deletes the lock if it holds the value and optionally publishes a
-// release notice on the channel named like the lock key. KEYS: lock. ARGV:
+// release notice on the channel named like the lock key, only when an
+// attempt of another value was refused the lock meanwhile: [Acquire] and
+// [MultiAcquire] then append [WaitedMark] to the lock's value, which every
+// script that compares a mutex's value accepts. KEYS: lock. ARGV:
 // value [, "PUBLISH" | "SPUBLISH" | "" [, "1" | "": delete the label key
 // too [, "1": leave a trace]]]. Reply: 1 deleted, 0 not held. With a
 // trace, the lock key is renamed to lock + [ReleasedSuffix] (keeping its
 // expiry) instead of deleted, and a release of the same value that runs
 // again (a client that sends it again after losing the first reply)
 // replies 1 too.
-var Release = goredis.NewScript(releaseSrc)
+var Release = goredis.NewScript(waitedSrc + releaseSrc)
 
 // Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
 // value, ttl ms [, "1" | "": the label key's too [, "1": the fence's too,
 // to ttl plus [FenceGrace]]]. Reply: 1 extended, 0 not held.
-var Extend = goredis.NewScript(graceSrc + extendSrc)
+var Extend = goredis.NewScript(graceSrc + waitedSrc + extendSrc)
 
 // SemAcquire takes a permit of a semaphore: KEYS: [SemaphoreKeys].
 // ARGV: value, ttl ms, limit [, label]. Reply: the token (> 0), or minus
@@ -139,26 +163,26 @@ var RWWithdraw = goredis.NewScript(groupSrc + rwWithdrawSrc)
 // or read/write lock, KEYS: the first three of [SemaphoreKeys] or
 // [RWKeys]; ARGV: "g"; reply {limit or "", record, ms left, ...} (see
 // [ParseRecord]).
-var Inspect = goredis.NewScript(groupSrc + inspectSrc)
+var Inspect = goredis.NewScript(groupSrc + waitedSrc + inspectSrc)
 
 // MultiAcquire takes several mutexes at once, all or none: KEYS: lock 1,
 // fence 1, lock 2, fence 2, ... (one hash slot on Cluster). ARGV: value,
 // ttl ms [, label]. Reply: the tokens, one per lock, or minus the first
 // held lock's holder's remaining milliseconds (<= 0); a DEAD error as
 // [Acquire]'s, taking none.
-var MultiAcquire = goredis.NewScript(tokenSrc + multiAcquireSrc)
+var MultiAcquire = goredis.NewScript(tokenSrc + waitedSrc + multiAcquireSrc)
 
 // BatchExtend extends many mutexes at once, each with its fence (to ttl
 // plus [FenceGrace]): KEYS: the locks (one hash slot on Cluster). ARGV:
 // value, ttl ms, "1" | "" (a label key) per lock. Reply: 1 extended or 0
 // not held, per lock.
-var BatchExtend = goredis.NewScript(graceSrc + batchExtendSrc)
+var BatchExtend = goredis.NewScript(graceSrc + waitedSrc + batchExtendSrc)
 
 // Relabel sets a mutex holder's label (the key lock + [LabelSuffix], with
 // the lock's time left) if the lock holds the value, touching nothing
 // else: an election's leader publishes its value so. KEYS: lock. ARGV:
 // value, label. Reply: 1 set, 0 not held.
-var Relabel = goredis.NewScript(relabelSrc)
+var Relabel = goredis.NewScript(waitedSrc + relabelSrc)
 
 // Suffixes of the keys of a semaphore and of a read/write lock, appended
 // to the lock key of [Layout].
@@ -173,6 +197,7 @@ const (
 	RWReadersSuffix  = ":rw:qr"     // readers' intents, by arrival
 	RWIntentsSuffix  = ":rw:qx"     // every intent, by expiry
 	LabelSuffix      = ":label"     // a mutex holder's label
+	DeadHintSuffix   = ":dead"      // a mutex's tombstones may exist (Cleanup's hint)
 	ReleasedSuffix   = ":released"  // the last released owner value (Release's trace)
 )
 

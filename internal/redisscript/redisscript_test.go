@@ -207,3 +207,17 @@ func TestScriptsNameSuffixes(t *testing.T) {
 		t.Errorf("graceSrc = %q; want FenceGrace, %v, in milliseconds", graceSrc, FenceGrace)
 	}
 }
+
+// TestWaitedMark checks that the scripts' mark is WaitedMark, and that
+// only AcquireQuiet's text turns the marking of refused holders off.
+func TestWaitedMark(t *testing.T) {
+	if WaitedMark != "\x00" || !strings.Contains(waitedSrc, `local WAITED = '\0'`) {
+		t.Errorf("WaitedMark = %q, waited.lua's WAITED differs or is gone", WaitedMark)
+	}
+	if !strings.Contains(waitedSrc, "local MARK_REFUSED = true") {
+		t.Fatal("waited.lua does not set MARK_REFUSED = true: AcquireQuiet's replace finds nothing")
+	}
+	if Acquire.Hash() == AcquireQuiet.Hash() {
+		t.Error("AcquireQuiet is Acquire: the replace changed nothing")
+	}
+}

@@ -4,8 +4,8 @@
 -- "<length of the value>:<value><label>" (as acquire.lua writes it) with
 -- the lock's time left, and returns 1; the lock itself, its expiry and
 -- the fence are left as they are. Returns 0, touching nothing, when the
--- lock does not hold ARGV[1].
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- lock does not hold ARGV[1] (with or without the waited mark: waited.lua).
+if not same(redis.call('GET', KEYS[1]), ARGV[1]) then
   return 0
 end
 local label = string.format('%d:', #ARGV[1]) .. ARGV[1] .. ARGV[2]

@@ -2,9 +2,10 @@
 -- KEYS[1] lock key; it is also the release channel's name.
 -- ARGV[1] owner value
 -- ARGV[2] optional: 'PUBLISH' or 'SPUBLISH' to send a release notice on
---         channel KEYS[1]; absent or empty: no notice. The notice is a hint:
---         pcall, so a server without SPUBLISH (before 7.0) or an ACL that
---         denies PUBLISH never fails the release.
+--         channel KEYS[1] when someone waits: the lock's value carries the
+--         waited mark (acquire.lua); absent or empty: no notice. The notice
+--         is a hint: pcall, so a server without SPUBLISH (before 7.0) or an
+--         ACL that denies PUBLISH never fails the release.
 -- ARGV[3] optional: '1' when the lock has a label key (acquire.lua), to
 --         delete with it
 -- ARGV[4] optional: '1' to leave a trace of the release: the lock key is
@@ -16,10 +17,12 @@
 --         the first run's reply was lost) finds its value there and
 --         succeeds again, at the cost of one GET; a lock that expired, or
 --         was deleted by anyone else, leaves no trace of its value.
+-- The lock holds ARGV[1], with or without the waited mark (waited.lua).
 -- Returns 1 when deleted (or, with a trace, deleted by an earlier run),
 -- 0 when the key did not hold ARGV[1].
 local trace = ARGV[4] == '1'
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if same(v, ARGV[1]) then
   if trace then
     redis.call('RENAME', KEYS[1], KEYS[1] .. ':released')
   else
@@ -28,12 +31,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   if ARGV[3] == '1' then
     redis.call('DEL', KEYS[1] .. ':label')
   end
-  if ARGV[2] and ARGV[2] ~= '' then
+  if string.byte(v, -1) == 0 and ARGV[2] and ARGV[2] ~= '' then
     redis.pcall(ARGV[2], KEYS[1], '')
   end
   return 1
 end
-if trace and redis.call('GET', KEYS[1] .. ':released') == ARGV[1] then
-  return 1
+if trace then
+  v = redis.call('GET', KEYS[1] .. ':released')
+  if same(v, ARGV[1]) then
+    return 1
+  end
 end
 return 0
