@@ -300,9 +300,9 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // it judges first by the version in the statement's snapshot: when that
 // one still had another live entry, which left meanwhile, the UPDATE
 // (which does work on the latest version) leaves the row empty, and says
-// so (the third column): groupGone then deletes it.
+// so (the third column): kGone then deletes it.
 //
-// groupGone is that DELETE of a row with no live entry, in a statement of
+// kGone is that DELETE of a row with no live entry, in a statement of
 // its own (its snapshot sees what the first one committed; a row changed
 // since is rechecked on its latest version).
 func groupRemove(kq, arr, mine string) string {
