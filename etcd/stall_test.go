@@ -488,17 +488,17 @@ func TestRandomizedStalls(t *testing.T) {
 	}
 }
 
-// TestRenewalSurvivesStallInLastThird (issue 30): the server stalls
+// TestRenewalSurvivesStallInLastThird: the server stalls
 // (SIGSTOP) just after a renewal of a shared lease and answers again
 // before the lease could expire, late in its life: past two thirds of it
 // for a lease of AutoRenew locks alone (3s, renewed every second, the
 // stall 2.2s), past 70% for one with WithSharedLease (4s for a TTL of
 // 3s). The renewal sent during the stall must succeed when the server
 // answers and the locks stay held: Lost open, the key still there, and
-// no one else granted. Before the fix a renewal that found no answer
-// gave up after one period and the next came a period later, past the
-// loss deadline: Lost closed 2.97s after the last renewal, 760ms after
-// the server answered again, while the lease had 2s left.
+// no one else granted. A renewal that gave up after one period without
+// an answer, the next coming a period later, would pass the loss
+// deadline: Lost closed 2.97s after the last renewal, 760ms after the
+// server answered again, while the lease had 2s left.
 func TestRenewalSurvivesStallInLastThird(t *testing.T) {
 	srv := testserver.Etcd(t)
 	for _, m := range modes {

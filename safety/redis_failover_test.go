@@ -30,7 +30,7 @@ import (
 // the fence's new value: a second owner gets the lock while the first
 // still holds it (a double grant). Its token is nevertheless larger (the
 // hybrid clock: the promoted replica's clock has moved on since the first
-// grant; before issue 19 it was the same token), so the fenced store
+// grant), so the fenced store
 // refuses the first owner's writes from then on. With WithWaitReplicas(1,
 // ...) the first acquisition fails with ErrNotReplicated instead, and no
 // one is granted twice.

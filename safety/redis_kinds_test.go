@@ -23,7 +23,7 @@ import (
 )
 
 // TestRedisKinds runs the fault scenarios of semaphores and read/write
-// locks on Redis (issue 24): a cancel storm for each (limit never
+// locks on Redis: a cancel storm for each (limit never
 // exceeded, a writer never with another holder, 0 stale writes accepted,
 // tokens in order, 0 orphans), and a writer frozen past its TTL, whose
 // next write a fenced register must refuse. Writers write the register

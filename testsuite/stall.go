@@ -11,8 +11,8 @@ import (
 
 // stallSlack is how far past its bound a call may return in the
 // StalledStore case. The promise is a few milliseconds; the slack is for
-// a loaded 2-core machine under the race detector, and is far below the
-// seconds a call used to take (the fault suite measures the real figure).
+// a loaded 2-core machine under the race detector (the fault suite
+// measures the real figure).
 const stallSlack = time.Second
 
 // testStalledStore: while the store does not answer, TryLock returns when
