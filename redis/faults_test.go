@@ -15,8 +15,8 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // loseReply is a go-redis hook that lets the next script call (EVALSHA or EVAL) run on the server

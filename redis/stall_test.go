@@ -14,8 +14,8 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // stallSlack is how far past its bound a call on a frozen server may

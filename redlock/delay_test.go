@@ -14,8 +14,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // holdScript holds, in p, the next request that runs one of scripts (an

@@ -13,8 +13,8 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // stallSlack is how far past its bound a call may return while a

@@ -14,9 +14,9 @@ import (
 
 	"github.com/distlock/distlock/etcd"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // etcdTTL is etcd's shortest lease: whole seconds, and at least 1.5

@@ -14,10 +14,10 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // TestRedisFailover fails a Redis master over to its asynchronous replica

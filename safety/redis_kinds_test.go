@@ -16,10 +16,10 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // TestRedisKinds runs the fault scenarios of semaphores and read/write

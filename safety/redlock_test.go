@@ -15,10 +15,10 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 const redlockTTL = 500 * time.Millisecond
