@@ -1,7 +1,8 @@
 # make test is the test command: what the README names and .ci/run calls.
 # It installs the servers the tests start (scripts/install-test-deps.sh),
 # checks that nothing a build makes is tracked, that every Go file is
-# gofmt'ed and that every go.mod is tidy, then vets and runs every test of
+# gofmt'ed and that every go.mod is tidy, then vets and lints (staticcheck:
+# dead code among others, scripts/lint.sh) and runs every test of
 # every module with the race detector (and, without it, the one ZooKeeper
 # test that go-zookeeper's own data race on reconnects would fail under
 # it: see zookeeper/stall_random_test.go), and checks what an application
@@ -17,7 +18,7 @@ GO ?= go
 # Every module of the workspace as a package pattern: /path/to/module/...
 MODULES = $(shell $(GO) list -m -f '{{.Dir}}/...')
 
-.PHONY: test deps check-tracked check-format tidy tidy-check vet deps-table deps-check fuzz soak bench-check
+.PHONY: test deps check-tracked check-format tidy tidy-check vet lint deps-table deps-check fuzz soak bench-check
 
 test:
 	./scripts/install-test-deps.sh
@@ -26,6 +27,7 @@ test:
 	./scripts/tidy.sh -check
 	$(GO) vet $(MODULES)
 	$(GO) vet scripts/deps.go
+	./scripts/lint.sh
 	$(GO) test -race -count=1 -timeout 30m $(MODULES)
 	$(GO) test -count=1 -run '^TestRandomizedStalls$$' ./zookeeper/
 	$(GO) run scripts/deps.go -check
@@ -52,6 +54,11 @@ tidy-check:
 vet:
 	$(GO) vet $(MODULES)
 	$(GO) vet scripts/deps.go
+
+# lint runs staticcheck's default checks over every module, tests
+# included, and fails on any finding: unused code among others.
+lint:
+	./scripts/lint.sh
 
 # deps-table prints, for an application that imports the facade and one
 # store, the modules in its build list and the lines of its go.sum, as if

@@ -17,7 +17,7 @@ import (
 	"github.com/distlock/distlock/backend/memory"
 )
 
-// The tests below are the defects of issue 29, one each, where two
+// The tests below guard, one each, what must hold where two
 // features meet (renewal and Extend, release and loss, TryLockAll and an
 // attempt cut short, reentry and the last Unlock or Close, refused
 // read/write requests). Those that depend on time run in a synctest bubble:
@@ -638,8 +638,8 @@ func TestWaitingWriterKeepsPlace(t *testing.T) {
 	})
 }
 
-// The defects below were found by the adversarial model
-// (testsuite.TestLifecycleModel) beyond the thirteen of issue 29.
+// The cases below come from the adversarial model
+// (testsuite.TestLifecycleModel).
 
 // blockingWaiter is a push store over the memory store whose Acquire of
 // "b" never succeeds and whose Release blocks until its context ends.

@@ -38,8 +38,7 @@ type section struct {
 }
 
 // bar is one ratio in the chart: peer vs its store's reference, in one
-// workload. higherBetter says which way is good (throughput: higher;
-// commands or latency: lower, and the ratio is inverted for the chart).
+// workload, higher is better (a ratio of requests is reference / peer).
 type bar struct {
 	group string // "uncontended", ...
 	label string // "redis: distlock vs floor"

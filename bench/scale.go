@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -164,8 +163,6 @@ func runHotKey(ctx context.Context, cfg config, s *servers, p *peer) contendedRe
 	c.workers = per
 	return runContended(ctx, c, s, p, v, 0)
 }
-
-var errNoHotspot = errors.New("no hotspot variant")
 
 // nativePeer names, per store, the peer issue 18 compares acquisition
 // time with: the store's own client recipe (PostgreSQL has none: the

@@ -139,7 +139,7 @@ func BenchmarkCycleVsMutex(b *testing.B) {
 }
 
 // BenchmarkAcquireHeldVsMutex acquires distinct keys and keeps them all,
-// as a process that holds many locks does (issue 18), interleaving a
+// as a process that holds many locks does, interleaving a
 // distlock acquire (auto-renew on: kept alive by the shared lease) and a
 // concurrency.Mutex Lock in every iteration; it reports the mean of each
 // and speed-x = mutex time / distlock time (>= 1 is the goal). The locks

@@ -761,8 +761,7 @@ func (r *Resource) evict(ctx context.Context, key string) error {
 }
 
 // TestNestedPrefixes pins what the package doc says of Resources whose
-// prefixes nest (issue 30: refused or documented; a Resource cannot see
-// another's prefix): the keys of the inner one ("/a/b/") sit in the queue
+// prefixes nest (a Resource cannot see another's prefix): the keys of the inner one ("/a/b/") sit in the queue
 // of the outer one's lock "b" ("/a/"), whose acquisitions wait for them;
 // nothing is granted beside them, and the lock is granted once they go.
 func TestNestedPrefixes(t *testing.T) {

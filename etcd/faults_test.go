@@ -30,7 +30,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// TestLateReleaseSparesNextHolder is issue 23's second defect: a Release
+// TestLateReleaseSparesNextHolder: a Release
 // on a shared lease that checked the lock's state just before the lock's
 // TTL timer expired it must not delete the key of the next acquisition in
 // this process, which reuses the name the timer freed. The hook holds the
@@ -116,7 +116,7 @@ func failingClient(t testing.TB, endpoints []string, fail *atomic.Bool) *clientv
 	return c
 }
 
-// TestFailedCleanupRetried is issue 23's third defect: a waiter cancelled
+// TestFailedCleanupRetried: a waiter cancelled
 // while its clean-up requests fail must not leave its queue key blocking
 // the lock. On a shared lease the key lived as long as the Resource kept
 // the lease alive; on a lease of its own, until the lease's TTL (30s

@@ -79,8 +79,8 @@ func newCountedClient(t testing.TB, endpoints []string) *countedClient {
 // the shared lease are kept alive by the lease's keep-alive alone: while
 // they are held for a few renewal periods, the Resource sends no request
 // but the lease's keep-alives (no refresh, no read per lock), and the
-// facade sees them kept alive (Deadline zero). Before issue 18 each lock
-// was refreshed, with a read of its key, every TTL/3. The keep-alives go
+// facade sees them kept alive (Deadline zero): no lock is refreshed,
+// with a read of its key, every TTL/3. The keep-alives go
 // over one stream that stays open (one message per renewal), not a
 // stream per renewal, which the server counts as two messages.
 func TestKeptAliveNoRequests(t *testing.T) {

@@ -218,16 +218,15 @@ func TestLimitMismatch(t *testing.T) {
 	}
 }
 
-// TestLimitAgainstEveryKey (issue 30): a semaphore's limit is checked
+// TestLimitAgainstEveryKey: a semaphore's limit is checked
 // against every key of its queue, and a failing acquire of another limit
 // leaves no key that others would take for the queue's limit. A (limit
 // 5) holds; M (limit 1) fails, and is held just after its transaction
-// (where, before the fix, its key stayed until its clean-up); C (5)
+// (where a key could stay until its clean-up); C (5)
 // holds; A releases; N (1) must fail at once, though the queue's oldest
-// key may then be M's; T (5) holds beside C. Before the fix N passed the
-// check against M's key alone, waited, and was granted beside T once C
-// released: two holders of limits 1 and 5, and Inspect showed only N,
-// with Limit 1.
+// key may then be M's; T (5) holds beside C. An N checked against M's key
+// alone would wait and be granted beside T once C released: two holders
+// of limits 1 and 5, and Inspect showing only N, with Limit 1.
 func TestLimitAgainstEveryKey(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
 	for _, m := range modes {

@@ -9,15 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/testsuite"
 )
-
-// stallSlack is how far past its bound a call may return here: the
-// promise is a few milliseconds; the slack is for a loaded 2-core machine
-// under the race detector (as testsuite's StalledStore case allows).
-const stallSlack = time.Second
 
 // stallWatchdog ends a stall that a call did not return from: code that
 // waits for the server would otherwise wait as long as the test.
@@ -35,206 +30,6 @@ func stalled(t *testing.T, srv *testserver.EtcdServer) (resume func()) {
 	resume = func() { dog.Stop(); cont() }
 	t.Cleanup(resume)
 	return resume
-}
-
-// timed runs fn and fails t if it returned later than bound plus
-// stallSlack; it logs how long fn took.
-func timed(t *testing.T, what string, bound time.Duration, fn func() error) error {
-	t.Helper()
-	start := time.Now()
-	err := fn()
-	el := time.Since(start)
-	t.Logf("%s: returned after %v: %v", what, el.Round(time.Millisecond), err)
-	if el > bound+stallSlack {
-		t.Errorf("%s returned after %v; its bound was %v", what, el, bound)
-	}
-	return err
-}
-
-// TestStalledServer is issue 26's table for etcd, in both lease modes:
-// with the server frozen (SIGSTOP; its connections stay open and nothing
-// answers), a TryLock with a 300ms context and a 5s wait, a TryLock with a
-// 500ms wait, the first TryLock of a new TTL (whose shared lease is
-// granted during the stall), a waiter queued before the stall and
-// cancelled during it, an Unlock with a 300ms context and a Close bounded
-// to 500ms each return at their bound. Once the server answers again,
-// nothing the abandoned attempts did is left, and another owner takes
-// every key at once.
-func TestStalledServer(t *testing.T) {
-	srv := testserver.Etcd(t)
-	endpoints := srv.Endpoints
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			newLock := func(opts ...distlock.Option) *distlock.DistributeLock {
-				opts = append([]distlock.Option{distlock.WithCloseTimeout(500 * time.Millisecond),
-					distlock.WithDefaultTTL(time.Minute)}, opts...)
-				d, err := distlock.New(newResource(t, endpoints, m.opts...), opts...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = d.Close() })
-				return d
-			}
-			d, other := newLock(), newLock()
-			admin := newResource(t, endpoints)
-			ctx := t.Context()
-			// settled waits until key's queue is empty, then checks that
-			// another owner takes the key at once and leaves nothing.
-			settled := func(t *testing.T, key string) {
-				t.Helper()
-				start := time.Now()
-				waitKeys(t, admin, key, 0)
-				t.Logf("%s: no key left %v after SIGCONT", key, time.Since(start).Round(time.Millisecond))
-				lk, err := other.TryLock(ctx, key, 0)
-				if err != nil {
-					t.Fatalf("TryLock of %s once the server answers = %v; want a lock (an abandoned attempt holds it?)", key, err)
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				waitKeys(t, admin, key, 0)
-			}
-			// warm takes key once and lets it go.
-			warm := func(t *testing.T, key string) {
-				t.Helper()
-				lk, err := other.TryLock(ctx, key, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// One lock taken before the stalls: the shared lease of the
-			// default TTL exists, and so does the key watch.
-			warm(t, uniqueKey(t))
-			if _, err := d.TryLock(ctx, uniqueKey(t), 0); err != nil {
-				t.Fatal(err)
-			}
-
-			// A TryLock with a 300ms context and a 5s wait; on the shared
-			// lease, the first lock of a new TTL also grants the lease for it.
-			for _, c := range []struct {
-				name, what string
-				ctx        context.Context
-			}{
-				{"TryLockContext", "TryLock with a 300ms context and a 5s wait", ctx},
-				{"TryLockNewTTL", "TryLock of a new TTL with a 300ms context", distlock.ContextWithTTL(ctx, 42*time.Second)},
-			} {
-				t.Run(c.name, func(t *testing.T) {
-					key := uniqueKey(t)
-					warm(t, key)
-					resume := stalled(t, srv)
-					err := timed(t, c.what, 300*time.Millisecond, func() error {
-						cctx, cancel := context.WithTimeout(c.ctx, 300*time.Millisecond)
-						defer cancel()
-						lk, err := d.TryLock(cctx, key, 5*time.Second)
-						if lk != nil {
-							t.Errorf("TryLock on a frozen server returned a lock")
-						}
-						return err
-					})
-					resume()
-					if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-						t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
-					}
-					settled(t, key)
-				})
-			}
-
-			t.Run("TryLockWait", func(t *testing.T) {
-				key := uniqueKey(t)
-				warm(t, key)
-				resume := stalled(t, srv)
-				err := timed(t, "TryLock with a 500ms wait", 500*time.Millisecond, func() error {
-					lk, err := d.TryLock(ctx, key, 500*time.Millisecond)
-					if lk != nil {
-						t.Errorf("TryLock on a frozen server returned a lock")
-					}
-					return err
-				})
-				resume()
-				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNotAcquired) {
-					t.Errorf("TryLock = %v; want a store error wrapping context.DeadlineExceeded, not ErrNotAcquired", err)
-				}
-				settled(t, key)
-			})
-
-			t.Run("QueuedWaiter", func(t *testing.T) {
-				key := uniqueKey(t)
-				holder, err := other.TryLock(ctx, key, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				errc := make(chan error, 1)
-				go func() {
-					lk, err := d.TryLock(wctx, key, time.Minute)
-					if lk != nil {
-						t.Errorf("the cancelled waiter got the lock")
-					}
-					errc <- err
-				}()
-				waitKeys(t, admin, key, 2)
-				resume := stalled(t, srv)
-				err = timed(t, "a queued TryLock cancelled during the stall", 0, func() error {
-					cancel()
-					return <-errc
-				})
-				resume()
-				if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
-					t.Errorf("TryLock = %v; want ErrNotAcquired joined with context.Canceled", err)
-				}
-				if err := holder.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				settled(t, key)
-			})
-
-			t.Run("Unlock", func(t *testing.T) {
-				key := uniqueKey(t)
-				lk, err := d.TryLock(ctx, key, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resume := stalled(t, srv)
-				err = timed(t, "Unlock with a 300ms context", 300*time.Millisecond, func() error {
-					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					defer cancel()
-					return lk.Unlock(cctx)
-				})
-				resume()
-				if err == nil {
-					t.Errorf("Unlock on a frozen server = nil; want an error")
-				}
-				if err := lk.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
-					t.Errorf("Unlock once the server answers = %v; want nil or ErrNotHeld", err)
-				}
-				settled(t, key)
-			})
-
-			t.Run("Close", func(t *testing.T) {
-				key := uniqueKey(t)
-				closer := newLock()
-				if _, err := closer.TryLock(distlock.ContextWithTTL(ctx, 2*time.Second), key, 0); err != nil {
-					t.Fatal(err)
-				}
-				resume := stalled(t, srv)
-				err := timed(t, "Close bounded to 500ms", 500*time.Millisecond, closer.Close)
-				resume()
-				if err == nil {
-					t.Errorf("Close on a frozen server = nil; want the release it could not make")
-				}
-				// The lock Close gave up goes with its lease (2s).
-				settled(t, key)
-			})
-
-			if err := d.Close(); err != nil {
-				t.Errorf("Close once the server answers = %v", err)
-			}
-		})
-	}
 }
 
 // TestFenceStopsLateEnqueue: the clean-up of an acquisition on a shared
@@ -320,8 +115,9 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 // with contexts that end at random moments, so that requests are
 // abandoned in flight at every step: the grant, the enqueue, the wait,
 // the keep-alive, the delete, the revoke. Invariants: every call returns
-// by its context's end (plus stallSlack); no grant while another holder
-// of the key has neither released nor seen its Lost closed; tokens rise
+// by its context's end (plus testsuite.StallSlack); no grant while
+// another holder of the key has neither released nor seen its Lost
+// closed; tokens rise
 // per key; an abandoned attempt fills nothing in its lease; once the
 // server answers again, every abandoned attempt's Cleanup returns nil,
 // after which no key is left.
@@ -356,7 +152,7 @@ func TestRandomizedStalls(t *testing.T) {
 		defer cancel()
 		err := fn(ctx)
 		end, _ := ctx.Deadline()
-		if late := time.Since(end); late > stallSlack {
+		if late := time.Since(end); late > testsuite.StallSlack {
 			fail("%s returned %v after its context ended: %v", what, late, err)
 		}
 		return err
@@ -488,17 +284,17 @@ func TestRandomizedStalls(t *testing.T) {
 	}
 }
 
-// TestRenewalSurvivesStallInLastThird (issue 30): the server stalls
+// TestRenewalSurvivesStallInLastThird: the server stalls
 // (SIGSTOP) just after a renewal of a shared lease and answers again
 // before the lease could expire, late in its life: past two thirds of it
 // for a lease of AutoRenew locks alone (3s, renewed every second, the
 // stall 2.2s), past 70% for one with WithSharedLease (4s for a TTL of
 // 3s). The renewal sent during the stall must succeed when the server
 // answers and the locks stay held: Lost open, the key still there, and
-// no one else granted. Before the fix a renewal that found no answer
-// gave up after one period and the next came a period later, past the
-// loss deadline: Lost closed 2.97s after the last renewal, 760ms after
-// the server answered again, while the lease had 2s left.
+// no one else granted. A renewal that gave up after one period without
+// an answer, the next coming a period later, would pass the loss
+// deadline: Lost closed 2.97s after the last renewal, 760ms after the
+// server answered again, while the lease had 2s left.
 func TestRenewalSurvivesStallInLastThird(t *testing.T) {
 	srv := testserver.Etcd(t)
 	for _, m := range modes {

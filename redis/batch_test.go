@@ -149,7 +149,7 @@ func TestRefreshAllBatchOfMax(t *testing.T) {
 		}
 	}
 	d := statsDelta(before, commandStats(t, c))
-	// Two PEXPIREs a lock: the lock and its fence (issue 30: the fence
+	// Two PEXPIREs a lock: the lock and its fence (the fence
 	// expires a grace after the lock, and a renewal lengthens both).
 	if d["evalsha"] != 1 || d["pexpire"] != 2*int64(len(ls)) {
 		t.Errorf("RefreshAll of %d locks ran %d EVALSHA, %d PEXPIRE; want 1, %d", len(ls), d["evalsha"], d["pexpire"], 2*len(ls))

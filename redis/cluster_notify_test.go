@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -252,16 +253,23 @@ func moveSlot(t testing.TB, c *goredis.ClusterClient, nodes []*goredis.Client, k
 }
 
 // slotOwner returns the address of the master serving slot as node sees
-// it (CLUSTER SLOTS), "" when none.
+// it (CLUSTER SHARDS), "" when none.
 func slotOwner(t testing.TB, node *goredis.Client, slot int64) string {
 	t.Helper()
-	ranges, err := node.ClusterSlots(context.Background()).Result()
+	shards, err := node.ClusterShards(context.Background()).Result()
 	if err != nil {
-		t.Fatalf("CLUSTER SLOTS on %s: %v", node.Options().Addr, err)
+		t.Fatalf("CLUSTER SHARDS on %s: %v", node.Options().Addr, err)
 	}
-	for _, r := range ranges {
-		if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-			return r.Nodes[0].Addr
+	for _, s := range shards {
+		for _, r := range s.Slots {
+			if r.Start > slot || slot > r.End {
+				continue
+			}
+			for _, n := range s.Nodes {
+				if n.Role == "master" {
+					return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+				}
+			}
 		}
 	}
 	return ""

@@ -31,6 +31,17 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestStalledServerContextTimeout runs the stalled-store cases with
+// go-redis's ContextTimeoutEnabled: the client honours the context's
+// deadline, never a cancellation without one. TestConformance runs them
+// with the client's defaults (the context ignored, ReadTimeout 5s).
+func TestStalledServerContextTimeout(t *testing.T) {
+	srv := testserver.Redis(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	testsuite.RunStalled(t, harness(c, srv))
+}
+
 // harness adapts the Resource over c to the suite; servers are the ones c
 // reaches, which Stall freezes (SIGSTOP) all at once.
 func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) testsuite.Harness {

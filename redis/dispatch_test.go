@@ -17,6 +17,7 @@ import (
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
 	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // sentLog records what a client sends: each request (a command alone, or
@@ -433,16 +434,16 @@ func TestDispatcherRandomized(t *testing.T) {
 				return context.Background(), func() {}, time.Time{}
 			case 1:
 				ctx, cancel := context.WithTimeout(context.Background(), d)
-				return ctx, cancel, time.Now().Add(d + stallSlack)
+				return ctx, cancel, time.Now().Add(d + testsuite.StallSlack)
 			default:
 				ctx, cancel := context.WithCancel(context.Background())
 				time.AfterFunc(d, cancel)
-				return ctx, cancel, time.Now().Add(d + stallSlack)
+				return ctx, cancel, time.Now().Add(d + testsuite.StallSlack)
 			}
 		}
 		late := func(what string, bound time.Time) {
 			if !bound.IsZero() && time.Now().After(bound) {
-				t.Errorf("%s returned %v after its context's end plus %v", what, time.Since(bound), stallSlack)
+				t.Errorf("%s returned %v after its context's end plus %v", what, time.Since(bound), testsuite.StallSlack)
 			}
 		}
 		own := base + "-" + strconv.Itoa(g)

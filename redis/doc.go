@@ -244,8 +244,7 @@
 // lock name); a tombstone one TTL; a fence [redisscript.FenceGrace] (10s)
 // longer than the lock it last served (a renewal of a mutex lengthens its
 // fence with it). A name locked once leaves nothing once its TTL and the
-// grace have passed. (Before issue 30 the fences never expired: one key
-// per lock name ever used.)
+// grace have passed.
 //
 // # TTL
 //

@@ -15,8 +15,8 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // loseReply is a go-redis hook that lets the next script call (EVALSHA or EVAL) run on the server
@@ -437,7 +437,7 @@ func TestLateCopyOfEarlierAttempt(t *testing.T) {
 	}
 }
 
-// TestReleaseSentAgain (issue 30): the reply of a Release that deleted
+// TestReleaseSentAgain: the reply of a Release that deleted
 // the key is lost (the connection breaks as it comes back), and go-redis
 // sends the release again on a new connection, where it finds the key
 // gone: Release must say nil, not ErrNotHeld. A lock that expired, was

@@ -6,7 +6,6 @@ require (
 	github.com/distlock/distlock v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/redisscript v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/safety/proxy v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/testsuite v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0

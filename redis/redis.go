@@ -20,12 +20,13 @@ import (
 )
 
 // DefaultPrefix is the key prefix used unless [WithPrefix] says otherwise.
-const DefaultPrefix = "distlock:"
+// It is the Redlock store's too, so a lock key is named alike on both.
+const DefaultPrefix = redisscript.DefaultPrefix
 
 // MaxKeyLen is the longest lock key, in bytes, that [Resource.ValidateKey]
 // accepts. Redis itself takes keys up to 512 MB; a lock name is short, and a
 // longer one is almost surely a mistake (a payload passed as a key).
-const MaxKeyLen = 64 << 10
+const MaxKeyLen = redisscript.MaxKeyLen
 
 // ErrNotReplicated is returned (wrapped) by [Resource.TryAcquire] under
 // [WithWaitReplicas] when fewer replicas than asked acknowledged the lock in
@@ -309,7 +310,6 @@ var (
 	rwWithdrawSHA   any = redisscript.RWWithdraw.Hash()
 	inspectSHA      any = redisscript.Inspect.Hash()
 	multiAcquireSHA any = redisscript.MultiAcquire.Hash()
-	batchExtendSHA  any = redisscript.BatchExtend.Hash()
 )
 
 // labelFlag is the scripts' argument that says a lock has a label key;

@@ -334,11 +334,11 @@ func TestRoundTrips(t *testing.T) {
 		inside map[string]int64
 	}{
 		// SET NX, then the token: TIME and one SET ... PX ... GET of the
-		// fence (the hybrid clock; issue 30: the fence expires). No
+		// fence (the hybrid clock; the fence expires). No
 		// tombstone is looked up: no clean-up's hint lives.
 		{"acquire", statsDelta(before, mid), map[string]int64{"set": 2, "time": 1}},
-		// RENAME, not DEL: the release leaves its trace (issue 30).
-		// No PUBLISH: nobody was refused the lock (issue 32).
+		// RENAME, not DEL: the release leaves its trace.
+		// No PUBLISH: nobody was refused the lock.
 		{"release", statsDelta(mid, after), map[string]int64{"get": 1, "rename": 1}},
 		// The refused attempt marks the holder's lock as waited for.
 		{"contended attempt", statsDelta(s0, s1), map[string]int64{"set": 1, "get": 1, "pttl": 1, "append": 1}},
@@ -366,7 +366,7 @@ func TestWaitReplicasWithoutReplica(t *testing.T) {
 }
 
 // TestHeldKeepsNothing: a held mutex keeps nothing of the store's in its
-// lease (issue 18: a process holding many locks pays for the leases
+// lease (a process holding many locks pays for the leases
 // alone), and Refresh, RefreshAll and Release, which then build their
 // commands per call, still act on the right keys, label key included.
 // A lease that lost an attempt keeps its handle for the next one.

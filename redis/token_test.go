@@ -129,7 +129,7 @@ func prefixKeys(t *testing.T, c goredis.UniversalClient, prefix string) int {
 	return len(keys)
 }
 
-// TestFencesExpire (issue 30): distinct keys locked and released (or left
+// TestFencesExpire: distinct keys locked and released (or left
 // to expire, as by a holder that died) leave nothing in Redis once their
 // TTL and the fence's grace have passed: fences (a mutex's, a
 // semaphore's, a read/write lock's), tombstones and everything else

@@ -17,8 +17,21 @@ import (
 // TestConformance runs the conformance suite through distlock.New on five
 // independent nodes. Redlock makes no fencing tokens: NoToken.
 func TestConformance(t *testing.T) {
-	c := startNodes(t, 5, nil)
-	testsuite.Run(t, testsuite.Harness{
+	testsuite.Run(t, harness(startNodes(t, 5, nil)))
+}
+
+// TestStalledMajorityClientDefaults runs the stalled-store cases (three
+// of five nodes frozen) with go-redis's defaults: ContextTimeoutEnabled
+// off, so the client ignores the context, and ReadTimeout 5s.
+// TestConformance runs them with ContextTimeoutEnabled.
+func TestStalledMajorityClientDefaults(t *testing.T) {
+	c := startNodes(t, 5, func(o *goredis.Options) { o.ContextTimeoutEnabled = false })
+	testsuite.RunStalled(t, harness(c))
+}
+
+// harness adapts Resources over c's five nodes to the suite.
+func harness(c *cluster) testsuite.Harness {
+	return testsuite.Harness{
 		Unsupported: map[backend.Kind]string{
 			backend.KindSemaphore: "majorities cannot bound a semaphore",
 			backend.KindRead:      "majorities cannot order readers and writers",
@@ -77,5 +90,5 @@ func TestConformance(t *testing.T) {
 			return r
 		},
 		RefusedCause: "connection refused",
-	})
+	}
 }

@@ -14,8 +14,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/distlock/internal/redisscript"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // holdScript holds, in p, the next request that runs one of scripts (an
@@ -84,7 +84,7 @@ const (
 	delayTestNodeTimeout = 200 * time.Millisecond
 )
 
-// TestDelayedSetOfContendedRound is issue 23's first defect. A round finds
+// TestDelayedSetOfContendedRound: a round finds
 // the lock held by another owner; its request to node 4 is delayed and
 // reaches the node only after the round cleaned up, when the key is free
 // there. The next round of the same acquisition must not count that key,

@@ -17,8 +17,8 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // cluster is N independent Redis nodes for one top-level test, with a

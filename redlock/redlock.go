@@ -16,16 +16,15 @@ import (
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
-	"github.com/distlock/distlock/redis"
 )
 
 // DefaultPrefix is the key prefix used unless [WithPrefix] says otherwise.
 // It is the Redis backend's, so a lock key is named alike on both.
-const DefaultPrefix = redis.DefaultPrefix
+const DefaultPrefix = redisscript.DefaultPrefix
 
 // MaxKeyLen is the longest lock key, in bytes, that [Resource.ValidateKey]
 // accepts: the Redis backend's limit.
-const MaxKeyLen = redis.MaxKeyLen
+const MaxKeyLen = redisscript.MaxKeyLen
 
 // Defaults of the timing options.
 const (

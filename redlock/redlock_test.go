@@ -314,32 +314,6 @@ func TestLease(t *testing.T) {
 	}
 }
 
-// commands returns the number of commands the nodes have run, INFO's own
-// excluded.
-func commands(t *testing.T, c *cluster) int64 {
-	t.Helper()
-	var n int64
-	for _, cl := range c.inspect {
-		info, err := cl.Info(context.Background(), "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-			if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
-				continue
-			}
-			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-			var k int64
-			for _, ch := range calls {
-				k = k*10 + int64(ch-'0')
-			}
-			n += k
-		}
-	}
-	return n
-}
-
 // TestReleaseRefresh: a majority decides release and refresh.
 func TestReleaseRefresh(t *testing.T) {
 	c := startNodes(t, 5, nil)

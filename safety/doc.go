@@ -11,7 +11,7 @@
 // distlock's public helpers (redis.Fence, fence.Postgres: see
 // harness.Fence), on a server of its own. The tests inject a
 // fault (a server killed or paused, a holder paused like a long GC pause,
-// a stalled network path through [github.com/distlock/distlock/safety/proxy],
+// a stalled network path through [github.com/distlock/distlock/internal/testserver/proxy],
 // a failover), then check the history: overlapping holders, stale writes
 // the fence accepted, lost increments, tokens out of order, and
 // linearizability with porcupine.

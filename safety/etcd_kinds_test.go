@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/safety/harness"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // The semaphore and read/write runs of the fault suite for etcd (issue

@@ -14,9 +14,9 @@ import (
 
 	"github.com/distlock/distlock/etcd"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // etcdTTL is etcd's shortest lease: whole seconds, and at least 1.5
@@ -83,20 +83,20 @@ func TestEtcd(t *testing.T) {
 		})
 	})
 	t.Run("CancelStorm", func(t *testing.T) { testCancelStorm(t, tg) })
-	// Issue 23: on the shared lease (auto-renewed locks), an orphan left by
+	// On the shared lease (auto-renewed locks), an orphan left by
 	// a clean-up that failed mid-flight would block the key for as long as
 	// the Resource lives. (On leases of their own the client retries a
 	// failed revoke by itself; the storm with drops found nothing there.)
 	t.Run("CancelStormDropsSharedLease", func(t *testing.T) { runCancelStorm(t, tg, storm{drops: true, autoRenew: true}) })
-	// Issue 26: calls bounded by their context and wait while the store
+	// Calls bounded by their context and wait while the store
 	// does not answer, abandoned attempts cleaned up, none granted late.
 	t.Run("StoreStalled", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, false) })
 	t.Run("StoreStalledSharedLease", func(t *testing.T) { testEtcdStalled(t, tg, c, srv, true) })
 	t.Run("ConnectionStalled", func(t *testing.T) { testEtcdConnectionStalled(t, tg, c) })
-	// Issue 30: a server stall that ends in the last third of an
+	// A server stall that ends in the last third of an
 	// auto-renewed lock's lease loses nothing.
 	t.Run("StoreStalledLastThird", func(t *testing.T) { testEtcdStallLastThird(t, tg, srv) })
-	// Issue 24: a semaphore and a read/write lock, a holder's connection
+	// A semaphore and a read/write lock, a holder's connection
 	// stalled past its lease.
 	t.Run("SemaphoreHolderStalled", func(t *testing.T) { testEtcdSemaphoreStalled(t, tg) })
 	t.Run("RWMutexWriterStalled", func(t *testing.T) { testEtcdRWStalled(t, tg) })
@@ -142,8 +142,8 @@ func testEtcdStalled(t *testing.T, tg target, c *clientv3.Client, srv *testserve
 	}, etcdHead(c))
 }
 
-// testEtcdConnectionStalled runs the stalled-store scenario as issue 26
-// measured it for etcd: the clients reach the server through a proxy that
+// testEtcdConnectionStalled runs the stalled-store scenario with the
+// connection stalled instead of the server: the clients reach the server through a proxy that
 // stops forwarding, both ways, while the server itself runs on.
 func testEtcdConnectionStalled(t *testing.T, tg target, c *clientv3.Client) {
 	p := startProxy(t, tg.server)

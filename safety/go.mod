@@ -10,7 +10,6 @@ require (
 	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/safety/proxy v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/zookeeper v0.0.0-00010101000000-000000000000
 	github.com/go-sql-driver/mysql v1.10.1

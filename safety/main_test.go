@@ -33,9 +33,6 @@ var soak = func() int {
 	return n
 }()
 
-// long scales a run's length by soak.
-func long(d time.Duration) time.Duration { return d * time.Duration(soak) }
-
 // seed is the fixed seed of the tests' random choices; DISTLOCK_SAFETY_SEED
 // overrides it.
 var seed = func() uint64 {

@@ -14,10 +14,10 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // TestRedisFailover fails a Redis master over to its asynchronous replica
@@ -30,7 +30,7 @@ import (
 // the fence's new value: a second owner gets the lock while the first
 // still holds it (a double grant). Its token is nevertheless larger (the
 // hybrid clock: the promoted replica's clock has moved on since the first
-// grant; before issue 19 it was the same token), so the fenced store
+// grant), so the fenced store
 // refuses the first owner's writes from then on. With WithWaitReplicas(1,
 // ...) the first acquisition fails with ErrNotReplicated instead, and no
 // one is granted twice.

@@ -16,14 +16,14 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // TestRedisKinds runs the fault scenarios of semaphores and read/write
-// locks on Redis (issue 24): a cancel storm for each (limit never
+// locks on Redis: a cancel storm for each (limit never
 // exceeded, a writer never with another holder, 0 stale writes accepted,
 // tokens in order, 0 orphans), and a writer frozen past its TTL, whose
 // next write a fenced register must refuse. Writers write the register

@@ -17,9 +17,9 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redis"
 	"github.com/distlock/distlock/safety/harness"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 // startProxy starts a proxy to addr, closed when t ends.

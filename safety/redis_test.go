@@ -58,7 +58,7 @@ func TestRedis(t *testing.T) {
 	t.Run("ServerPause", func(t *testing.T) { testServerPause(t, tg, srv) })
 	t.Run("Partition", func(t *testing.T) { testPartition(t, tg) })
 	t.Run("StalledStore", func(t *testing.T) { testRedisStalledServer(t, srv) })
-	// Issue 30: fences expire, and tokens go on rising.
+	// Fences expire, and tokens go on rising.
 	t.Run("FenceExpiry", func(t *testing.T) { testRedisFenceExpiry(t, tg, direct) })
 }
 
@@ -66,7 +66,7 @@ func TestRedis(t *testing.T) {
 // and starts it again at once, as a supervisor would. The testserver's
 // Redis keeps no data (no AOF, no RDB), like a cache node: the lock and
 // the fence are gone after the restart. Tokens still increase: the next
-// one comes from the server's clock (issue 19), later than every token
+// one comes from the server's clock, later than every token
 // handed out before the crash.
 func testRedisServerKill(t *testing.T, tg target, srv *testserver.RedisServer) {
 	r := harness.NewRun(t)

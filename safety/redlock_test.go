@@ -15,10 +15,10 @@ import (
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 )
 
 const redlockTTL = 500 * time.Millisecond
@@ -217,8 +217,8 @@ func nthScriptRun(script *goredis.Script, n int32) func([]byte) bool {
 	}
 }
 
-// testRedlockDelayedRequest is issue 23's "two holders after one delayed
-// packet". c holds the lock on a bare majority (nodes 0-2: its paths to
+// testRedlockDelayedRequest: no two holders after one delayed packet. c
+// holds the lock on a bare majority (nodes 0-2: its paths to
 // nodes 3 and 4 stay stalled). a asks, spinning: its first round finds
 // the lock held, and its request to node 4 is held in the proxy until
 // after the round's clean-up, then delivered, once c has released. a's

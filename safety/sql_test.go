@@ -196,9 +196,9 @@ func testSQLServerKill(t *testing.T, tg target, srv interface {
 // descheduled backend would make it). The draws of one key must still be
 // ordered by commit across spellings: a worker that drew a token, stalled,
 // and committed after another spelling's holder came and went would hold
-// the lock with a smaller token than that holder (issue 23: the ordering
-// lock was keyed by the name as written, so the two spellings did not
-// queue on one lock).
+// the lock with a smaller token than that holder (as it would if the
+// ordering lock were keyed by the name as written: the two spellings
+// would not queue on one lock).
 func testPGTableSpellings(t *testing.T, tg target, srv *testserver.PostgresServer) {
 	const table = "spell_locks"
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

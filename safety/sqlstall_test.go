@@ -177,7 +177,7 @@ func mariaStall(t testing.TB, db *sql.DB) sqlStall {
 // scenario fails; the figures it reports are the measure.
 const stallBound = time.Second
 
-// testStalledTable is issue 26's table as a fault: another session locks
+// testStalledTable is a stalled store as a fault: another session locks
 // the lock table (as a migration would) while one process holds a lock
 // and tries others. TryLock with a 300ms context and a 5s wait, TryLock
 // with a 500ms wait, and Unlock with a 300ms context must each return

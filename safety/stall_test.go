@@ -29,7 +29,7 @@ type stalledCall struct {
 }
 
 // testStalledStore stalls the store (stall, until resume) in rounds whose
-// lengths are given, as issue 26 measured it: during each stall a TryLock
+// lengths are given: during each stall a TryLock
 // with a 300ms context and a 5s wait, a TryLock with a 500ms wait, an
 // Unlock with a 300ms context, a queued waiter whose context is cancelled
 // 100ms in, and a Close bounded to 500ms, each on a key of its own. Every

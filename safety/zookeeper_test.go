@@ -15,9 +15,9 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/safety/harness"
 	"github.com/distlock/distlock/safety/history"
-	"github.com/distlock/distlock/safety/proxy"
 	"github.com/distlock/distlock/zookeeper"
 )
 

@@ -63,11 +63,11 @@ var apps = []struct {
 
 const root = "github.com/distlock/distlock"
 
-// published are the modules a user can depend on (safety/proxy: the
-// stores' tests inject faults with it); the others (examples, safety,
-// bench) are never required by them and not packed.
+// published are the modules a user can depend on (testsuite and
+// internal/testserver: the stores' tests use them); the others (examples,
+// safety, bench) are never required by them and not packed.
 var published = []string{"", "/testsuite", "/internal/testserver", "/internal/redisscript",
-	"/safety/proxy", "/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics", "/tracing", "/gocron"}
+	"/redis", "/redlock", "/etcd", "/zookeeper", "/sqldb", "/metrics", "/tracing", "/gocron"}
 
 func main() {
 	verbose := flag.Bool("v", false, "print each application's build list")

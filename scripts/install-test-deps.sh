@@ -3,7 +3,8 @@
 # the servers internal/testserver starts (Redis, ZooKeeper, PostgreSQL,
 # MariaDB), the network tools fault-injection tests use, and what the race
 # detector and make need. It then downloads the Go modules of every module
-# in go.work, so the tests themselves need no network.
+# in go.work and builds the pinned linter (scripts/lint.sh), so the tests
+# themselves need no network.
 #
 # Idempotent: it installs only what is missing, runs apt-get update only
 # then, and says what it did. It uses sudo only when not root. On a system
@@ -113,7 +114,8 @@ go list -e -deps -test "${patterns[@]}" >/dev/null
 # make test also checks that every go.mod is tidy and measures a user's
 # build list; go mod tidy reads the go.mod files of the dependencies' own
 # tests. Run both once here so that they find all of it in the cache.
-say "warming the module cache for scripts/tidy.sh -check and scripts/deps.go"
+say "warming the module cache for scripts/tidy.sh -check, scripts/deps.go and scripts/lint.sh"
 ./scripts/tidy.sh -check >/dev/null 2>&1 || true
 go run scripts/deps.go -warm >/dev/null 2>&1 || true
+./scripts/lint.sh -warm
 say "done"

@@ -150,20 +150,14 @@ func testCancelWhileRunning(t *testing.T, f fixture) {
 	wantRows(t, f, key)
 }
 
-// stallSlack is how far past its bound a call may return in
-// testStalledTable: far below the seconds of issue 26, and room for a
-// loaded 2-core machine under the race detector. (The figures are
-// logged; the fault suite measures them.)
-const stallSlack = time.Second
-
-// testStalledTable replays issue 26's table against the real server:
-// another session locks the lock table (a migration, say); TryLock with
-// a 300ms context and a 5s wait, TryLock with a 500ms wait, and Unlock
-// with a 300ms context must each return within its bound, with the
-// errors the facade promises; once the abandoned statements have ended
-// on the server (PostgreSQL cancels them, MariaDB cuts them at their
-// bound) the table is unlocked, and no abandoned attempt may have written
-// a row, then or later (a trigger records every write), nor left one.
+// testStalledTable: the calls the conformance suite's StalledStore case
+// bounds (its Stall locks the table too) leave statements on the server
+// when they return: another session locks the lock table (a migration,
+// say) while a TryLock with a 300ms context and a 5s wait and a TryLock
+// with a 500ms wait give up. Once those statements have ended on the
+// server (PostgreSQL cancels them, MariaDB cuts them at their bound) the
+// table is unlocked, and no abandoned attempt may have written a row,
+// then or later (a trigger records every write), nor left one.
 func testStalledTable(t *testing.T, f fixture) {
 	table := fmt.Sprintf("stall_%d", time.Now().UnixNano()%1e9)
 	r := f.newResourceWith(t, WithTable(table))
@@ -173,47 +167,17 @@ func testStalledTable(t *testing.T, f fixture) {
 	}
 	ctx := context.Background()
 	key := testsuite.Key(t)
-	kHeld, kCtx, kWait := key+"-held", key+"-ctx", key+"-wait"
-	held, err := d.TryLock(ctx, kHeld, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kCtx, kWait := key+"-ctx", key+"-wait"
 	commits := f.audit(t, table, kCtx, kWait)
 	resume := f.lockTable(t, table)
 
-	timed := func(what string, bound time.Duration, fn func() error) (time.Duration, error) {
-		t.Helper()
-		start := time.Now()
-		err := fn()
-		el := time.Since(start)
-		if el > bound+stallSlack {
-			t.Errorf("%s returned after %v; its bound was %v", what, el, bound)
-		}
-		return el, err
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if lk, err := d.TryLock(cctx, kCtx, 5*time.Second); lk != nil || !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Errorf("TryLock with a 300ms context on a locked table = %v, %v; want ErrNotAcquired", lk, err)
 	}
-	elCtx, err := timed("TryLock with a 300ms context and a 5s wait", 300*time.Millisecond, func() error {
-		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		defer cancel()
-		_, err := d.TryLock(cctx, kCtx, 5*time.Second)
-		return err
-	})
-	if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("TryLock with a 300ms context = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
-	}
-	elWait, err := timed("TryLock with a 500ms wait", 500*time.Millisecond, func() error {
-		_, err := d.TryLock(ctx, kWait, 500*time.Millisecond)
-		return err
-	})
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, distlock.ErrNotAcquired) {
-		t.Errorf("TryLock with a 500ms wait = %v; want a store error wrapping context.DeadlineExceeded, not ErrNotAcquired", err)
-	}
-	elUnlock, err := timed("Unlock with a 300ms context", 300*time.Millisecond, func() error {
-		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		defer cancel()
-		return held.Unlock(cctx)
-	})
-	if err == nil {
-		t.Errorf("Unlock on a locked table = nil; want an error")
+	cancel()
+	if lk, err := d.TryLock(ctx, kWait, 500*time.Millisecond); lk != nil || err == nil {
+		t.Errorf("TryLock with a 500ms wait on a locked table = %v, %v; want a store error", lk, err)
 	}
 	// The abandoned statements end on the server while the table is still
 	// locked; then the store answers again.
@@ -222,14 +186,9 @@ func testStalledTable(t *testing.T, f fixture) {
 		return n == 0, err
 	})
 	resume()
-	if err := held.Unlock(ctx); err != nil && !errors.Is(err, distlock.ErrNotHeld) {
-		t.Errorf("Unlock once the table is unlocked = %v; want nil or ErrNotHeld", err)
-	}
-	start := time.Now()
 	if err := d.Close(); err != nil { // waits for the clean-ups
 		t.Errorf("Close once the table is unlocked = %v", err)
 	}
-	elClose := time.Since(start)
 	late, err := commits(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -237,13 +196,11 @@ func testStalledTable(t *testing.T, f fixture) {
 	if late != 0 {
 		t.Errorf("%d acquire statements of the abandoned attempts committed after their TryLock returned; want 0", late)
 	}
-	for _, k := range []string{kHeld, kCtx, kWait} {
+	for _, k := range []string{kCtx, kWait} {
 		if left, err := f.rowsIn(ctx, table, k); err != nil || len(left) > 0 {
 			t.Errorf("rows of %q once the clean-ups ran: %q, %v; want none", k, left, err)
 		}
 	}
-	t.Logf("%s, table locked: TryLock(300ms ctx, 5s wait) %v; TryLock(500ms wait) %v; Unlock(300ms ctx) %v; after the unlock: Close %v, abandoned attempts' writes %d",
-		f.name, elCtx.Round(time.Millisecond), elWait.Round(time.Millisecond), elUnlock.Round(time.Millisecond), elClose.Round(time.Millisecond), late)
 }
 
 func newLease(t *testing.T, key string, ttl time.Duration) *backend.Lease {

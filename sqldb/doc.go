@@ -17,11 +17,10 @@
 //
 // The constructors create the table (default [DefaultTable], see
 // [WithTable]) and the kinds table beside it (the same name and _kinds)
-// when they do not exist, and upgrade a table of an older version (see
-// Upgrading below). That is their only I/O, bounded by their context, or
-// by [DefaultSetupTimeout] (10s) when it has no deadline. A nil pool or db
-// or a bad option fails them before any I/O with an error wrapping
-// distlock.ErrInvalid.
+// when they do not exist. That is their only I/O, bounded by their
+// context, or by [DefaultSetupTimeout] (10s) when it has no deadline. A
+// nil pool or db or a bad option fails them before any I/O with an error
+// wrapping distlock.ErrInvalid.
 //
 // PostgreSQL:
 //
@@ -81,24 +80,6 @@
 // where keys starting like a counter's are reserved; the empty key is
 // never valid. The facade rejects other keys with a clear error before any
 // I/O (ValidateKey). On MySQL the owner value is at most 255 bytes.
-//
-// # Upgrading a table of an older version
-//
-// A table made before semaphores, read/write locks and labels lacks the
-// label column and the kinds table: the constructors add them (ALTER
-// TABLE .. ADD COLUMN label, with a default: no rewrite on PostgreSQL 11+
-// and MariaDB 10.3+; CREATE TABLE .. _kinds), which takes the table's
-// owner on PostgreSQL, ALTER and CREATE on MySQL. A role without them
-// gets an error that gives the statements to run as one that has them.
-// The upgrade is safe while processes of the older version share the
-// table: they name the columns they write (the label takes its default),
-// their mutexes stay where they were (text keys in the main table, the
-// same statements, advisory locks and channel), and the kinds table holds
-// only what they cannot take (semaphores, read/write locks, keys they
-// refuse). (Inspect may show, for a lock an older process took over
-// from an expired row, the label of the row's previous holder: older
-// processes do not write the label.) The issue-23 rule below still holds
-// for tables older than that.
 //
 // Several keys at once (distlock's TryLockAll) are taken one by one by
 // the facade: the backends do not implement backend.MultiSpinner.
@@ -177,29 +158,20 @@
 //     not its name, so processes that spell the table differently ("t",
 //     "public.t", "t" under another search_path) still queue on one lock:
 //     [NewPostgres] resolves the name once and uses the table it found,
-//     schema-qualified, from then on. (Older versions keyed the lock, and
-//     named the channel, by the name as written: upgrade every process
-//     using a table at once, or the old and new ones neither order their
-//     draws against each other nor hear each other's release notices.)
+//     schema-qualified, from then on.
 //   - MySQL bumps the key's counter row, one of 1024 (the bucket is
 //     crc32(key) mod 1024, for ever: a key must always draw from the same
 //     counter), whose row lock the acquire holds until it commits. Acquires
 //     of one key, and of the keys that share its bucket, queue on it for
 //     the length of one statement; acquires of other keys do not wait for
-//     them (with a single counter row for the table, as before, every
-//     acquire waited for every other: BenchmarkMariaDBParallelKeys).
+//     them (BenchmarkMariaDBParallelKeys).
 //
 // Failed attempts consume numbers too: tokens have gaps. A MySQL counter
 // row starts, when the first acquire in its bucket makes it, at the
 // server's time in microseconds since 1970 (over 1.7e15), above
 // any realistic count of acquisitions: so should one be deleted, it comes
 // back above every token it gave, and tokens keep increasing (unless the
-// server's clock went back too). A table made by an older version keeps
-// its single counter row (the empty key), which this version ignores: its
-// tokens start above that counter's. Upgrade every process using a table
-// at once: an older process sharing the table draws from the old counter,
-// so its tokens fall below the new ones (fenced resources refuse its
-// writes) and its draws are not ordered with the new processes' draws.
+// server's clock went back too).
 //
 // # Semaphores and read/write locks
 //

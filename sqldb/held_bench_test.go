@@ -19,7 +19,7 @@ var heldLocks = flag.Int("held-locks", 10000, "BenchmarkMariaDBHeld: locks held 
 // scheduler into RefreshAll) and counts, by the server's Questions
 // status, the statements the process sends per second while it merely
 // holds them (the bench program has no MySQL peer). It reports them and
-// the locks lost. Issue 18's target: at most one statement per 500 locks
+// the locks lost. The target: at most one statement per 500 locks
 // per renewal interval, so 100,000 locks: 100 per second.
 //
 //	go test -run '^$' -bench BenchmarkMariaDBHeld -benchtime 1x -held-locks 100000 ./sqldb/

@@ -108,7 +108,7 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND obji
 	return stall, stalled
 }
 
-// testSpellingsTokenOrder is issue 23's defect 4: two resources that name
+// testSpellingsTokenOrder: two resources that name
 // one table differently ("t" and "public.t") must order their token draws
 // on one lock. The trigger stalls a's acquire after it has drawn its token
 // and before its row goes in. b then acquires the same key: it must queue

@@ -21,10 +21,9 @@ const (
 	// rowMutex: a mutex whose key the main table cannot hold
 	// (PostgreSQL: a key with a NUL byte or invalid UTF-8); MySQL: a
 	// fencing counter of the kinds table.
-	rowMutex   = 0
-	rowSem     = 1 // a semaphore: its holders in state
-	rowRW      = 2 // a read/write lock: its holders and intents in state
-	rowCounter = 0 // MySQL: the counter rows of the kinds table
+	rowMutex = 0
+	rowSem   = 1 // a semaphore: its holders in state
+	rowRW    = 2 // a read/write lock: its holders and intents in state
 )
 
 // kindsSuffix names the kinds table after the main one.

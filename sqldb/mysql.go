@@ -188,43 +188,21 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`)
 	return m, nil
 }
 
+// createTable creates the table q and the kinds table kq if either does
+// not exist. The fencing counter rows come with the first acquire of a key
+// in their bucket.
 func (m *MySQL) createTable(ctx context.Context, q, kq string) error {
-	// A query, not Exec: go-sql-driver v1.10 hangs when a SELECT goes
-	// through Exec on a server-side prepared statement, which is what
-	// database/sql does for connectors without ExecerContext (wrappers
-	// for tracing, say).
-	rows, err := m.db.QueryContext(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
-	if err == nil {
-		err = rows.Close()
+	ready, err := m.tablesExist(ctx, q, kq)
+	if err != nil || ready {
+		return err // existing tables need no CREATE privilege
 	}
-	var me *mysql.MySQLError
-	switch {
-	case err == nil:
-		// exists: an existing table needs no CREATE privilege
-	case errors.As(err, &me) && me.Number == 1146: // ER_NO_SUCH_TABLE
-		_, err = m.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+q+` (
+	for _, st := range []string{`CREATE TABLE IF NOT EXISTS ` + q + ` (
   lock_key   VARBINARY(255) NOT NULL PRIMARY KEY,
   owner      VARBINARY(255) NOT NULL,
   token      BIGINT UNSIGNED NOT NULL,
-  expires_at DATETIME(6) NOT NULL
-) ENGINE=InnoDB`)
-		if err != nil {
-			return fmt.Errorf("sqldb: mysql: create table %s: %w", m.table, err)
-		}
-	default:
-		return fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)
-	}
-	// A table of an older version: the label column and the kinds table
-	// come now. Processes of the older version may go on using the
-	// table: they name the columns they write (the label takes its
-	// default) and never look at the kinds table.
-	ready, err := m.upgraded(ctx, q, kq)
-	if err != nil || ready {
-		return err
-	}
-	upgrade := []string{
-		`ALTER TABLE ` + q + ` ADD COLUMN IF NOT EXISTS label VARBINARY(256) NOT NULL DEFAULT ''`,
-		`CREATE TABLE IF NOT EXISTS ` + kq + ` (
+  expires_at DATETIME(6) NOT NULL,
+  label      VARBINARY(256) NOT NULL DEFAULT ''
+) ENGINE=InnoDB`, `CREATE TABLE IF NOT EXISTS ` + kq + ` (
   lock_key   VARBINARY(255) NOT NULL,
   kind       TINYINT UNSIGNED NOT NULL,
   token      BIGINT UNSIGNED NOT NULL,
@@ -232,31 +210,29 @@ func (m *MySQL) createTable(ctx context.Context, q, kq string) error {
   lim        INT NOT NULL DEFAULT 0,
   state      LONGTEXT,
   PRIMARY KEY (lock_key, kind)
-) ENGINE=InnoDB`,
-	}
-	for _, st := range upgrade {
+) ENGINE=InnoDB`} {
 		if _, err := m.db.ExecContext(ctx, st); err != nil {
-			return fmt.Errorf("sqldb: mysql: upgrade table %s (as a user with ALTER and CREATE, run: %s): %w", m.table, strings.Join(upgrade, "; "), err)
+			return fmt.Errorf("sqldb: mysql: create table %s: %w", m.table, err)
 		}
 	}
-	// The fencing counter rows come with the first acquire of a key in
-	// their bucket. (Tables made before them hold one counter row, key '',
-	// that this version neither reads nor deletes.)
 	return nil
 }
 
-// upgraded reports whether table q has its label column and the kinds
-// table kq exists.
-func (m *MySQL) upgraded(ctx context.Context, q, kq string) (bool, error) {
-	for _, query := range []string{`SELECT label FROM ` + q + ` LIMIT 0`, `SELECT 1 FROM ` + kq + ` LIMIT 0`} {
-		rows, err := m.db.QueryContext(ctx, query)
+// tablesExist reports whether the tables q and kq both exist.
+func (m *MySQL) tablesExist(ctx context.Context, q, kq string) (bool, error) {
+	for _, t := range []string{q, kq} {
+		// A query, not Exec: go-sql-driver v1.10 hangs when a SELECT goes
+		// through Exec on a server-side prepared statement, which is what
+		// database/sql does for connectors without ExecerContext (wrappers
+		// for tracing, say).
+		rows, err := m.db.QueryContext(ctx, `SELECT 1 FROM `+t+` LIMIT 0`)
 		if err == nil {
 			err = rows.Close()
 		}
 		var me *mysql.MySQLError
 		switch {
 		case err == nil:
-		case errors.As(err, &me) && (me.Number == 1146 || me.Number == 1054): // no such table, column
+		case errors.As(err, &me) && me.Number == 1146: // ER_NO_SUCH_TABLE
 			return false, nil
 		default:
 			return false, fmt.Errorf("sqldb: mysql: check table %s: %w", m.table, err)

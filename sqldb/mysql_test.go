@@ -123,18 +123,13 @@ func testMySQLNoClientTime(t *testing.T, my *myFixture) {
 	}
 }
 
-// testCounterRowDeleted starts on a table as a version with one counter
-// row (the empty key) left it, well advanced: tokens start above it. Then it
-// deletes a key's counter row behind the backend's back: the next acquire
-// recreates it, and tokens still increase. A key of the same bucket counts
-// on from there; every token is the holder's counter plus one.
+// testCounterRowDeleted deletes a key's counter row behind the backend's
+// back: the next acquire recreates it, and tokens still increase. A key
+// of the same bucket counts on from there; every token is the holder's
+// counter plus one.
 func testCounterRowDeleted(t *testing.T, my *myFixture) {
 	table := fmt.Sprintf("ctr_%d", time.Now().UnixNano()%1e9)
 	r := my.resource(t, my.db(t, nil), WithTable(table))
-	const legacy = 1 << 40
-	if _, err := my.admin.Exec("INSERT INTO "+table+" (lock_key, owner, token, expires_at) VALUES ('', '', ?, '9999-12-31 23:59:59')", legacy); err != nil {
-		t.Fatal(err)
-	}
 	key := testsuite.Key(t)
 	acquire := func(key string) *backend.Lease {
 		t.Helper()
@@ -146,9 +141,6 @@ func testCounterRowDeleted(t *testing.T, my *myFixture) {
 		return l
 	}
 	l1 := acquire(key)
-	if l1.Token <= legacy {
-		t.Fatalf("first token %d <= %d, the old table-wide counter's", l1.Token, legacy)
-	}
 	if n, err := my.admin.Exec("DELETE FROM "+table+" WHERE lock_key = ?", counterKey(key)); err != nil {
 		t.Fatal(err)
 	} else if got, _ := n.RowsAffected(); got != 1 {
@@ -166,8 +158,8 @@ func testCounterRowDeleted(t *testing.T, my *myFixture) {
 		t.Errorf("next token in the bucket %d; want %d (the counter counts on from its new start)", l3.Token, l2.Token+1)
 	}
 	var rows int
-	if err := my.admin.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&rows); err != nil || rows != 2 {
-		t.Errorf("%d rows left (err %v); want 2: the old counter and one bucket's", rows, err)
+	if err := my.admin.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("%d rows left (err %v); want 1: the bucket's counter", rows, err)
 	}
 }
 
@@ -186,8 +178,8 @@ func rowLockWaits(ctx context.Context, admin *sql.DB) (int, error) {
 // testKeysDoNotSerialize holds one key's acquire on the server after it
 // has drawn its token (it waits for the key's row, which an admin
 // transaction locks): an acquire of a key whose token comes from another
-// counter must not wait for it. With one counter row for the whole table
-// (issue 23) every acquire waited for every other until it committed.
+// counter must not wait for it (one counter row for the whole table would
+// make every acquire wait for every other until it committed).
 func testKeysDoNotSerialize(t *testing.T, my *myFixture) {
 	r := my.resource(t, my.db(t, nil))
 	ctx := context.Background()

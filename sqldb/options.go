@@ -133,10 +133,8 @@ const (
 	unitBytes                // MySQL VARBINARY(n): bytes
 )
 
-// validateKey checks key against the lock_key column: non-empty (the empty
-// key is reserved: before the counter rows of one bucket each, MySQL
-// tables had one with the empty key) and at most MaxKeyLen in the
-// column's unit. It does no I/O.
+// validateKey checks key against the lock_key column: non-empty and at
+// most MaxKeyLen in the column's unit. It does no I/O.
 func validateKey(key string, unit keyUnit) error {
 	if key == "" {
 		return errors.New("sqldb: empty key")

@@ -61,11 +61,6 @@ type pgMutexSQL struct {
 // channel. A table dropped and created again under the same name is a new
 // table: resources made before must be made anew.
 //
-// A table made by an older version (without the label column and the
-// kinds table beside it) is upgraded here, which takes the table's owner
-// (see the package doc); without that privilege NewPostgres returns an
-// error that gives the statements to run.
-//
 // Its I/O is bounded by ctx, or by [DefaultSetupTimeout] when ctx has no
 // deadline. It returns an error wrapping backend.ErrInvalid
 // (distlock.ErrInvalid) for a nil ctx or pool or a bad option, before any
@@ -287,10 +282,10 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // Whether our entry was live is read by cur, which locks the row (FOR
 // UPDATE) and so reads its latest version, the one the DELETE or the
 // UPDATE then removes our entry from: no other statement can change the
-// row in between. (A read of the row from the statement's snapshot, as
-// before issue 30, saw our entry expired when a refresh that began
-// before the expiry committed a longer life after the snapshot: the
-// release removed a live grant and said ErrNotHeld.)
+// row in between. (A read of the row from the statement's snapshot would
+// see our entry expired when a refresh that began before the expiry
+// committed a longer life after the snapshot: the release would remove a
+// live grant and say ErrNotHeld.)
 //
 // The DELETE and the UPDATE are exclusive: the UPDATE runs only where the
 // DELETE deleted nothing. The DELETE rechecks its condition on the latest
@@ -300,9 +295,9 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // it judges first by the version in the statement's snapshot: when that
 // one still had another live entry, which left meanwhile, the UPDATE
 // (which does work on the latest version) leaves the row empty, and says
-// so (the third column): groupGone then deletes it.
+// so (the third column): kGone then deletes it.
 //
-// groupGone is that DELETE of a row with no live entry, in a statement of
+// kGone is that DELETE of a row with no live entry, in a statement of
 // its own (its snapshot sees what the first one committed; a row changed
 // since is rechecked on its latest version).
 func groupRemove(kq, arr, mine string) string {
@@ -349,8 +344,7 @@ func (id tableID) class() int32 { return int32(id.oid) }
 
 // createTable resolves the table named by parts (as written: one or two
 // parts) by the pool's search_path, creating it, its sequence and its
-// kinds table first if they do not exist, and upgrading a table of an
-// older version (see the package doc). It returns the main table and
+// kinds table first if they do not exist. It returns the main table and
 // the kinds table.
 func (p *Postgres) createTable(ctx context.Context, parts []string) (main, kinds tableID, err error) {
 	q := pgx.Identifier(parts).Sanitize()
@@ -366,12 +360,6 @@ WHERE c.oid = to_regclass($1)`, q).Scan(&id.oid, &id.schema, &id.name)
 		}
 		return id, err == nil, err
 	}
-	// hasLabel reports whether the main table has its label column.
-	hasLabel := func(id tableID) (bool, error) {
-		var n int
-		err := p.pool.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1 AND attname = 'label' AND NOT attisdropped`, id.oid).Scan(&n)
-		return n > 0, err
-	}
 	seqParts := append([]string(nil), parts...)
 	seqParts[len(seqParts)-1] += "_token_seq"
 	seq := pgx.Identifier(seqParts).Sanitize()
@@ -385,8 +373,6 @@ CREATE TABLE IF NOT EXISTS ` + q + ` (
   label      bytea NOT NULL DEFAULT ''
 );
 ALTER SEQUENCE ` + seq + ` OWNED BY ` + q + `.token;
-`
-	upgrade := `ALTER TABLE ` + q + ` ADD COLUMN IF NOT EXISTS label bytea NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS ` + kq + ` (
   lock_key   bytea NOT NULL,
   kind       smallint NOT NULL,
@@ -404,12 +390,8 @@ CREATE TABLE IF NOT EXISTS ` + kq + ` (
 		if err != nil || !ok {
 			return main, kinds, false, err
 		}
-		kinds, kok, err := resolve(kq)
-		if err != nil || !kok {
-			return main, kinds, false, err
-		}
-		lab, err := hasLabel(main)
-		return main, kinds, lab, err
+		kinds, ready, err = resolve(kq)
+		return main, kinds, ready, err
 	}
 	main, kinds, ready, err := check()
 	if err != nil {
@@ -418,12 +400,7 @@ CREATE TABLE IF NOT EXISTS ` + kq + ` (
 	if ready {
 		return main, kinds, nil // an existing table needs no CREATE privilege
 	}
-	existed := main.oid != 0
-	stmts := upgrade
-	if !existed {
-		stmts = create + upgrade
-	}
-	_, err = p.pool.Exec(ctx, stmts)
+	_, err = p.pool.Exec(ctx, create)
 	// Two processes creating the table at once: the loser may see a
 	// unique violation in the catalog although the table now exists.
 	main, kinds, ready, err2 := check()
@@ -434,9 +411,6 @@ CREATE TABLE IF NOT EXISTS ` + kq + ` (
 		err = err2
 	case err == nil:
 		err = errors.New("not found after CREATE TABLE")
-	}
-	if existed {
-		return main, kinds, fmt.Errorf("sqldb: postgres: upgrade table %s (as its owner, run: %s): %w", p.table, strings.ReplaceAll(stmts, "\n", " "), err)
 	}
 	return main, kinds, fmt.Errorf("sqldb: postgres: create table %s: %w", p.table, err)
 }

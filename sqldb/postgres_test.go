@@ -145,12 +145,12 @@ func waitLockWaiters(t *testing.T, pg *pgFixture, n int) {
 	})
 }
 
-// testReleaseRacingRefresh (issue 30): a Release of a semaphore's permit
+// testReleaseRacingRefresh: a Release of a semaphore's permit
 // whose snapshot sees the permit expired, while a Refresh that began
 // before the expiry, and holds the row, commits a longer life: the
 // release deletes the permit as the refresh left it (live), and must say
-// so (nil), not ErrNotHeld. Before the fix the statement judged "live"
-// from its snapshot's version of the row while it deleted the latest one.
+// so (nil), not ErrNotHeld: the statement must judge "live" by the
+// version of the row it deletes, not by its snapshot's.
 func testReleaseRacingRefresh(t *testing.T, pg *pgFixture) {
 	ctx := t.Context()
 	p := pg.resource(t, pg.pool(t, nil))

@@ -14,7 +14,7 @@ import (
 	"github.com/distlock/distlock/backend"
 )
 
-// testElection: the leader election of a name, on the store (issue 33).
+// testElection: the leader election of a name, on the store.
 func testElection(t *testing.T, h *Harness) {
 	t.Run("OneLeader", func(t *testing.T) { testElectionOneLeader(t, h) })
 	t.Run("ResignHandsOver", func(t *testing.T) { testElectionResign(t, h) })

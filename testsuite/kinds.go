@@ -251,8 +251,8 @@ func testSemaphoreBadLimit(t *testing.T, h *Harness) {
 
 // testSemaphoreLimitRange: every store holds a semaphore of limit 2^31-1
 // (math.MaxInt32) and none of a larger limit: the facade refuses those
-// with ErrInvalid before any I/O, the same on every store (issue 30: the
-// SQL stores failed at the driver or the server, Redis took them).
+// with ErrInvalid before any I/O, the same on every store (not failing
+// at the driver or the server, nor taken by one store and not another).
 func testSemaphoreLimitRange(t *testing.T, h *Harness) {
 	r, c := wrapCounting(t, h.NewResource(t))
 	d := newLockOver(t, r)

@@ -904,7 +904,7 @@ func (m *model) opBig(t *rapid.T) {
 
 // nestedCall makes a nested acquisition of h's lock (of key, for a set)
 // with a context carrying it, and reports how many store calls it made.
-func (m *model) nestedCall(h *mhandle, key string, other bool, wait time.Duration) (*distlock.Lock, error, int64) {
+func (m *model) nestedCall(h *mhandle, key string, other bool, wait time.Duration) (*distlock.Lock, int64, error) {
 	g := h.g
 	io := &ioCount{}
 	ctx := context.WithValue(distlock.ContextWithLock(context.Background(), h.lk), ioKey{}, io)
@@ -925,7 +925,7 @@ func (m *model) nestedCall(h *mhandle, key string, other bool, wait time.Duratio
 	default:
 		lk, err = d.TryLock(ctx, key, wait)
 	}
-	return lk, err, io.n.Load()
+	return lk, io.n.Load(), err
 }
 
 // nested makes a nested TryLock of h's lock and checks its result. It
@@ -936,7 +936,7 @@ func (m *model) nested(h *mhandle, key string, other bool, wait time.Duration) (
 	closing := g.p.closeCalled.Load()
 	m.beginReentry(g)
 	defer m.endReentry(g) // once the handle it may add is registered
-	lk, err, io := m.nestedCall(h, key, other, wait)
+	lk, io, err := m.nestedCall(h, key, other, wait)
 	m.logf("p%d nested %v of %v (other=%v): %v after %d store calls%s", g.p.id, key, g, other, err, io, m.which(lk))
 	kind := g.kind
 	if other {

@@ -59,7 +59,7 @@ func testOneAttemptStalled(t *testing.T, h *Harness) {
 	if lk != nil {
 		t.Errorf("TryLock on a stalled store returned a lock")
 	}
-	if el > attemptBound+stallSlack {
+	if el > attemptBound+StallSlack {
 		t.Errorf("TryLock(wait 0) on a stalled store returned after %v; the bound of one attempt is %v", el, attemptBound)
 	}
 	if err == nil || errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) ||
@@ -101,7 +101,7 @@ func testRefusedConnection(t *testing.T, h *Harness) {
 		if lk != nil {
 			t.Errorf("TryLock(wait %v) on a refusing store returned a lock", wait)
 		}
-		if el > bound+stallSlack {
+		if el > bound+StallSlack {
 			t.Errorf("TryLock(wait %v) on a refusing store returned after %v; its bound was %v", wait, el, bound)
 		}
 		switch {

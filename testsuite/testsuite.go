@@ -19,7 +19,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -347,8 +346,6 @@ func wrapCounting(t *testing.T, r backend.RemoteResource) (backend.RemoteResourc
 	t.Fatalf("%T is neither a Spinner nor a Waiter", r)
 	return nil, nil
 }
-
-func describe(v any) string { return fmt.Sprintf("%v", v) }
 
 // Contend is the contended benchmark loop every backend shares: b.N
 // successful TryLock + Unlock cycles of key, shared out among workers

@@ -78,12 +78,6 @@ func (f *fixture) open() []string {
 	return out
 }
 
-// pollOpen waits until no span is open, or fails.
-func (f *fixture) pollOpen(t testing.TB) {
-	t.Helper()
-	poll(t, "every span ended", func() bool { return len(f.open()) == 0 })
-}
-
 func names(ss []sdktrace.ReadOnlySpan) []string {
 	out := make([]string, len(ss))
 	for i, s := range ss {
@@ -114,7 +108,7 @@ func checkAttrs(t testing.TB, s sdktrace.ReadOnlySpan, w want) {
 		g, ok := got[k]
 		if v == nil {
 			if ok {
-				t.Errorf("%s: %s = %v; want absent", s.Name(), k, g.Emit())
+				t.Errorf("%s: %s = %v; want absent", s.Name(), k, g.String())
 			}
 			continue
 		}
@@ -140,7 +134,7 @@ func checkAttrs(t testing.TB, s sdktrace.ReadOnlySpan, w want) {
 			t.Fatalf("checkAttrs: %T", v)
 		}
 		if !match {
-			t.Errorf("%s: %s = %v; want %v", s.Name(), k, g.Emit(), v)
+			t.Errorf("%s: %s = %v; want %v", s.Name(), k, g.String(), v)
 		}
 	}
 }

@@ -240,7 +240,7 @@ func testStoreError(t *testing.T, k kit) {
 		semconv.ErrorTypeKey:      k.storeErrType,
 		tracing.KeyToken:          nil,
 	})
-	t.Logf("error.type %s", attrs(acq)[semconv.ErrorTypeKey].Emit())
+	t.Logf("error.type %s", attrs(acq)[semconv.ErrorTypeKey].String())
 	checkStatus(t, acq, codes.Error, "")
 	if acq.Status().Description == "" {
 		t.Errorf("status description empty; want the error")

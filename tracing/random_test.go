@@ -190,7 +190,7 @@ func TestRandomized(t *testing.T) {
 		}
 		if e := expect[s.Parent().SpanID()]; o != e {
 			t.Errorf("acquisition outcome %q (%q, wait %v, attempts %v); TryLock's error says %q", o,
-				s.Status().Description, attrs(s)[tracing.KeyWait].Emit(), attrs(s)[tracing.KeyRemoteAttempts].Emit(), e)
+				s.Status().Description, attrs(s)[tracing.KeyWait].String(), attrs(s)[tracing.KeyRemoteAttempts].String(), e)
 		}
 		switch o {
 		case tracing.OutcomeHeld:
@@ -205,7 +205,7 @@ func TestRandomized(t *testing.T) {
 				t.Errorf("%s acquisition with status %v", o, s.Status())
 			}
 		default:
-			t.Errorf("acquisition outcome %q: %q, wait %v, attempts %v", o, s.Status().Description, attrs(s)[tracing.KeyWait].Emit(), attrs(s)[tracing.KeyRemoteAttempts].Emit())
+			t.Errorf("acquisition outcome %q: %q, wait %v, attempts %v", o, s.Status().Description, attrs(s)[tracing.KeyWait].String(), attrs(s)[tracing.KeyRemoteAttempts].String())
 		}
 	}
 	holds := make(map[uint64]sdktrace.ReadOnlySpan) // by token

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -14,11 +15,31 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	testsuite.Run(t, harness(t, testserver.ZooKeeper(t)))
+}
+
+// TestStalledServerLongSession runs the stalled-store cases with a 10s
+// session: go-zookeeper notices nothing during a stall (its receive
+// timeout is 2/3 of it), so what returns at its bound is the resource's
+// doing, not the client's.
+func TestStalledServerLongSession(t *testing.T) {
 	zs := testserver.ZooKeeper(t)
+	h := harness(t, zs)
+	h.NewResource = func(t *testing.T) backend.RemoteResource {
+		conn := connectWith(t, []string{zs.Addr}, connOpts{timeout: 10 * time.Second})
+		r := mustNew(t, conn, WithSessionTimeout(negotiated(t, conn)))
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	testsuite.RunStalled(t, h)
+}
+
+// harness adapts resources over connections to zs to the suite.
+func harness(t *testing.T, zs *testserver.ZooKeeperServer) testsuite.Harness {
 	addrs := []string{zs.Addr}
 	admin := connect(t, addrs) // the operator's view
 	probe := mustNew(t, admin)
-	testsuite.Run(t, testsuite.Harness{
+	return testsuite.Harness{
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			r, _ := newResource(t, addrs)
 			return r
@@ -69,5 +90,5 @@ func TestConformance(t *testing.T) {
 			return r
 		},
 		RefusedCause: "could not connect to a server",
-	})
+	}
 }

@@ -164,7 +164,7 @@
 //     so does waiting: a waiter granted the lock by an event, after a
 //     wait of any length, then finds the deadline counted from a request
 //     answered less than d/3 before, not from the listing that began its
-//     wait (before issue 30, a wait longer than 0.9 x d gave a lock lost
+//     wait (which, for a wait longer than 0.9 x d, would give a lock lost
 //     as soon as granted).
 //   - Without it, go-zookeeper does not expose the negotiated timeout and
 //     any disconnection is loss. A silent connection is noticed after

@@ -412,14 +412,14 @@ func testSilentPartition(t *testing.T, addrs []string) {
 	}
 }
 
-// TestHandoffAfterLongWait (issue 30): a waiter granted the lock by its
-// only predecessor's deletion after waiting longer than the session
-// timeout holds it, with a resource that counts the loss deadline
+// TestHandoffAfterLongWait: a waiter granted the lock by its only
+// predecessor's deletion after waiting longer than the session timeout
+// holds it, with a resource that counts the loss deadline
 // (WithSessionTimeout): Lost stays open for a session timeout after the
-// grant, and the znode is there. Before the fix the deadline counted from
-// the listing made before the wait (the session watcher probed only while
-// locks were held): the first poll after the grant found it passed,
-// closed Lost and deleted the znode of a healthy session, 26ms after
+// grant, and the znode is there. With a deadline counted from the
+// listing made before the wait (a session watcher probing only while
+// locks are held), the first poll after the grant would find it passed,
+// close Lost and delete the znode of a healthy session, 26ms after
 // Acquire returned (leader election by waiting on a lock never held).
 func TestHandoffAfterLongWait(t *testing.T) {
 	addrs := []string{testserver.ZooKeeper(t).Addr}

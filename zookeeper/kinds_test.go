@@ -157,7 +157,7 @@ func testSemaphoreMismatchLeavesNothing(t *testing.T, addrs []string) {
 	mustRelease(t, r, h)
 }
 
-// testInspectBesideFailingPermit (issue 30): a permit of another limit
+// testInspectBesideFailingPermit: a permit of another limit
 // queued behind the holders, as a failing acquire's znode is until its
 // deletion lands, gives Inspect neither the limit nor a holder; an
 // acquire of the holders' limit queued behind it fails (the package

@@ -47,7 +47,7 @@ func TestParseEntry(t *testing.T) {
 	}
 }
 
-// TestSequenceWrap (issue 30): ZooKeeper's sequence counter is a signed
+// TestSequenceWrap: ZooKeeper's sequence counter is a signed
 // 32-bit number, written with "%010d", that goes negative after 2^31-1
 // creates under one parent. Names across the wrap parse, keep their tag,
 // and order as they were made. (A real server would need 2^31 creates

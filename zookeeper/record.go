@@ -49,9 +49,9 @@ func (r record) encode() []byte {
 	return append(b, value...)
 }
 
-// decodeRecord reads a child's data. Data that is not a record (a child
-// of an older version, whose data is the owner value, or of another
-// client) is the value, with no label and an unknown TTL.
+// decodeRecord reads a child's data. Data that is not a record (a
+// child made by another client, whose data is its owner value) is the
+// value, with no label and an unknown TTL.
 func decodeRecord(b []byte) record {
 	v, err := url.ParseQuery(string(b))
 	if err != nil || v.Get("v") != recordVersion {

@@ -28,7 +28,7 @@ func TestRecord(t *testing.T) {
 			t.Errorf("encode(%+v) = %q; want %q", r, b, want)
 		}
 	}
-	// The data of a child of an older version is its owner value.
+	// The data of a child another client made is its owner value.
 	if got := decodeRecord([]byte("9f86d081884c7d65")); got != (record{value: "9f86d081884c7d65"}) {
 		t.Errorf("decodeRecord of a bare value = %+v", got)
 	}

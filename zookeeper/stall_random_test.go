@@ -24,6 +24,7 @@ import (
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/testserver"
+	"github.com/distlock/distlock/testsuite"
 )
 
 // TestRandomizedStalls freezes the server at random (SIGSTOP, from 20ms
@@ -31,8 +32,9 @@ import (
 // and release with contexts that end at random moments, so that requests
 // are abandoned in flight at every step: the create, the listing, the
 // watch, the stat, the delete. Invariants: every call returns by its
-// context's end (plus stallSlack); no grant while another holder of the
-// key has neither released nor seen its Lost closed; tokens rise per key;
+// context's end (plus testsuite.StallSlack); no grant while another
+// holder of the key has neither released nor seen its Lost closed; tokens
+// rise per key;
 // an abandoned attempt fills nothing in its lease; once the server
 // answers again, every abandoned attempt's Cleanup returns nil, after
 // which no znode and no watch is left.
@@ -91,7 +93,7 @@ func TestRandomizedStalls(t *testing.T) {
 		defer cancel()
 		err := fn(ctx)
 		end, _ := ctx.Deadline()
-		if late := time.Since(end); late > stallSlack {
+		if late := time.Since(end); late > testsuite.StallSlack {
 			fail("%s returned %v after its context ended: %v", what, late, err)
 		}
 		return err

@@ -177,6 +177,9 @@ func testReadWrite(t *testing.T, k storeKind, url string) {
 	}
 	ws := waitRecord(t, writer, "start")
 	code, st = statusOf(t, url, key, "--exclusive")
+	if code != 0 {
+		t.Errorf("status --exclusive while the writer holds: %d; want 0", code)
+	}
 	checkHolders(t, k, st, "write", []record{ws})
 	if code, stderr := runDistlock(t, nil, append([]string{"run", "--store", url, "--shared", "--wait", "0", key},
 		childCmd("-file", other)...)...); code != exitNotAcquired {

@@ -16,6 +16,7 @@ import (
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/etcd"
 	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/redlock"
 	"github.com/distlock/distlock/sqldb"
 	"github.com/distlock/distlock/zookeeper"
 )
@@ -23,10 +24,12 @@ import (
 // Backend says which store a worker locks in and how it connects. It is
 // passed to worker processes as JSON.
 type Backend struct {
-	// Kind is "redis", "etcd", "zookeeper", "postgres" or "mysql".
+	// Kind is "redis", "redlock", "etcd", "zookeeper", "postgres" or
+	// "mysql".
 	Kind string
-	// Addrs are the servers: host:port (Redis, ZooKeeper), URLs (etcd),
-	// or one DSN (postgres://..., or go-sql-driver's for mysql).
+	// Addrs are the servers: host:port (Redis, Redlock's nodes,
+	// ZooKeeper), URLs (etcd), or one DSN (postgres://..., or
+	// go-sql-driver's for mysql).
 	Addrs []string
 	// Timeout bounds a client's dial and each request's reply, where the
 	// client has such a setting (Redis read/write timeouts, etcd dial).
@@ -145,9 +148,25 @@ func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), erro
 			return nil, nil, err
 		}
 		return r, func() { _ = r.Close(); db.Close() }, nil
-	}
-	if open := extraOpeners[b.Kind]; open != nil {
-		return open(ctx, b)
+	case "redlock":
+		var nodes []goredis.UniversalClient
+		closeAll := func() {
+			for _, n := range nodes {
+				_ = n.Close()
+			}
+		}
+		for _, a := range b.Addrs {
+			nodes = append(nodes, goredis.NewClient(&goredis.Options{
+				Addr: a, DialTimeout: b.timeout(), ReadTimeout: b.timeout(), WriteTimeout: b.timeout(),
+				ContextTimeoutEnabled: true, MaxRetries: -1,
+			}))
+		}
+		r, err := redlock.New(nodes)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		return r, func() { _ = r.Close(); closeAll() }, nil
 	}
 	return nil, nil, fmt.Errorf("harness: unknown backend %q", b.Kind)
 }
@@ -164,7 +183,3 @@ type quiet struct{}
 
 // Printf drops the line.
 func (quiet) Printf(string, ...any) {}
-
-// extraOpeners open backends whose packages are not on every branch yet
-// (files with a build tag register them).
-var extraOpeners = map[string]func(ctx context.Context, b Backend) (backend.RemoteResource, func(), error){}

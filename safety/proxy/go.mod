@@ -1,3 +1,0 @@
-module github.com/distlock/distlock/safety/proxy
-
-go 1.26.0
