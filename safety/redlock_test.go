@@ -248,7 +248,7 @@ func testRedlockDelayedRequest(t *testing.T, nodes []*testserver.RedisServer) {
 		clientsA, clientsC = append(clientsA, redisVia(t, pa.Addr)), append(clientsC, redisVia(t, pc.Addr))
 		in := redisVia(t, n.Addr)
 		direct, inspect = append(direct, in), append(inspect, in)
-		for _, s := range []*goredis.Script{redisscript.Acquire, redisscript.Release, redisscript.Cleanup, redisscript.Extend} {
+		for _, s := range []*goredis.Script{redisscript.AcquireQuiet, redisscript.Release, redisscript.Cleanup, redisscript.Extend} {
 			if err := s.Load(ctx, in).Err(); err != nil { // every request an EVALSHA the proxies recognise
 				t.Fatalf("SCRIPT LOAD: %v", err)
 			}
@@ -280,14 +280,14 @@ func testRedlockDelayedRequest(t *testing.T, nodes []*testserver.RedisServer) {
 		t.Fatalf("c: %v", err)
 	}
 
-	late := viaA[4].Hold(proxy.Up, nthScriptRun(redisscript.Acquire, 1))
+	late := viaA[4].Hold(proxy.Up, nthScriptRun(redisscript.AcquireQuiet, 1))
 	t.Cleanup(late.Release)
 	// a's second round's requests to nodes 0 and 1 are lost: held until
 	// the proxies close, never released (go-redis gives up on them at the
 	// node timeout, with no retry since the round's deadline passed).
 	var lost []*proxy.Held
 	for _, p := range viaA[:2] {
-		lost = append(lost, p.Hold(proxy.Up, nthScriptRun(redisscript.Acquire, 2)))
+		lost = append(lost, p.Hold(proxy.Up, nthScriptRun(redisscript.AcquireQuiet, 2)))
 	}
 	before := evalshaCalls(t, inspect[4])
 	type grant struct {
