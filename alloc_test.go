@@ -28,7 +28,7 @@ func TestCycleAllocs(t *testing.T) {
 	t.Logf("%v allocations per cycle", allocs)
 }
 
-// Issue 18's bound: a lock held with WithAutoRenew costs the facade at
+// The bound: a lock held with WithAutoRenew costs the facade at
 // most 300 bytes of heap (BenchmarkHeldLocks shows the figure for 100,000
 // locks). Heap sizes after GC are exact enough over many locks for a test
 // to hold them.

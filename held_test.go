@@ -76,7 +76,7 @@ func liveHeap() int64 {
 // BenchmarkHeldLocks holds 100,000 locks with WithAutoRenew on the memory
 // store and reports the heap each costs: the facade's (grant with its
 // Lease and first handle, owner value, scheduler entry) and the store's
-// entries, measured apart (issue 18's target: at most 300 B per held
+// entries, measured apart (the target: at most 300 B per held
 // lock). TestHeldLockHeap holds the facade's bound.
 func BenchmarkHeldLocks(b *testing.B) {
 	const n = 100_000

@@ -32,7 +32,7 @@ import (
 // the acquire's EVALSHA, SET NX, TIME and SET ... GET of the fence; the
 // release's EVALSHA, GET and RENAME (its trace), no PUBLISH when nobody
 // waits; at most the floor's allocations; no goroutine block (a handoff
-// to a worker and back), no timer. Issue 32 asks for 6 commands: the
+// to a worker and back), no timer. The target is 6 commands: the
 // seventh is the fence's TIME (see the redis package's Fencing tokens).
 var countTargets = map[string]struct {
 	cmds   float64 // server commands per cycle, scripts' inner commands included

@@ -33,7 +33,7 @@
 //
 //	cd bench && go run . -workload semaphore,read-mostly -store memory,redis,postgres -out RESULTS.md
 //
-// The scale workload measures issue 18's targets, each store's distlock
+// The scale workload measures the scale targets, each store's distlock
 // against its native peer in the same run: how long taking the locks
 // takes, the heap a held lock costs, the requests per second to the store
 // while the locks are merely held (counted at the server where it can

@@ -14,7 +14,7 @@ import (
 	"github.com/distlock/distlock"
 )
 
-// The workloads of issue 24's kinds of lock: a semaphore of cfg.instances
+// The workloads of the kinds of lock: a semaphore of cfg.instances
 // x cfg.workers goroutines on one key, and a read/write lock that sees
 // mostly reads. Each runs distlock (every distlock peer of the store: its
 // semaphore or read/write lock through the facade) against a floor: a bare

@@ -39,7 +39,7 @@ func main() {
 	flag.DurationVar(&cfg.handoffBudget, "handoff-budget", 10*time.Second, "handoff: time per peer over all rounds; a slow peer stops early (its n says so)")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Millisecond, "handoff: least pause between the waiter's first attempt (for etcd and ZooKeeper: its key queued) and the release")
 	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "handoff: random extra pause in [0, jitter) before the release, so that it falls at any phase of a waiter's retry timer")
-	flag.IntVar(&cfg.scaleLocks, "scale-locks", 10000, "scale: locks held at once by one process (issue 18's target: 100000)")
+	flag.IntVar(&cfg.scaleLocks, "scale-locks", 10000, "scale: locks held at once by one process (the scale target: 100000)")
 	flag.DurationVar(&cfg.scaleTTL, "scale-ttl", 6*time.Second, "scale: TTL of the held locks (auto-renew extends them every TTL/3)")
 	flag.DurationVar(&cfg.scaleWindow, "scale-window", 4*time.Second, "scale: how long the locks are held while the renewal load is counted")
 	flag.IntVar(&cfg.scaleGoroutines, "scale-goroutines", 1000, "scale: goroutines contending for one key with the hotspot handler")

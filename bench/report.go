@@ -570,7 +570,7 @@ func (r *report) election(store string, rs []*handoffResult) {
 	fmt.Fprintln(&s.b)
 }
 
-// held adds the "many locks held" table of one store, with issue 18's
+// held adds the "many locks held" table of one store, with the scale
 // targets for it.
 func (r *report) held(store string, rs []heldResult) {
 	if len(rs) == 0 {
@@ -578,7 +578,7 @@ func (r *report) held(store string, rs []heldResult) {
 	}
 	s := r.section("scale", fmt.Sprintf("Scale: %s, %d locks held at once by one process", store, r.cfg.scaleLocks))
 	interval := r.cfg.scaleTTL / 3
-	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the requests to the store are counted, then releases them. Peers that keep locks alive do so with TTL %v (distlock's WithAutoRenew: a renewal every TTL/3 = %v); the others get a TTL that outlasts the hold. Heap: live heap after GC, less the heap before, per lock, with the library's handle of each lock (kept by the benchmark as a caller would). Requests while held: %s Per 500 per renewal: requests while held, per %v, per 500 locks (issue 18: at most 1 on Redis and SQL). Lost: locks found gone at release.\n\n",
+	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the requests to the store are counted, then releases them. Peers that keep locks alive do so with TTL %v (distlock's WithAutoRenew: a renewal every TTL/3 = %v); the others get a TTL that outlasts the hold. Heap: live heap after GC, less the heap before, per lock, with the library's handle of each lock (kept by the benchmark as a caller would). Requests while held: %s Per 500 per renewal: requests while held, per %v, per 500 locks (target: at most 1 on Redis and SQL). Lost: locks found gone at release.\n\n",
 		r.cfg.scaleLocks, scaleHoldWorkers, r.cfg.scaleWindow, r.cfg.scaleTTL, interval, countNote[store], interval)
 	ref := rs[0]
 	for _, h := range rs {
@@ -605,7 +605,7 @@ func (r *report) held(store string, rs []heldResult) {
 		fmt.Fprintln(&s.b, row)
 	}
 	if ts := heldTargets(r.cfg, store, rs); len(ts) > 0 {
-		fmt.Fprintf(&s.b, "\nIssue 18's targets, distlock in this run:\n\n")
+		fmt.Fprintf(&s.b, "\nThe scale targets, distlock in this run:\n\n")
 		for _, t := range ts {
 			mark := ""
 			switch {

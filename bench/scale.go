@@ -164,7 +164,7 @@ func runHotKey(ctx context.Context, cfg config, s *servers, p *peer) contendedRe
 	return runContended(ctx, c, s, p, v, 0)
 }
 
-// nativePeer names, per store, the peer issue 18 compares acquisition
+// nativePeer names, per store, the peer the scale targets compare acquisition
 // time with: the store's own client recipe (PostgreSQL has none: the
 // bare floor).
 var nativePeer = map[string]string{
@@ -174,7 +174,7 @@ var nativePeer = map[string]string{
 	"postgres":  "floor",
 }
 
-// scaleTarget is one of issue 18's targets, as the held table checks it.
+// scaleTarget is one of the scale targets, as the held table checks it.
 type scaleTarget struct {
 	what string
 	got  string
@@ -183,7 +183,7 @@ type scaleTarget struct {
 	known bool
 }
 
-// heldTargets checks issue 18's targets on one store's held results: the
+// heldTargets checks the scale targets on one store's held results: the
 // distlock row against the store's native peer in the same run.
 func heldTargets(cfg config, store string, rs []heldResult) []scaleTarget {
 	var dl, native *heldResult
