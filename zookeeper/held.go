@@ -1,0 +1,330 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/distlock/distlock/backend"
+)
+
+// armed is a watch set on a znode and not fired yet, with the data
+// version the znode had when it was set (it has not changed since).
+type armed struct {
+	ch      <-chan zk.Event
+	version int32
+}
+
+// held is one granted lock, and the lease's Handle. It is what a held
+// lock costs the resource besides its Lost channel and its watch, so it
+// is kept small (48 bytes): the key is not kept (the path says it, see
+// inQueue), a TTL timer is in the resource's timers, and the resource's
+// mu guards the fields that change.
+type held struct {
+	path string        // the znode's; also the key of its watch in the client
+	lost chan struct{} // Lease.Lost
+
+	// watch, for a lock the session keeps alive, fires when its znode
+	// may have gone: a data watch on the znode (set while it waited, or
+	// when it was granted), or the child watch of the listing that
+	// granted it (at no cost), which rearm replaces with a data watch at
+	// the first change of the queue. nil while a request arms it.
+	// Guarded by the resource's mu: the session watcher looks at it.
+	watch <-chan zk.Event
+	sid   int64 // session that owns the znode
+	// at is the lock's index in the resource's held, or -1 once it is
+	// done with (released, expired or lost: nothing more to do).
+	// Guarded by the resource's mu.
+	at   int32
+	kind backend.Kind // the lease's
+	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
+}
+
+// track records a granted lock: its loss watch (a lock the session keeps
+// alive) or TTL timer (any other), and the lease's fields.
+func (r *Resource) track(l *backend.Lease, path string, g grant) error {
+	if r.conn.SessionID() != g.owner {
+		return errVanished
+	}
+	// Before the lock is in r.held, where poll reads heard.
+	r.hear(g.heard)
+	h := &held{path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	if h.kept {
+		h.watch = g.watch
+		if h.watch == nil { // no child watch: arm one on the znode at once
+			h.watch = rearmNow
+		}
+	} else {
+		// Under r.mu, once h is in r.held: expire waits for it.
+		if r.timers == nil {
+			r.timers = make(map[*held]*time.Timer)
+		}
+		r.timers[h] = time.AfterFunc(l.TTL, func() { r.expire(h) })
+	}
+	h.at = int32(len(r.held))
+	r.held = append(r.held, h)
+	if h.sid != r.sidSeen {
+		r.recheck = true
+	}
+	r.startPollLocked()
+	r.mu.Unlock()
+	l.Token = uint64(g.token)
+	l.Handle = h
+	l.Lost = h.lost
+	l.KeptAlive = h.kept
+	return nil
+}
+
+// rearmNow is a watch that has fired with no event: the session watcher
+// arms the lock's watch again (see rearm).
+var rearmNow = func() <-chan zk.Event {
+	ch := make(chan zk.Event)
+	close(ch)
+	return ch
+}()
+
+// finish drops h from the held locks and marks it done (stopping its TTL
+// timer); false if it already was.
+func (r *Resource) finish(h *held) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.finishLocked(h)
+}
+
+// finishLocked is finish with r.mu held.
+func (r *Resource) finishLocked(h *held) bool {
+	if h.at < 0 {
+		return false
+	}
+	last := int32(len(r.held) - 1)
+	r.held[h.at] = r.held[last]
+	r.held[h.at].at = h.at
+	r.held[last] = nil
+	r.held = r.held[:last]
+	if c := cap(r.held); c > 1024 && len(r.held) < c/4 {
+		// Give back what a crowd of locks, now released, made grow.
+		r.held = slices.Clone(r.held)
+	}
+	h.at = -1
+	if !h.kept {
+		r.timers[h].Stop()
+		delete(r.timers, h)
+	}
+	return true
+}
+
+// tracked reports whether h is held through r.
+func (r *Resource) tracked(h *held) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return h.at >= 0 && int(h.at) < len(r.held) && r.held[h.at] == h
+}
+
+// expire runs when a lock's TTL ran out without Refresh: it deletes the
+// znode, so the next waiter gets the lock, and reports the loss.
+func (r *Resource) expire(h *held) {
+	if !r.finish(h) {
+		return
+	}
+	close(h.lost)
+	r.later(cleanup{path: h.path})
+}
+
+// lose reports the loss of h, whose znode is gone already (deleted by
+// another client, or with its session).
+func (r *Resource) lose(h *held) {
+	if r.finish(h) {
+		close(h.lost)
+	}
+}
+
+// onWatch handles the event ev of the watch of h, a lock its session
+// keeps alive. Its znode is gone when the event says so, or when the
+// watch ended with the session (or the connection's Close); any other
+// event (a change in the queue, a change of the znode's data) may not be
+// about the znode's existence, and rearm looks. The child watch of the
+// listing that granted the lock fires at the first change of the queue:
+// rearm replaces it with a watch on the znode itself, so that a lock
+// costs no request when the queue changes again.
+func (r *Resource) onWatch(h *held, ev zk.Event) {
+	switch {
+	case ev.Err != nil, ev.Type == zk.EventNodeDeleted && ev.Path == h.path:
+		r.lose(h)
+	default:
+		go r.rearm(h)
+	}
+}
+
+// rearm sets a data watch on h's znode, which tells whether it still
+// exists (under h's session). A connection in trouble is the session
+// watcher's business (loss deadline): rearm tries again later.
+func (r *Resource) rearm(h *held) {
+	_, st, ch, err := r.conn.GetW(h.path)
+	switch {
+	case err == nil && st.EphemeralOwner != h.sid, errors.Is(err, zk.ErrNoNode):
+		r.lose(h)
+		return
+	case err != nil:
+		ch = rearmNow
+		if sleep(context.Background(), r.stop, rearmBackoff) != nil {
+			return // closed
+		}
+	}
+	r.mu.Lock()
+	if h.at >= 0 {
+		h.watch = ch
+	} // else released or lost: a data watch fires with the deletion
+	r.mu.Unlock()
+}
+
+// rearmBackoff is how long rearm waits before it tries again after a
+// failed request.
+const rearmBackoff = 100 * time.Millisecond
+
+// handle returns the znode path of the lock in l.Handle, checked to be
+// one of ours for l's key and kind, and that lock if it is still held
+// through r (nil once released, expired or lost).
+func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
+	if r.conn == nil {
+		return "", nil, errNotNew
+	}
+	h, ok := l.Handle.(*held)
+	if !ok || h == nil || h.kind != l.Kind || !r.inQueue(h.path, l.Key, l.Kind) {
+		return "", nil, fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
+	}
+	if r.tracked(h) {
+		return h.path, h, nil
+	}
+	return h.path, nil, nil
+}
+
+// inQueue reports whether path is a child of kindParent(key, kind), as
+// strings.HasPrefix(path, r.kindParent(key, kind)+"/") does, with no
+// allocation: Release and Refresh check every lease's handle with it.
+func (r *Resource) inQueue(path, key string, kind backend.Kind) bool {
+	rest, ok := strings.CutPrefix(path, r.cfg.root)
+	if !ok || !strings.HasPrefix(rest, "/") {
+		return false
+	}
+	if rest, ok = cutEncodedKey(rest[1:], key); !ok {
+		return false
+	}
+	switch kind {
+	case backend.KindSemaphore:
+		rest, ok = strings.CutPrefix(rest, semSuffix)
+	case backend.KindRead, backend.KindWrite:
+		rest, ok = strings.CutPrefix(rest, rwSuffix)
+	}
+	return ok && strings.HasPrefix(rest, "/")
+}
+
+// Release deletes the lock's znode. It returns [backend.ErrNotHeld], with
+// no I/O, when the lock was already reported lost or its TTL ran out, and
+// ErrNotHeld when the znode is gone (released before, or its session
+// expired). Another store error is returned wrapped; the znode is then
+// deleted in the background as soon as the connection allows.
+//
+// Release returns when ctx ends, with an error wrapping ctx's: the delete
+// it sent goes on, and is retried in the background if it fails; calling
+// Release again sends another (ErrNotHeld once the first landed).
+func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
+	path, h, err := r.handle("release", l)
+	if err != nil {
+		return err
+	}
+	if isClosedChan(l.Lost) {
+		return backend.ErrNotHeld
+	}
+	if h != nil && !r.finish(h) {
+		return backend.ErrNotHeld
+	}
+	// The delete is sent even when ctx has ended, because a release left
+	// undone would hold the lock for others.
+	pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
+	select {
+	case res := <-pending:
+		err = res.err
+	case <-ctx.Done():
+		r.later(cleanup{after: func() (cleanup, bool) {
+			res := <-pending
+			return cleanup{path: path}, !gone(res.err)
+		}})
+		return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		return backend.ErrNotHeld
+	}
+	r.later(cleanup{path: path})
+	return r.wrap("release", l.Key, err)
+}
+
+// Refresh checks that the lock's znode still exists under its session.
+// For a lock with a TTL it also pushes the TTL deletion back by l.TTL (which
+// may differ from the TTL it had: Lock.Extend), and writes the new TTL in
+// the znode's data, for inspection: one write. A lock the session keeps
+// alive has no TTL: Refresh only reads that its znode is there.
+//
+// It returns [backend.ErrNotHeld] when the znode is gone, the lock was
+// reported lost or its TTL already ran out; another store error wrapped
+// (the TTL timer runs on then), and ctx's error as soon as ctx ends (the
+// request goes on unwatched).
+func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
+	path, h, err := r.handle("refresh", l)
+	if err != nil {
+		return err
+	}
+	if h == nil {
+		return backend.ErrNotHeld
+	}
+	sent := time.Now()
+	data := recordOf(l).encode()
+	stat, err := call(ctx, func() (*zk.Stat, error) {
+		if h.kept {
+			exists, stat, err := r.conn.Exists(path)
+			if err == nil && !exists {
+				err = zk.ErrNoNode
+			}
+			return stat, err
+		}
+		return r.conn.Set(path, data, -1)
+	})
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		r.lose(h)
+		return backend.ErrNotHeld
+	case err != nil:
+		return r.wrap("refresh", l.Key, err)
+	}
+	r.hear(sent)
+	if stat.EphemeralOwner != h.sid {
+		r.lose(h)
+		return backend.ErrNotHeld
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h.at < 0 {
+		return backend.ErrNotHeld
+	}
+	if h.kept {
+		return nil
+	}
+	t := r.timers[h]
+	if !t.Stop() {
+		return backend.ErrNotHeld // the TTL ran out meanwhile: expire runs
+	}
+	t.Reset(l.TTL)
+	return nil
+}
