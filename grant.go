@@ -914,33 +914,46 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 	if g.d.refresher == nil {
 		return fmt.Errorf("%w: %T cannot extend locks", ErrUnsupported, g.d.res)
 	}
-	var rf *refresh
-	for rf == nil {
-		out := g.step(event{kind: evRefresh, ttl: ttl})
+	rf, ctx, cancel, err := g.beginRefresh(ctx, event{kind: evRefresh, ttl: ttl})
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	at := monoNow()
+	err = refreshAll(ctx, g.d.refresher, rf.leases)
+	out := g.step(event{kind: evRefreshed, at: at, ttl: ttl, extend: true, err: err})
+	g.apply(out)
+	return out.err
+}
+
+// beginRefresh takes g's one refresh slot with ev (an Extend's or a
+// relabel's evRefresh), waiting while another refresh is in flight, and
+// returns the refresh with ctx bounded by the lock's validity (an answer
+// after it is worthless); cancel releases that bound.
+func (g *grant) beginRefresh(ctx context.Context, ev event) (*refresh, context.Context, context.CancelFunc, error) {
+	for {
+		out := g.step(ev)
 		g.apply(out)
 		if out.wait != nil {
 			select {
 			case <-out.wait:
 				continue
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx, nil, ctx.Err()
 			}
 		}
 		if !out.ok {
-			return out.err
+			return nil, ctx, nil, out.err
 		}
-		rf = out.rf
+		if out.rf == nil {
+			continue
+		}
+		if out.rf.expiry == never {
+			return out.rf, ctx, func() {}, nil
+		}
+		ctx, cancel := context.WithDeadline(ctx, wallTime(out.rf.expiry))
+		return out.rf, ctx, cancel, nil
 	}
-	if rf.expiry != never {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, wallTime(rf.expiry))
-		defer cancel()
-	}
-	at := monoNow()
-	err := refreshAll(ctx, g.d.refresher, rf.leases)
-	out := g.step(event{kind: evRefreshed, at: at, ttl: ttl, extend: true, err: err})
-	g.apply(out)
-	return out.err
 }
 
 // relabel sets the label the store keeps with g's one lease
@@ -948,29 +961,12 @@ func (g *grant) extend(ctx context.Context, ttl time.Duration) error {
 // extensions (a renewal that carried the old label could land after it),
 // bounded by the lock's validity as well as ctx.
 func (g *grant) relabel(ctx context.Context, rl backend.Relabeler, label string) error {
-	var rf *refresh
-	for rf == nil {
-		out := g.step(event{kind: evRefresh, relabel: true, label: label})
-		g.apply(out)
-		if out.wait != nil {
-			select {
-			case <-out.wait:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		if !out.ok {
-			return out.err
-		}
-		rf = out.rf
+	rf, ctx, cancel, err := g.beginRefresh(ctx, event{kind: evRefresh, relabel: true, label: label})
+	if err != nil {
+		return err
 	}
-	if rf.expiry != never {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, wallTime(rf.expiry))
-		defer cancel()
-	}
-	err := rl.Relabel(ctx, &rf.leases[0])
+	defer cancel()
+	err = rl.Relabel(ctx, &rf.leases[0])
 	out := g.step(event{kind: evRefreshed, relabel: true, label: label, renewAt: rf.renewAt, err: err})
 	g.apply(out)
 	return out.err
