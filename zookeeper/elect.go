@@ -41,31 +41,7 @@ func (r *Resource) Relabel(ctx context.Context, l *backend.Lease) error {
 	sent := time.Now()
 	data := recordOf(l).encode()
 	stat, err := call(ctx, func() (*zk.Stat, error) { return r.conn.Set(path, data, -1) })
-	switch {
-	case errors.Is(err, zk.ErrNoNode):
-		r.lose(h)
-		return backend.ErrNotHeld
-	case err != nil:
-		return r.wrap("relabel", l.Key, err)
-	}
-	r.hear(sent)
-	if stat.EphemeralOwner != h.sid {
-		r.lose(h)
-		return backend.ErrNotHeld
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if h.at < 0 {
-		return backend.ErrNotHeld
-	}
-	if !h.kept {
-		t := r.timers[h]
-		if !t.Stop() {
-			return backend.ErrNotHeld // the TTL ran out meanwhile: expire runs
-		}
-		t.Reset(l.TTL)
-	}
-	return nil
+	return r.answered("relabel", h, l, sent, stat, err)
 }
 
 // Watch implements [backend.Watcher] with ZooKeeper's one-shot watches,

@@ -301,12 +301,20 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 		}
 		return r.conn.Set(path, data, -1)
 	})
+	return r.answered("refresh", h, l, sent, stat, err)
+}
+
+// answered takes in the server's answer to a request about the held lock
+// h (a Refresh's or a Relabel's, sent at sent): a znode gone or of another
+// session is lost; one that is ours was heard of, and a lock with a TTL
+// counts it again from now.
+func (r *Resource) answered(op string, h *held, l *backend.Lease, sent time.Time, stat *zk.Stat, err error) error {
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
 		r.lose(h)
 		return backend.ErrNotHeld
 	case err != nil:
-		return r.wrap("refresh", l.Key, err)
+		return r.wrap(op, l.Key, err)
 	}
 	r.hear(sent)
 	if stat.EphemeralOwner != h.sid {
