@@ -35,6 +35,18 @@
 // distinct locks. Stores that cannot hold them (Redlock) return
 // [ErrUnsupported] before any I/O.
 //
+// # Waiting in line
+//
+// The waiters of a lock are granted it in order of arrival, across
+// processes, on the stores that queue them: etcd and ZooKeeper by nature,
+// and the pull stores that implement backend.Queuer (their mutexes and
+// semaphores; read/write locks always). There a release wakes the waiter
+// at the head of the line only, the others make a request only to keep
+// their place (at most every third of the TTL), and a waiter that gives
+// up leaves the line before TryLock returns. A head that died is passed
+// over within its TTL. Redlock keeps no line: after a release, whichever
+// waiter tries first gets the lock.
+//
 // # Elections
 //
 // [DistributeLock.Election] gives the leader election of a name: one

@@ -29,6 +29,8 @@ type DistributeLock struct {
 	validator  backend.KeyValidator
 	kinds      backend.KindChecker
 	withdraw   backend.Withdrawer
+	queuer     backend.Queuer       // nil: the store queues no mutex or semaphore waiter
+	heads      backend.HeadNotifier // notices addressed to a queued waiter
 	cfg        config
 	policy     spin.Policy
 	chain      *chain
@@ -59,8 +61,8 @@ const closedBit = 1 << 62
 // store needs a round trip to answer it.
 const attemptGrace = 10 * time.Millisecond
 
-// withdrawBound is how long a read or write request refused at the end of
-// its wait waits for the store to withdraw its intent before it returns.
+// withdrawBound is how long a request refused at the end of its wait
+// waits for the store to withdraw its intent before it returns.
 const withdrawBound = 50 * time.Millisecond
 
 // New returns a DistributeLock over r, configured by opts. r must implement
@@ -115,6 +117,10 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 	d.validator, _ = r.(backend.KeyValidator)
 	d.kinds, _ = r.(backend.KindChecker)
 	d.withdraw, _ = r.(backend.Withdrawer)
+	if q, ok := r.(backend.Queuer); ok && d.spinner != nil && d.withdraw != nil {
+		d.queuer = q
+		d.heads, _ = r.(backend.HeadNotifier)
+	}
 	if cfg.autoRenew && d.refresher == nil {
 		return nil, fmt.Errorf("%w: WithAutoRenew: %T cannot extend locks", ErrInvalid, r)
 	}
@@ -494,30 +500,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 		err = d.waiter.Acquire(ctx, &g.lease, r.Deadline)
 		start = time.Now()
 	} else {
-		var st spin.Stats
-		n := d.notifier
-		if r.Kind == KindRead {
-			n = d.notifyEach
-		}
-		start, err = spin.Acquire(ctx, d.spinner, n, d.policy, &g.lease, r.Deadline, &st)
-		r.RemoteAttempts += st.Attempts
-		r.answered += st.Answered
-		if err != nil && (r.Kind == KindRead || r.Kind == KindWrite) && st.Answered > 0 && d.withdraw != nil {
-			// The wait may have recorded an intent: withdraw it before
-			// returning, so that nobody, not even the caller's next
-			// request, is kept out by a request that left. A store
-			// slower than withdrawBound finishes it in the background.
-			l := g.lease
-			done := d.bg.goRun("withdrawing the intent on "+quote(r.Key), func(ctx context.Context) error {
-				return retry(ctx, func(ctx context.Context) error { return d.withdraw.Withdraw(ctx, &l) })
-			})
-			t := time.NewTimer(withdrawBound)
-			select {
-			case <-done:
-			case <-t.C:
-			}
-			t.Stop()
-		}
+		start, err = d.spin(ctx, r, g)
 	}
 	if err != nil {
 		return err
@@ -525,6 +508,56 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	r.Token = g.lease.Token
 	r.Acquired = start
 	return nil
+}
+
+// spin runs the spin loop for g's one lease, and withdraws the intent a
+// wait that ended without the lock may have left in the store.
+func (d *DistributeLock) spin(ctx context.Context, r *Request, g *grant) (time.Time, error) {
+	var st spin.Stats
+	n, q := d.notifier, spin.Unqueued
+	rw := r.Kind == KindRead || r.Kind == KindWrite
+	if rw {
+		n = d.notifyEach
+	}
+	if !rw && d.queuer != nil && d.queuer.Queues(g.lease.Kind) {
+		q, g.lease.Waits = spin.Queued, !r.Deadline.IsZero()
+		if d.heads != nil && g.lease.Waits {
+			// Notices come addressed to this waiter: no sharing.
+			n, q = headNotices{d.heads, g.lease.Value}, spin.HeadOnly
+		}
+	}
+	start, err := spin.Acquire(ctx, d.spinner, n, d.policy, &g.lease, r.Deadline, q, &st)
+	r.RemoteAttempts += st.Attempts
+	r.answered += st.Answered
+	if err != nil && st.Answered > 0 && d.withdraw != nil && (rw || g.lease.Waits) {
+		// The wait may have recorded an intent: withdraw it before
+		// returning, so that nobody, not even the caller's next
+		// request, is kept out by a request that left (nor a lock
+		// kept for it). A store slower than withdrawBound finishes it
+		// in the background.
+		l := g.lease
+		done := d.bg.goRun("withdrawing the intent on "+quote(r.Key), func(ctx context.Context) error {
+			return retry(ctx, func(ctx context.Context) error { return d.withdraw.Withdraw(ctx, &l) })
+		})
+		t := time.NewTimer(withdrawBound)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return start, err
+}
+
+// headNotices subscribes a queued waiter to the notices addressed to its
+// owner value.
+type headNotices struct {
+	n     backend.HeadNotifier
+	value string
+}
+
+func (h headNotices) Subscribe(key string) (<-chan struct{}, func()) {
+	return h.n.SubscribeHead(key, h.value)
 }
 
 // remoteRelease is the innermost release step. A rollback's release

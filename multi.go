@@ -122,7 +122,7 @@ func (d *DistributeLock) acquireAll(ctx context.Context, r *Request) (time.Time,
 		return d.waitAll(ctx, r, subs)
 	}
 	var st spin.Stats
-	start, err := spin.Acquire(ctx, &multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, &st)
+	start, err := spin.Acquire(ctx, &multiSpinner{d: d, subs: subs}, d.notifier, d.policy, subs[0], r.Deadline, spin.Unqueued, &st)
 	r.RemoteAttempts += st.Attempts
 	r.answered += st.Answered
 	if err != nil {

@@ -25,12 +25,15 @@
 //
 // Found by type assertion, as database/sql finds driver.ExecerContext:
 //   - [KindChecker]: hold semaphores and read/write locks, not only mutexes;
-//   - [Withdrawer]: withdraw a waiting writer's intent;
+//   - [Queuer]: queue the waiters of mutexes and semaphores in arrival
+//     order, as the read/write lock's are;
+//   - [Withdrawer]: withdraw a waiting request's intent;
 //   - [Refresher]: extend a held lock (used by WithAutoRenew and Extend);
 //   - [BatchRefresher]: extend many locks in one request;
 //   - [Inspector]: tell who holds a lock;
 //   - [MultiSpinner]: take several keys in one request;
 //   - [Notifier]: wake spinning waiters when a key is released;
+//   - [HeadNotifier]: wake only the waiter at the head of a key's queue;
 //   - [KeyValidator]: reject keys the store cannot hold before any I/O;
 //   - [Relabeler]: change the label kept with a held mutex (an election's
 //     published value);
@@ -189,6 +192,11 @@ type Lease struct {
 	// long as the process renews it (etcd: a lease shared by the locks of
 	// one TTL instead of one lease per lock).
 	AutoRenew bool
+	// Waits is set by the facade when the acquisition may make more than
+	// one attempt (a wait > 0 on one key): a store that queues waiters of
+	// the lease's kind ([Queuer]) records an intent for a refused attempt
+	// only then. A single attempt that cannot hold records nothing.
+	Waits bool
 	// KeptAlive is set by the store, when it acquires a lock with
 	// AutoRenew, to say that it keeps the lock alive itself for as long as
 	// the process runs and the store is reachable (etcd: the shared
@@ -342,6 +350,26 @@ type Notifier interface {
 	Subscribe(key string) (ch <-chan struct{}, cancel func())
 }
 
+// HeadNotifier is implemented by pull stores that queue waiters
+// ([Queuer]) and address a release's notice to the waiter at the head of
+// the queue (a Redis PUBLISH or a PostgreSQL NOTIFY whose payload is the
+// head's owner value; a store that polls its queue tells the head it
+// found).
+type HeadNotifier interface {
+	Notifier
+	// SubscribeHead is Subscribe for the waiter of key with owner value
+	// value: ch receives the notices addressed to value (it became the
+	// head of the queue, and the lock is free or kept for it) and the
+	// notices addressed to nobody in particular (a release with nobody
+	// queued, a withdrawn intent); not the notices addressed to another
+	// waiter. A notice addressed to value that comes shortly before the
+	// subscription (the release raced the attempt that queued) is sent on
+	// ch at once. The rules of Subscribe hold: notices are hints, ch is
+	// buffered and nil when the store cannot subscribe now, cancel must be
+	// called exactly once, and neither blocks.
+	SubscribeHead(key, value string) (ch <-chan struct{}, cancel func())
+}
+
 // KindChecker is implemented by stores that hold more kinds of lock than
 // mutexes. CheckKind returns nil when the store holds locks of kind k, and
 // otherwise an error that says why not (Redlock: majorities cannot bound a
@@ -361,22 +389,77 @@ type Notifier interface {
 // waiting for a writer get in before the writers that arrived after them.
 // For a push store its queue gives that order: a reader holds when no
 // writer is queued before it, a writer when it is first; a semaphore
-// holder when fewer than Limit holders are queued before it.
+// holder when fewer than Limit holders are queued before it. A pull store
+// may queue the waiters of mutexes and semaphores in arrival order too:
+// see [Queuer].
 type KindChecker interface {
 	CheckKind(k Kind) error
 }
 
 // Withdrawer is implemented by pull stores that record the intents of
-// waiting readers and writers (see [KindChecker]). The facade calls
-// Withdraw when a read or write wait ends without the lock after the store
+// waiting requests: readers and writers (see [KindChecker]), and the
+// mutex and semaphore waiters of a store that queues them ([Queuer]). The
+// facade calls Withdraw when a wait ends without the lock after the store
 // answered an attempt, before the acquire returns (so that the caller's
 // next request finds no intent of its own or of a request that left; a
 // store slower than a few tens of milliseconds finishes in the
-// background): it deletes l.Value's intent, if any, wakes those it kept
-// waiting, and touches nothing else.
+// background): for a read or write request after any such wait, for a
+// mutex or semaphore request of a kind the store queues after a wait
+// with [Lease].Waits. Withdraw deletes l.Value's intent, if any; when the
+// store kept the lock for it (the head of a queue, see [Queuer]) it
+// passes the lock on to the next in line; it wakes those it kept
+// waiting, and touches nothing else. For a kind the store does not
+// queue, Withdraw returns nil without I/O.
 type Withdrawer interface {
 	Withdraw(ctx context.Context, l *Lease) error
 }
+
+// Queuer is implemented by pull stores that queue the waiters of mutexes
+// (and of semaphores) in arrival order, the way the read/write lock
+// queues its requests (see [KindChecker]) and the push stores' watches do.
+// Queues reports whether the store queues the waiters of kind k (KindMutex
+// or KindSemaphore; the read/write lock always queues). A store that
+// queues a kind implements [Withdrawer] too.
+//
+// For a kind it queues, an attempt of an acquisition that waits
+// ([Lease].Waits) and cannot hold records an intent numbered in arrival
+// order, which lasts l.TTL from the attempt, is renewed by each next
+// attempt of the acquisition and ends when it holds, when it withdraws
+// ([Withdrawer]) or when it lapses. A waiter holds a mutex when the lock
+// is free and no live intent precedes its own; a semaphore permit when
+// fewer than Limit permits are held and fewer live intents precede its
+// own than permits are free. A release of a lock with live intents wakes
+// the head of the queue only ([HeadNotifier]) and keeps the lock for it:
+// a newcomer is refused (and queues) while the head has not come, for at
+// most the life left of the head's intent, so that a head that died or
+// never heard its notice is passed over within its TTL. A store may let a
+// request without an intent (a first attempt, a single attempt) take a
+// free lock without looking at the queue, so that an uncontended acquire
+// pays nothing for it (Redis does for mutexes): such a newcomer may then
+// take a lock whose holder expired without a release before the head of
+// the queue comes back for it. A release that keeps the lock for nobody
+// (no live intent) wakes its waiters as [Notifier] says.
+//
+// The facade, for a kind the store queues: sets [Lease].Waits on the
+// attempts of an acquisition that waits; makes the next attempt within a
+// third of l.TTL, so that the intent never lapses while the waiter
+// lives; withdraws the intent when the wait ends without the lock; and,
+// when the store is a [HeadNotifier], subscribes each waiter to the
+// notices addressed to it and otherwise sleeps up to a third of l.TTL (at
+// most [HeadPoll]): a waiter behind the head makes no request until it
+// is the head, but to keep its intent.
+//
+// A store without a queue for a kind (Redlock, whose nodes keep no common
+// order) grants it to whichever attempt comes first after a release:
+// arrival order is not kept.
+type Queuer interface {
+	Queues(k Kind) bool
+}
+
+// HeadPoll is the longest a queued waiter subscribed to notices addressed
+// to it ([HeadNotifier]) sleeps between attempts: the bound of the wait a
+// lost notice costs it.
+const HeadPoll = 2 * time.Second
 
 // Relabeler is implemented by stores that can change the label kept with
 // a held mutex ([Lease].Label, which [Inspector] returns): an election's

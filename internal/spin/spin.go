@@ -53,6 +53,23 @@ type WaitKeyer interface {
 	WaitKey() string
 }
 
+// Queue says how the store queues a waiter (see backend.Queuer).
+type Queue uint8
+
+const (
+	// Unqueued: the store keeps nothing of a refused attempt.
+	Unqueued Queue = iota
+	// Queued: a refused attempt keeps an intent for l.TTL, which the
+	// next attempt renews: the next attempt comes within a third of
+	// l.TTL.
+	Queued
+	// HeadOnly: Queued, and the notifier sends this waiter only the
+	// notices addressed to it (backend.HeadNotifier): subscribed, the
+	// waiter sleeps up to a third of l.TTL, at most backend.HeadPoll,
+	// instead of the policy's draw.
+	HeadOnly
+)
+
 // Stats counts an acquisition's calls to the store.
 type Stats struct {
 	Attempts int // calls of TryAcquire
@@ -65,16 +82,20 @@ type Stats struct {
 // it sleeps as p says, and wakes at once on a release notice when n is not
 // nil (subscribing after the first failed attempt, so an uncontended
 // acquire costs one call, and again when the key a WaitKeyer names
-// changes); subscribed, it sleeps NoticeSpinFactor times as long. A read or write request, whose failed attempts keep its intent in
-// the store for l.TTL (see backend.KindChecker), sleeps at most a third of
-// l.TTL, so that its intent never lapses while it waits.
+// changes); subscribed, it sleeps NoticeSpinFactor times as long. A
+// queued request (q, and every read or write request), whose failed
+// attempts keep its intent in the store for l.TTL (see
+// backend.KindChecker and backend.Queuer), sleeps at most a third of
+// l.TTL, so that its intent never lapses while it waits; with q ==
+// HeadOnly, subscribed, it sleeps that long (at most backend.HeadPoll,
+// and not past the holder's time left): a notice tells it its turn.
 //
 // It returns the start of the successful attempt. On contention it returns
 // backend.ErrNotAcquired; when ctx ends between attempts, ctx.Err(); a
 // store error as is (an attempt cut short by ctx returns the store's
 // error). st counts the attempts.
 func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Policy,
-	l *backend.Lease, deadline time.Time, st *Stats) (time.Time, error) {
+	l *backend.Lease, deadline time.Time, q Queue, st *Stats) (time.Time, error) {
 	var (
 		timer      *time.Timer
 		wake       <-chan struct{}
@@ -120,12 +141,23 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 				subscribed = key
 			}
 		}
-		d := p.next(holderTTL, deadline.Sub(now), wake != nil)
-		if l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
+		left := deadline.Sub(now)
+		d := p.next(holderTTL, left, wake != nil)
+		if q != Unqueued || l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
 			// The attempt recorded an intent that lasts l.TTL and
 			// the next attempt renews: come back well before it
 			// lapses, or the wait loses its place in line.
-			d = min(d, max(l.TTL/3, time.Millisecond))
+			keep := max(l.TTL/3, time.Millisecond)
+			if q == HeadOnly && wake != nil {
+				// Only a notice addressed to this waiter wakes
+				// it: it sleeps until then, but to keep its
+				// intent (and for a lost notice).
+				d = min(keep, backend.HeadPoll, left)
+				if holderTTL > 0 {
+					d = min(d, holderTTL)
+				}
+			}
+			d = min(d, keep)
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
