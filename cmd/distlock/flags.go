@@ -7,13 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/stores"
 )
 
 // runConfig is a parsed `distlock run` command line.
@@ -50,8 +50,8 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	fs := newFlagSet("run")
 	storeURL := fs.String("store", "", "")
 	var so storeOptions
-	fs.StringVar(&so.prefix, "prefix", "", "")
-	fs.StringVar(&so.table, "table", "", "")
+	fs.StringVar(&so.Prefix, "prefix", "", "")
+	fs.StringVar(&so.Table, "table", "", "")
 	var wait, ttl, grace durationFlag
 	fs.Var(&wait, "wait", "")
 	fs.Var(&wait, "w", "")
@@ -160,13 +160,13 @@ func parseRun(args []string, getenv func(string) string) (*runConfig, error) {
 	if err := electFlags(fs, cfg, *value); err != nil {
 		return nil, err
 	}
-	so.prefixSet, so.tableSet = isSet(fs, "prefix"), isSet(fs, "table")
+	so.PrefixSet, so.TableSet = isSet(fs, "prefix"), isSet(fs, "table")
 	s, err := storeFrom(*storeURL, so, getenv)
 	if err != nil {
 		return nil, err
 	}
 	cfg.store = s
-	if err := s.validateKey(storeKey(cfg.key, cfg.kind)); err != nil {
+	if err := s.ValidateKey(storeKey(cfg.key, cfg.kind)); err != nil {
 		return nil, fmt.Errorf("run: KEY %s: %w", quoteKey(cfg.key), err)
 	}
 	if err := supports(s, cfg.kind, false); err != nil {
@@ -213,8 +213,8 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	fs := newFlagSet("status")
 	storeURL := fs.String("store", "", "")
 	var so storeOptions
-	fs.StringVar(&so.prefix, "prefix", "", "")
-	fs.StringVar(&so.table, "table", "", "")
+	fs.StringVar(&so.Prefix, "prefix", "", "")
+	fs.StringVar(&so.Table, "table", "", "")
 	asJSON := fs.Bool("json", false, "")
 	limit := fs.Int("limit", 0, "")
 	var shared, exclusive bool
@@ -226,7 +226,7 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	so.prefixSet, so.tableSet = isSet(fs, "prefix"), isSet(fs, "table")
+	so.PrefixSet, so.TableSet = isSet(fs, "prefix"), isSet(fs, "table")
 	switch rest := fs.Args(); {
 	case len(rest) == 0:
 		return nil, usageErrorf("status: missing KEY")
@@ -246,7 +246,7 @@ func parseStatus(args []string, getenv func(string) string) (*statusConfig, erro
 	if cfg.store, err = storeFrom(*storeURL, so, getenv); err != nil {
 		return nil, err
 	}
-	if err := cfg.store.validateKey(storeKey(cfg.key, cfg.kind)); err != nil {
+	if err := cfg.store.ValidateKey(storeKey(cfg.key, cfg.kind)); err != nil {
 		return nil, fmt.Errorf("status: KEY %s: %w", quoteKey(cfg.key), err)
 	}
 	if err := supports(cfg.store, cfg.kind, true); err != nil {
@@ -356,7 +356,7 @@ type durationFlag struct {
 func (f *durationFlag) String() string { return f.s }
 
 func (f *durationFlag) Set(s string) error {
-	d, err := parseDuration(s)
+	d, err := stores.ParseDuration(s)
 	if err != nil {
 		return err
 	}
@@ -365,20 +365,4 @@ func (f *durationFlag) Set(s string) error {
 	}
 	f.d, f.s, f.set = d, s, true
 	return nil
-}
-
-// parseDuration parses a number of seconds ("10", "1.5") or a Go duration
-// ("1m30s", "250ms").
-func parseDuration(s string) (time.Duration, error) {
-	if secs, err := strconv.ParseFloat(s, 64); err == nil {
-		if math.IsNaN(secs) || math.IsInf(secs, 0) || math.Abs(secs) > float64(math.MaxInt64/int64(time.Second)) {
-			return 0, fmt.Errorf("bad duration %q", s)
-		}
-		return time.Duration(secs * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("bad duration %q: want seconds (1.5) or a Go duration (1m30s)", s)
-	}
-	return d, nil
 }

@@ -104,7 +104,7 @@ func runCommand(cfg *runConfig, stdout, stderr io.Writer) int {
 		setup = oneAttemptSetup
 	}
 	octx, cancel := context.WithTimeout(ctx, setup)
-	res, closeClients, err := cfg.store.open(octx, cfg.ttl)
+	res, closeClients, err := cfg.store.Open(octx, cfg.ttl)
 	cancel()
 	if err != nil {
 		stopWatching()
@@ -170,7 +170,7 @@ func runCommand(cfg *runConfig, stdout, stderr io.Writer) int {
 		r.say("acquiring %s on %s: %v", what, cfg.store, err)
 		return exitUnavailable
 	}
-	r.sayV("acquired %s with token %d (it holds %s)", what, lk.Token(), cfg.store.holds(cfg.ttl))
+	r.sayV("acquired %s with token %d (it holds %s)", what, lk.Token(), cfg.store.Holds(cfg.ttl))
 	if cfg.argv == nil {
 		return r.hold(lk, note, sigs)
 	}

@@ -21,7 +21,7 @@ import (
 func statusCommand(cfg *statusConfig, stdout, stderr io.Writer) int {
 	say := func(format string, args ...any) { fmt.Fprint(stderr, line(format, args...)) }
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-	res, closeClients, err := cfg.store.open(ctx, defaultTTL)
+	res, closeClients, err := cfg.store.Open(ctx, defaultTTL)
 	cancel()
 	if err != nil {
 		say("store %s: %v", cfg.store, err)
