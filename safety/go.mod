@@ -7,6 +7,7 @@ require (
 	github.com/distlock/distlock v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/etcd v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/redisscript v0.0.0-00010101000000-000000000000
+	github.com/distlock/distlock/internal/stores v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000

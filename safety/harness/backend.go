@@ -2,22 +2,17 @@ package harness
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
 	"time"
-
-	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
-	"github.com/go-zookeeper/zk"
-	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/etcd"
+	"github.com/distlock/distlock/internal/stores"
 	"github.com/distlock/distlock/redis"
-	"github.com/distlock/distlock/redlock"
-	"github.com/distlock/distlock/sqldb"
 	"github.com/distlock/distlock/zookeeper"
 )
 
@@ -32,8 +27,8 @@ type Backend struct {
 	// go-sql-driver's for mysql).
 	Addrs []string
 	// Timeout bounds a client's dial and each request's reply, where the
-	// client has such a setting (Redis read/write timeouts, etcd dial).
-	// Default 1s.
+	// client has such a setting (Redis dial and read/write timeouts, etcd
+	// dial, PostgreSQL connect in whole seconds). Default 1s.
 	Timeout time.Duration
 	// WaitReplicas and WaitTimeout are redis.WithWaitReplicas.
 	WaitReplicas int
@@ -57,129 +52,82 @@ func (b Backend) timeout() time.Duration {
 }
 
 // Open connects to the store and returns a resource over it and a
-// function that closes what Open opened.
+// function that closes the resource and what Open opened. It opens
+// through internal/stores, with the URL and options url gives.
 func (b Backend) Open(ctx context.Context) (backend.RemoteResource, func(), error) {
+	raw, o, err := b.url()
+	if err != nil {
+		return nil, nil, err
+	}
+	// The TTL only sizes a ZooKeeper session, and url names that.
+	res, closeClients, err := stores.Open(ctx, raw, b.sessionTimeout(), o)
+	if err != nil {
+		return nil, nil, fmt.Errorf("harness: %w", err)
+	}
+	return res, func() {
+		if c, ok := res.(io.Closer); ok {
+			_ = c.Close()
+		}
+		closeClients()
+	}, nil
+}
+
+// url is b as a store URL and the options that say what a URL does not.
+func (b Backend) url() (string, stores.Options, error) {
+	var o stores.Options
+	if len(b.Addrs) == 0 {
+		return "", o, fmt.Errorf("harness: backend %q has no address", b.Kind)
+	}
+	t := b.timeout().String()
+	// go-redis's URL options: each request's bounds, as a client under
+	// faults needs them.
+	redisQuery := "?dial_timeout=" + t + "&read_timeout=" + t + "&write_timeout=" + t
 	switch b.Kind {
 	case "redis":
-		c := goredis.NewClient(&goredis.Options{
-			Addr:                  b.Addrs[0],
-			DialTimeout:           b.timeout(),
-			ReadTimeout:           b.timeout(),
-			WriteTimeout:          b.timeout(),
-			ContextTimeoutEnabled: true,
-		})
-		var opts []redis.Option
 		if b.WaitReplicas > 0 {
-			opts = append(opts, redis.WithWaitReplicas(b.WaitReplicas, b.WaitTimeout))
+			o.Redis = append(o.Redis, redis.WithWaitReplicas(b.WaitReplicas, b.WaitTimeout))
 		}
-		r, err := redis.New(c, opts...)
-		if err != nil {
-			_ = c.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = r.Close(); _ = c.Close() }, nil
-	case "etcd":
-		c, err := clientv3.New(clientv3.Config{Endpoints: b.Addrs, DialTimeout: b.timeout(), Logger: zap.NewNop()})
-		if err != nil {
-			return nil, nil, fmt.Errorf("etcd: %w", err)
-		}
-		var opts []etcd.Option
-		if b.SharedLease {
-			opts = append(opts, etcd.WithSharedLease())
-		}
-		r, err := etcd.New(c, opts...)
-		if err != nil {
-			_ = c.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = r.Close(); _ = c.Close() }, nil
-	case "zookeeper":
-		st := b.SessionTimeout
-		if st <= 0 {
-			st = time.Second
-		}
-		conn, events, err := zk.Connect(b.Addrs, st, zk.WithLogger(quiet{}))
-		if err != nil {
-			return nil, nil, fmt.Errorf("zookeeper: %w", err)
-		}
-		go func() {
-			for range events { // the resource polls the connection state itself
-			}
-		}()
-		// Wait for a session, as the resource needs one.
-		for conn.State() != zk.StateHasSession {
-			select {
-			case <-ctx.Done():
-				conn.Close()
-				return nil, nil, fmt.Errorf("zookeeper: no session: %w", ctx.Err())
-			case <-time.After(5 * time.Millisecond): // polling with the ctx's deadline
-			}
-		}
-		r, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(st))
-		if err != nil {
-			conn.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = r.Close(); conn.Close() }, nil
-	case "postgres":
-		cfg, err := pgxpool.ParseConfig(b.Addrs[0])
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg.ConnConfig.ConnectTimeout = b.timeout()
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return nil, nil, fmt.Errorf("postgres: %w", err)
-		}
-		r, err := sqldb.NewPostgres(ctx, pool, b.sqlOptions()...)
-		if err != nil {
-			pool.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = r.Close(); pool.Close() }, nil
-	case "mysql":
-		db, err := sql.Open("mysql", b.Addrs[0])
-		if err != nil {
-			return nil, nil, fmt.Errorf("mysql: %w", err)
-		}
-		r, err := sqldb.NewMySQL(ctx, db, b.sqlOptions()...)
-		if err != nil {
-			db.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = r.Close(); db.Close() }, nil
+		return "redis://" + b.Addrs[0] + redisQuery, o, nil
 	case "redlock":
-		var nodes []goredis.UniversalClient
-		closeAll := func() {
-			for _, n := range nodes {
-				_ = n.Close()
-			}
+		nodes := make([]string, len(b.Addrs))
+		for i, a := range b.Addrs {
+			nodes[i] = "redis://" + a + redisQuery + "&max_retries=-1"
 		}
-		for _, a := range b.Addrs {
-			nodes = append(nodes, goredis.NewClient(&goredis.Options{
-				Addr: a, DialTimeout: b.timeout(), ReadTimeout: b.timeout(), WriteTimeout: b.timeout(),
-				ContextTimeoutEnabled: true, MaxRetries: -1,
-			}))
+		return "redlock:" + strings.Join(nodes, ","), o, nil
+	case "etcd":
+		hosts := make([]string, len(b.Addrs))
+		for i, a := range b.Addrs {
+			hosts[i] = strings.TrimPrefix(a, "http://")
 		}
-		r, err := redlock.New(nodes)
+		if b.SharedLease {
+			o.Etcd = append(o.Etcd, etcd.WithSharedLease())
+		}
+		return "etcd://" + strings.Join(hosts, ",") + "?dial_timeout=" + t, o, nil
+	case "zookeeper":
+		// The wait for a session: as long as a worker gives Open (30s),
+		// or less when the caller's ctx ends sooner.
+		o.ZooKeeper = append(o.ZooKeeper, zookeeper.WithSessionTimeout(b.sessionTimeout()))
+		return "zk://" + strings.Join(b.Addrs, ",") + "?session_timeout=" + b.sessionTimeout().String() + "&dial_timeout=30s", o, nil
+	case "postgres":
+		u, err := url.Parse(b.Addrs[0])
 		if err != nil {
-			closeAll()
-			return nil, nil, err
+			return "", o, fmt.Errorf("harness: postgres DSN: %w", err)
 		}
-		return r, func() { _ = r.Close(); closeAll() }, nil
+		q := u.Query()
+		q.Set("connect_timeout", strconv.Itoa(int((b.timeout()+time.Second-1)/time.Second))) // whole seconds
+		u.RawQuery = q.Encode()
+		o.Table, o.TableSet = b.Table, b.Table != ""
+		return u.String(), o, nil
+	case "mysql":
+		o.Table, o.TableSet = b.Table, b.Table != ""
+		return "mysql://" + b.Addrs[0], o, nil
 	}
-	return nil, nil, fmt.Errorf("harness: unknown backend %q", b.Kind)
+	return "", o, fmt.Errorf("harness: unknown backend %q", b.Kind)
 }
 
-func (b Backend) sqlOptions() []sqldb.Option {
-	if b.Table == "" {
-		return nil
+func (b Backend) sessionTimeout() time.Duration {
+	if b.SessionTimeout > 0 {
+		return b.SessionTimeout
 	}
-	return []sqldb.Option{sqldb.WithTable(b.Table)}
+	return time.Second
 }
-
-// quiet drops go-zookeeper's log lines.
-type quiet struct{}
-
-// Printf drops the line.
-func (quiet) Printf(string, ...any) {}
