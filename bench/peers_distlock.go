@@ -7,6 +7,7 @@ import (
 
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/stores"
 )
 
 // probe tells the handoff workload when a waiter is waiting.
@@ -18,6 +19,7 @@ type probe interface {
 // dlInstance is one distlock.DistributeLock over one backend resource.
 type dlInstance struct {
 	probe
+	res      backend.RemoteResource
 	d        *distlock.DistributeLock
 	closers  []func() error // run after d.Close, in order
 	election bool           // lock campaigns for the key's election (openOpts.election)
@@ -65,7 +67,17 @@ func newDLInstance(res backend.RemoteResource, o openOpts, p probe, opts []distl
 		}
 		return nil, err
 	}
-	return &dlInstance{probe: p, d: d, closers: closers, election: o.election}, nil
+	return &dlInstance{probe: p, res: res, d: d, closers: closers, election: o.election}, nil
+}
+
+// openDistlock opens the store at raw (internal/stores' URL) with so, and
+// a DistributeLock over it.
+func openDistlock(ctx context.Context, raw string, o openOpts, p probe, so stores.Options) (*dlInstance, error) {
+	res, closeClients, err := stores.Open(ctx, raw, o.ttl, so)
+	if err != nil {
+		return nil, err
+	}
+	return newDLInstance(res, o, p, nil, func() error { closeClients(); return nil })
 }
 
 func (i *dlInstance) cycle(ctx context.Context, key string) error {

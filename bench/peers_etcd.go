@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,8 +11,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/etcd"
+	"github.com/distlock/distlock/internal/stores"
 )
 
 func init() {
@@ -27,7 +28,7 @@ func init() {
 		note:    "etcd.New, WithAutoRenew: locks the facade renews share the resource's lease for their TTL (one create-if-absent txn to acquire, one delete to release), as a Session",
 		renewal: "one shared lease kept alive: the locks the facade renews cost nothing more (backend.Lease.KeptAlive)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openEtcdDistlock(s, o, true)
+			return openEtcdDistlock(ctx, s, o, true)
 		},
 		counters: etcdCounters,
 	})
@@ -41,7 +42,7 @@ func init() {
 		name: "distlock-ttl", store: "etcd",
 		note: "etcd.New without WithAutoRenew: a lease per lock, so that it ends after its TTL (grant, create-if-absent txn; guarded delete, revoke)",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openEtcdDistlock(s, o, false)
+			return openEtcdDistlock(ctx, s, o, false)
 		},
 		counters: etcdCounters,
 	})
@@ -76,22 +77,29 @@ func (p etcdProbe) waiting(ctx context.Context, key string, _ int64) bool {
 	return err == nil && n >= 2
 }
 
-func openEtcdDistlock(s *servers, o openOpts, autoRenew bool) (instance, error) {
-	c, err := newEtcdClient(s)
+func openEtcdDistlock(ctx context.Context, s *servers, o openOpts, autoRenew bool) (instance, error) {
+	eps, err := s.etcdEndpoints()
 	if err != nil {
 		return nil, err
 	}
-	res, err := etcd.New(c)
-	if err != nil {
-		c.Close()
-		return nil, err
+	hosts := make([]string, len(eps))
+	for i, ep := range eps {
+		hosts[i] = strings.TrimPrefix(ep, "http://")
 	}
+	// The probe counts the keys queued under key, through the resource
+	// the instance opens.
+	var res *etcd.Resource
 	p := etcdProbe{count: func(ctx context.Context, key string) (int, error) {
 		keys, err := res.Leftovers(ctx, key)
 		return len(keys), err
 	}}
 	o.autoRenew = autoRenew
-	return newDLInstance(res, o, p, []distlock.Option{}, c.Close)
+	in, err := openDistlock(ctx, "etcd://"+strings.Join(hosts, ","), o, p, stores.Options{})
+	if err != nil {
+		return nil, err
+	}
+	res = in.res.(*etcd.Resource)
+	return in, nil
 }
 
 // --- concurrency.Mutex ---

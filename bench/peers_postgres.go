@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,8 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/distlock/distlock"
-	"github.com/distlock/distlock/sqldb"
+	"github.com/distlock/distlock/internal/stores"
 )
 
 // pgSent counts the statements every PostgreSQL client of this program
@@ -79,6 +79,9 @@ func pgCounters(ctx context.Context, s *servers) (counts, error) {
 	return counts{rt: n, cmds: srv}, nil
 }
 
+// pgMaxConns is the size of every instance's pool.
+const pgMaxConns = 20
+
 func newPGPool(ctx context.Context, s *servers, sc *stmtCounter) (*pgxpool.Pool, error) {
 	dsn, err := s.postgresDSN()
 	if err != nil {
@@ -89,22 +92,24 @@ func newPGPool(ctx context.Context, s *servers, sc *stmtCounter) (*pgxpool.Pool,
 		return nil, err
 	}
 	cfg.ConnConfig.Tracer = sc
-	cfg.MaxConns = 20
+	cfg.MaxConns = pgMaxConns
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 func openPGDistlock(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	dsn, err := s.postgresDSN()
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(pgMaxConns))
+	u.RawQuery = q.Encode()
 	sc := &stmtCounter{}
-	pool, err := newPGPool(ctx, s, sc)
-	if err != nil {
-		return nil, err
-	}
-	res, err := sqldb.NewPostgres(ctx, pool)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return newDLInstance(res, o, sc, []distlock.Option{}, func() error { pool.Close(); return nil })
+	return openDistlock(ctx, u.String(), o, sc, stores.Options{PostgresTracer: sc})
 }
 
 // --- floor ---

@@ -17,7 +17,7 @@ import (
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/distlock/distlock/redis"
+	"github.com/distlock/distlock/internal/stores"
 )
 
 // redisSent counts every command (and pipeline) any Redis client of this
@@ -109,7 +109,7 @@ func init() {
 		note:    "redis.New, defaults: one script per attempt (SET NX PX, then the token: TIME and one SET ... GET of the fence), a release script that renames the lock to its trace and, when an attempt was refused the lock, PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms); no auto-renew except in the scale workload",
 		renewal: "WithAutoRenew: a refresh script per lock every TTL/3",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openRedisDistlock(s, o)
+			return openRedisDistlock(ctx, s, o)
 		},
 		counters: redisCounters(1),
 	})
@@ -137,17 +137,13 @@ func init() {
 	}
 }
 
-func openRedisDistlock(s *servers, o openOpts) (instance, error) {
-	rc, err := newRedisClients(s, 1)
+func openRedisDistlock(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	addrs, err := s.redisAddrs(1)
 	if err != nil {
 		return nil, err
 	}
-	res, err := redis.New(rc.cs[0])
-	if err != nil {
-		rc.close()
-		return nil, err
-	}
-	return newDLInstance(res, o, rc, nil, rc.close)
+	rc := &redisClients{}
+	return openDistlock(ctx, "redis://"+addrs[0], o, rc, stores.Options{RedisHook: countHook{own: &rc.sent}})
 }
 
 // --- floor ---

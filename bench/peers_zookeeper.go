@@ -2,14 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/distlock/distlock"
+	"github.com/distlock/distlock/internal/stores"
 	"github.com/distlock/distlock/zookeeper"
 )
 
@@ -29,7 +29,7 @@ func init() {
 		note:    "zookeeper.New, WithAutoRenew: ephemeral sequential znode (a multi-op create that tells its czxid and whether it is alone), watch on the predecessor; the session keeps the lock",
 		renewal: "WithAutoRenew: the session keeps the locks (pings), plus a read per third of the session timeout for the loss deadline",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			return openZKDistlock(s, o)
+			return openZKDistlock(ctx, s, o)
 		},
 		counters: zkCounters,
 	})
@@ -44,29 +44,17 @@ func zkCounters(_ context.Context, s *servers) (counts, error) {
 	return counts{rt: n, cmds: n}, err
 }
 
-type silentLogger struct{}
+// zkDial bounds the wait for a session, so that the first measured call
+// does not wait for one.
+const zkDial = 10 * time.Second
 
-func (silentLogger) Printf(string, ...any) {}
-
-func zkConnect(s *servers) (*zk.Conn, error) {
+func zkConnect(ctx context.Context, s *servers) (*zk.Conn, error) {
 	addr, err := s.zkAddr()
 	if err != nil {
 		return nil, err
 	}
-	conn, _, err := zk.Connect([]string{addr}, zkSessionTimeout, zk.WithLogger(silentLogger{}))
-	if err != nil {
-		return nil, err
-	}
-	// Wait for the session, so that the first measured call does not.
-	deadline := time.Now().Add(10 * time.Second)
-	for conn.State() != zk.StateHasSession {
-		if time.Now().After(deadline) {
-			conn.Close()
-			return nil, errors.New("zookeeper: no session after 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return conn, nil
+	conn, _, err := stores.ConnectZooKeeper(ctx, []string{addr}, zkSessionTimeout, zkDial)
+	return conn, err
 }
 
 // zkProbe: a waiter waits once its znode is queued behind the holder's.
@@ -91,19 +79,19 @@ func (p zkProbe) waiting(_ context.Context, key string, _ int64) bool {
 	return n >= 2
 }
 
-func openZKDistlock(s *servers, o openOpts) (instance, error) {
-	conn, err := zkConnect(s)
+func openZKDistlock(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	addr, err := s.zkAddr()
 	if err != nil {
 		return nil, err
 	}
-	res, err := zookeeper.New(conn, zookeeper.WithSessionTimeout(zkSessionTimeout))
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	p := zkProbe{conn: conn, dir: func(key string) string { return zookeeper.DefaultRoot + "/" + key }}
+	// The probe lists the queue through the instance's own connection.
+	p := &zkProbe{dir: func(key string) string { return zookeeper.DefaultRoot + "/" + key }}
 	o.autoRenew = true
-	return newDLInstance(res, o, p, []distlock.Option{}, func() error { conn.Close(); return nil })
+	raw := fmt.Sprintf("zk://%s?session_timeout=%v&dial_timeout=%v", addr, zkSessionTimeout, zkDial)
+	return openDistlock(ctx, raw, o, p, stores.Options{
+		ZooKeeper:     []zookeeper.Option{zookeeper.WithSessionTimeout(zkSessionTimeout)},
+		ZooKeeperConn: func(c *zk.Conn) { p.conn = c },
+	})
 }
 
 // --- zk.Lock ---
@@ -118,8 +106,8 @@ type zkLock struct {
 	locks map[string]*zk.Lock // cycle's, reused per key
 }
 
-func openZKLock(_ context.Context, s *servers, _ openOpts) (instance, error) {
-	conn, err := zkConnect(s)
+func openZKLock(ctx context.Context, s *servers, _ openOpts) (instance, error) {
+	conn, err := zkConnect(ctx, s)
 	if err != nil {
 		return nil, err
 	}

@@ -87,31 +87,11 @@ func (s *zkStore) Holds(ttl time.Duration) string {
 }
 
 func (s *zkStore) Open(ctx context.Context, ttl time.Duration) (backend.RemoteResource, func(), error) {
-	session := cmp.Or(s.session, ttl)
-	// go-zookeeper tells only its log why it cannot connect, and what
-	// session timeout the server granted: listen to it.
-	zl := &zkLog{session: make(chan time.Duration, 1)}
-	conn, events, err := zk.Connect(s.servers, session, zk.WithLogger(zl))
+	conn, granted, err := ConnectZooKeeper(ctx, s.servers, cmp.Or(s.session, ttl), s.dial)
 	if err != nil {
 		return nil, nil, err
 	}
-	go func() {
-		for range events { // the resource watches the connection itself
-		}
-	}()
-	// The resource needs a session: wait for one, within the dial timeout.
-	bound := within(ctx, s.dial)
-	ctx, cancel := context.WithTimeout(ctx, bound)
-	defer cancel()
-	select {
-	case s.granted = <-zl.session:
-	case <-ctx.Done():
-		conn.Close()
-		if last := zl.lastError(); last != "" {
-			return nil, nil, fmt.Errorf("no session with %s within %v: %s", strings.Join(s.servers, ","), bound, last)
-		}
-		return nil, nil, fmt.Errorf("no session with %s within %v: %w", strings.Join(s.servers, ","), bound, context.Cause(ctx))
-	}
+	s.granted = granted
 	res, err := zookeeper.New(conn, s.opts...)
 	if err != nil {
 		conn.Close()
@@ -121,6 +101,41 @@ func (s *zkStore) Open(ctx context.Context, ttl time.Duration) (backend.RemoteRe
 		s.onConn(conn)
 	}
 	return res, conn.Close, nil
+}
+
+// ConnectZooKeeper connects to servers (HOST:PORT), asking for a session
+// that times out after session, and waits for the session, as
+// zookeeper.New needs one: within dial, or until ctx ends if sooner. It
+// returns the connection and the session timeout the server granted (it
+// keeps it within its bounds, by default 4s to 40s). go-zookeeper's log
+// lines are dropped; the error says why no session came when the log did.
+// The connection's events are drained: the resource watches the
+// connection itself.
+func ConnectZooKeeper(ctx context.Context, servers []string, session, dial time.Duration) (*zk.Conn, time.Duration, error) {
+	// go-zookeeper tells only its log why it cannot connect, and what
+	// session timeout the server granted: listen to it.
+	zl := &zkLog{session: make(chan time.Duration, 1)}
+	conn, events, err := zk.Connect(servers, session, zk.WithLogger(zl))
+	if err != nil {
+		return nil, 0, err
+	}
+	go func() {
+		for range events {
+		}
+	}()
+	bound := within(ctx, dial)
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	select {
+	case granted := <-zl.session:
+		return conn, granted, nil
+	case <-ctx.Done():
+		conn.Close()
+		if last := zl.lastError(); last != "" {
+			return nil, 0, fmt.Errorf("no session with %s within %v: %s", strings.Join(servers, ","), bound, last)
+		}
+		return nil, 0, fmt.Errorf("no session with %s within %v: %w", strings.Join(servers, ","), bound, context.Cause(ctx))
+	}
 }
 
 // zkLog is go-zookeeper's logger: it keeps the last failure to connect,
