@@ -4,19 +4,13 @@ go 1.26.0
 
 require (
 	github.com/distlock/distlock v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/etcd v0.0.0-00010101000000-000000000000
+	github.com/distlock/distlock/internal/stores v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/metrics v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/tracing v0.0.0-00010101000000-000000000000
-	github.com/distlock/distlock/zookeeper v0.0.0-00010101000000-000000000000
-	github.com/go-sql-driver/mysql v1.10.1
-	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	go.etcd.io/etcd/client/v3 v3.7.3
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
@@ -30,9 +24,16 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/distlock/distlock/etcd v0.0.0-00010101000000-000000000000 // indirect
 	github.com/distlock/distlock/internal/redisscript v0.0.0-00010101000000-000000000000 // indirect
+	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000 // indirect
+	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000 // indirect
+	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000 // indirect
+	github.com/distlock/distlock/zookeeper v0.0.0-00010101000000-000000000000 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
+	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
@@ -46,6 +47,7 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
+	go.etcd.io/etcd/client/v3 v3.7.3 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect

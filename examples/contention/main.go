@@ -8,7 +8,11 @@
 //	go run ./examples/contention                       # memory store, hotspot off
 //	go run ./examples/contention -hotspot               # hotspot on
 //	go run ./examples/contention -compare               # both, side by side
-//	go run ./examples/contention -backend redis -redis 127.0.0.1:6379 -compare
+//	go run ./examples/contention -store redis://127.0.0.1:6379 -compare
+//
+// -store takes "memory" or a URL of the distlock command's syntax
+// (redis://, redlock:, etcd://, zk://, postgres://, mysql://: see
+// distlock --help).
 //
 // The guarded counter is read, then written one higher after the hold: if
 // two workers ever held the lock at once, an update is lost and the counter
@@ -24,7 +28,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -38,7 +41,7 @@ import (
 
 // config is the command line.
 type config struct {
-	backend   string
+	store     string // "memory" or a store URL
 	instances int
 	workers   int
 	attempts  int
@@ -54,36 +57,11 @@ type config struct {
 	yield     time.Duration
 	key       string
 	quiet     bool
-	addrs     addrs
 }
-
-// addrs are the stores' addresses.
-type addrs struct {
-	redis     string
-	redlock   string
-	etcd      string
-	zookeeper string
-	postgres  string
-	mysql     string
-}
-
-// store is one backend under test.
-type store interface {
-	// resource returns the resource of one instance (one "process"), and
-	// a function closing what it opened.
-	resource(ctx context.Context, notify bool) (backend.RemoteResource, func() error, error)
-	// commands returns the store's command counters by name, or nil when
-	// the store has none to report.
-	commands(ctx context.Context) (map[string]uint64, error)
-	close() error
-}
-
-// openers are the backends this program knows, by name.
-var openers = map[string]func(ctx context.Context, a addrs) (store, error){}
 
 func main() {
 	var c config
-	flag.StringVar(&c.backend, "backend", "memory", "store: "+strings.Join(backendNames(), "|"))
+	flag.StringVar(&c.store, "store", "memory", `store: "memory", or a URL as the distlock command takes it (redis://HOST:PORT, etcd://HOST:PORT, zk://HOST:PORT, postgres://..., mysql://...)`)
 	flag.IntVar(&c.instances, "instances", 3, "instances (processes), each with its own store client")
 	flag.IntVar(&c.workers, "workers", 4, "workers (threads) per instance")
 	flag.IntVar(&c.attempts, "attempts", 400, "lock attempts per worker")
@@ -99,27 +77,12 @@ func main() {
 	flag.DurationVar(&c.yield, "yield", 0, "with -hotspot and -notify: after a contended release, the next local waiter waits up to this long for the next release notice before trying (hotspot.WithYield); 0: off")
 	flag.StringVar(&c.key, "key", "contention", "key to contend for (a run suffix is added)")
 	flag.BoolVar(&c.quiet, "q", false, "no progress line")
-	flag.StringVar(&c.addrs.redis, "redis", "127.0.0.1:6379", "Redis address (-backend redis)")
-	flag.StringVar(&c.addrs.redlock, "redlock", "127.0.0.1:6379,127.0.0.1:6380,127.0.0.1:6381", "Redis node addresses, comma separated (-backend redlock)")
-	flag.StringVar(&c.addrs.etcd, "etcd", "127.0.0.1:2379", "etcd endpoints, comma separated (-backend etcd)")
-	flag.StringVar(&c.addrs.zookeeper, "zookeeper", "127.0.0.1:2181", "ZooKeeper servers, comma separated (-backend zookeeper)")
-	flag.StringVar(&c.addrs.postgres, "postgres", "postgres://postgres@127.0.0.1:5432/postgres", "PostgreSQL DSN (-backend postgres)")
-	flag.StringVar(&c.addrs.mysql, "mysql", "root@tcp(127.0.0.1:3306)/test", "MySQL/MariaDB DSN (-backend mysql)")
 	flag.Parse()
 
 	if err := run(c, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "contention:", err)
 		os.Exit(1)
 	}
-}
-
-func backendNames() []string {
-	names := make([]string, 0, len(openers))
-	for n := range openers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 func run(c config, out, progress io.Writer) error {
@@ -131,19 +94,15 @@ func run(c config, out, progress io.Writer) error {
 	case c.ttl <= c.hold:
 		return fmt.Errorf("-ttl %v must exceed -hold %v", c.ttl, c.hold)
 	}
-	open := openers[c.backend]
-	if open == nil {
-		return fmt.Errorf("unknown -backend %q; known: %s", c.backend, strings.Join(backendNames(), ", "))
-	}
 	if c.quiet {
 		progress = io.Discard
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	s, err := open(ctx, c.addrs)
+	s, err := openStore(ctx, c)
 	if err != nil {
-		return fmt.Errorf("%s: %w", c.backend, err)
+		return err
 	}
 	defer s.close()
 
@@ -294,7 +253,7 @@ func runOnce(ctx context.Context, c config, s store, progress io.Writer) (result
 			}
 			st := met.Stats()
 			fmt.Fprintf(progress, "\r%s %-11s %5d/%d attempts  %5d ok  %5d not acquired  %5d errors  %6d remote  %5.1fs ",
-				c.backend, label, done.Load(), total, st.Acquired, st.NotAcquired, st.Failed, st.RemoteAttempts, time.Since(start).Seconds())
+				storeLabel(c.store), label, done.Load(), total, st.Acquired, st.NotAcquired, st.Failed, st.RemoteAttempts, time.Since(start).Seconds())
 		}
 	}()
 	wg.Wait()
@@ -332,7 +291,7 @@ func runOnce(ctx context.Context, c config, s store, progress io.Writer) (result
 
 func printTable(out io.Writer, c config, rs []result) {
 	fmt.Fprintf(out, "%s: %d instances x %d workers x %d attempts, wait %v, hold %v, spin %v+%v, notify %v, yield %v\n",
-		c.backend, c.instances, c.workers, c.attempts, c.wait, c.hold, c.spinMin, c.spinRand, c.notify, c.yield)
+		storeLabel(c.store), c.instances, c.workers, c.attempts, c.wait, c.hold, c.spinMin, c.spinRand, c.notify, c.yield)
 	var cmds []string
 	seen := map[string]bool{}
 	for _, r := range rs {

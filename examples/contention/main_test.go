@@ -12,7 +12,7 @@ import (
 // to the successes (run fails otherwise).
 func TestCompareMemory(t *testing.T) {
 	c := config{
-		backend: "memory", instances: 2, workers: 2, attempts: 5,
+		store: "memory", instances: 2, workers: 2, attempts: 5,
 		wait: 5 * time.Second, hold: time.Millisecond, ttl: 10 * time.Second,
 		spinMin: 10 * time.Millisecond, spinRand: 10 * time.Millisecond,
 		compare: true, notify: true, yield: 20 * time.Millisecond, key: t.Name(),
@@ -31,9 +31,9 @@ func TestCompareMemory(t *testing.T) {
 
 func TestBadFlags(t *testing.T) {
 	for _, c := range []config{
-		{backend: "memory", instances: 0, workers: 1, attempts: 1, ttl: time.Second},
-		{backend: "memory", instances: 1, workers: 1, attempts: 1, hold: time.Second, ttl: time.Second},
-		{backend: "nosuch", instances: 1, workers: 1, attempts: 1, ttl: time.Second},
+		{store: "memory", instances: 0, workers: 1, attempts: 1, ttl: time.Second},
+		{store: "memory", instances: 1, workers: 1, attempts: 1, hold: time.Second, ttl: time.Second},
+		{store: "nosuch://x", instances: 1, workers: 1, attempts: 1, ttl: time.Second},
 	} {
 		if err := run(c, io.Discard, io.Discard); err == nil {
 			t.Errorf("run(%+v) = nil; want an error", c)
