@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/distlock/distlock v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/etcd v0.0.0-00010101000000-000000000000
+	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000
@@ -31,7 +32,6 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
-	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
