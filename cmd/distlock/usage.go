@@ -2,6 +2,8 @@
 
 package main
 
+import "github.com/distlock/distlock/internal/stores"
+
 const shortUsage = `usage: distlock run [flags] KEY -- COMMAND [ARGS...]
        distlock run [flags] -c COMMAND-STRING KEY
        distlock run [flags] KEY
@@ -131,34 +133,7 @@ value, term and time left; --json prints one line:
    "term": T, "ttl_ms": MS (null if unknown)}
 
 Store URLs (--store, or the environment variable DISTLOCK_STORE):
-  redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
-  rediss://...                 one Redis server, rediss over TLS; the
-                               options are go-redis's (ParseURL), such as
-                               dial_timeout=3s, read_timeout=1s
-  redis+sentinel://[USER:PASSWORD@]HOST:PORT[/DB]?master_name=NAME[&addr=HOST2:PORT...]
-                               the master a Sentinel group names (go-redis
-                               ParseFailoverURL: USER:PASSWORD are the
-                               Sentinels'; password=... the master's)
-  redis+cluster://[USER:PASSWORD@]HOST:PORT[?addr=HOST2:PORT...]
-                               a Redis Cluster (go-redis ParseClusterURL)
-  rediss+sentinel://..., rediss+cluster://...   the same over TLS
-  redlock:redis://HOST1:PORT,redis://HOST2:PORT,redis://HOST3:PORT
-                               Redlock over an odd number (3 or more) of
-                               independent Redis servers, each a Redis URL
-  etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?dial_timeout=5s]
-                               an etcd cluster (port 2379 if none)
-  zk://HOST:PORT[,HOST:PORT...][/ROOT][?session_timeout=D&dial_timeout=D]
-                               a ZooKeeper ensemble (port 2181 if none);
-                               locks live under ROOT (default /distlock);
-                               the session timeout asked for is the TTL
-                               unless session_timeout says otherwise
-  postgres://... or postgresql://...
-                               PostgreSQL, a pgx connection URL
-  mysql://USER:PASSWORD@HOST:PORT/DB[?PARAM=VALUE...]
-  mysql://USER:PASSWORD@tcp(HOST:PORT)/DB[?PARAM=VALUE...]
-                               MySQL or MariaDB (also mariadb://): a URL, or
-                               the go-sql-driver/mysql DSN after mysql://
-The in-process memory store (memory://) cannot lock across processes, so
+` + stores.URLHelp + `The in-process memory store (memory://) cannot lock across processes, so
 distlock refuses it. A password in a URL is visible in the process list:
 prefer DISTLOCK_STORE.
 

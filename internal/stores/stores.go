@@ -1,21 +1,12 @@
 // Package stores opens a lock store from a URL, for the repository's
 // tools: the distlock command, the fault suite's harness, the bench and
 // the examples. It is no part of the library (the root package and the
-// stores' modules never import it); its URL syntax is the command's, which
-// `distlock --help` documents:
-//
-//	redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTIONS]     go-redis's URL (rediss:// for TLS)
-//	redis+sentinel://HOST:PORT[,...]?master_name=NAME    a Sentinel group's master
-//	redis+cluster://HOST:PORT[?addr=HOST:PORT...]        a Redis Cluster
-//	redlock:redis://HOST1:PORT,redis://HOST2:PORT,...    Redlock over independent servers
-//	etcd://[USER:PASSWORD@]HOST[:PORT][,...][?dial_timeout=D]
-//	zk://HOST[:PORT][,...][/ROOT][?session_timeout=D&dial_timeout=D]
-//	postgres://...                                       pgx's URL or DSN
-//	mysql://USER:PASSWORD@HOST:PORT/DB[?PARAMS]          or mysql:// and the driver's DSN
+// stores' modules never import it). Its URL syntax is the command's:
+// [URLHelp] lists the forms, as `distlock --help` shows them.
 //
 // [Parse] reads a URL with no I/O; [Store.Open] connects. Adding a store
-// means one case in Parse and a type of its own here: see "Adding a store"
-// in the backend package's doc.
+// means one case in Parse, a type of its own here and its lines in
+// URLHelp: see "Adding a store" in the backend package's doc.
 package stores
 
 import (
@@ -40,6 +31,37 @@ import (
 	"github.com/distlock/distlock/sqldb"
 	"github.com/distlock/distlock/zookeeper"
 )
+
+// URLHelp lists the URL forms Parse takes, one or more lines each, for a
+// command's help text (the distlock command's --help).
+const URLHelp = `  redis://[USER:PASSWORD@]HOST:PORT[/DB][?OPTION=VALUE...]
+  rediss://...                 one Redis server, rediss over TLS; the
+                               options are go-redis's (ParseURL), such as
+                               dial_timeout=3s, read_timeout=1s
+  redis+sentinel://[USER:PASSWORD@]HOST:PORT[/DB]?master_name=NAME[&addr=HOST2:PORT...]
+                               the master a Sentinel group names (go-redis
+                               ParseFailoverURL: USER:PASSWORD are the
+                               Sentinels'; password=... the master's)
+  redis+cluster://[USER:PASSWORD@]HOST:PORT[?addr=HOST2:PORT...]
+                               a Redis Cluster (go-redis ParseClusterURL)
+  rediss+sentinel://..., rediss+cluster://...   the same over TLS
+  redlock:redis://HOST1:PORT,redis://HOST2:PORT,redis://HOST3:PORT
+                               Redlock over an odd number (3 or more) of
+                               independent Redis servers, each a Redis URL
+  etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][?dial_timeout=5s]
+                               an etcd cluster (port 2379 if none)
+  zk://HOST:PORT[,HOST:PORT...][/ROOT][?session_timeout=D&dial_timeout=D]
+                               a ZooKeeper ensemble (port 2181 if none);
+                               locks live under ROOT (default /distlock);
+                               the session timeout asked for is the TTL
+                               unless session_timeout says otherwise
+  postgres://... or postgresql://...
+                               PostgreSQL, a pgx connection URL
+  mysql://USER:PASSWORD@HOST:PORT/DB[?PARAM=VALUE...]
+  mysql://USER:PASSWORD@tcp(HOST:PORT)/DB[?PARAM=VALUE...]
+                               MySQL or MariaDB (also mariadb://): a URL, or
+                               the go-sql-driver/mysql DSN after mysql://
+`
 
 // Store is a parsed store URL. Parse, ValidateKey, Proto, Holds and
 // String do no I/O; Open connects.
