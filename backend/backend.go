@@ -42,6 +42,31 @@
 //
 // A store that can tell when it has lost a lock (an etcd lease or a
 // ZooKeeper session ended) closes [Lease].Lost.
+//
+// # Adding a store
+//
+// In this repository a new store is these; the distlock command and
+// examples/contention then take its URL, and the fault suite's harness and
+// the bench open it through the same opener, internal/stores:
+//   - its module: a directory with its go.mod and one package, a doc.go
+//     and a Resource over the store's own client that implements
+//     [RemoteResource] and [Spinner] or [Waiter], with the optional
+//     abilities above it can offer, each asserted at compile time
+//     (var _ backend.Waiter = (*Resource)(nil));
+//   - its conformance test, in that module: testsuite.Run and
+//     testsuite.RunStalled over a harness that sets Stall;
+//   - a test-server starter in internal/testserver: a real server on a
+//     free 127.0.0.1 port, or the one an environment variable names;
+//     a skip that says why when none can be had, a failure when CI is set;
+//   - one case in internal/stores: its scheme in Parse, its type
+//     (ValidateKey, Open, Proto, Holds, String) and its lines in URLHelp;
+//   - go.work: a use line and a replace line like the others' (make
+//     test, scripts/tidy.sh and scripts/lint.sh find every module there);
+//   - its row in the README's module table and in scripts/deps.go.
+//
+// The fault suite (safety) and the bench cover a store once it has rows
+// there: a Backend kind in safety/harness and the store's fault tests, a
+// bench/peers file with its counters.
 package backend
 
 import (
