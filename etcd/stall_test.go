@@ -1,11 +1,8 @@
 package etcd
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,178 +107,34 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	waitKeys(t, r, key, 0)
 }
 
-// TestRandomizedStalls freezes the server at random (SIGSTOP, from 20ms
-// to 2.5s) while clients in both lease modes acquire, refresh and release
-// with contexts that end at random moments, so that requests are
-// abandoned in flight at every step: the grant, the enqueue, the wait,
-// the keep-alive, the delete, the revoke. Invariants: every call returns
-// by its context's end (plus testsuite.StallSlack); no grant while
-// another holder of the key has neither released nor seen its Lost
-// closed; tokens rise
-// per key; an abandoned attempt fills nothing in its lease; once the
-// server answers again, every abandoned attempt's Cleanup returns nil,
-// after which no key is left.
+// TestRandomizedStalls runs testsuite.RunRandomStalls over clients in
+// both lease modes, whose locks are auto-renewed or not and now and then
+// of a TTL that makes a new shared lease: requests are abandoned in
+// flight at every step, the grant, the enqueue, the wait, the
+// keep-alive, the delete, the revoke.
 func TestRandomizedStalls(t *testing.T) {
 	srv := testserver.Etcd(t)
 	endpoints := srv.Endpoints
-	rnd := newSeeded(t, 26)
-	intn, between := rnd.intn, rnd.between
-	var clients []*Resource
+	var clients []testsuite.StallingWaiter
 	for i := range 4 {
 		clients = append(clients, newResource(t, endpoints, modes[i%2].opts...))
 	}
 	admin := newResource(t, endpoints)
-	keys := []string{uniqueKey(t), uniqueKey(t)}
-
-	var (
-		mu        sync.Mutex
-		owner     = map[string]*backend.Lease{}
-		lastToken = map[string]uint64{}
-		failures  []string
-		cleanups  []func(context.Context) error
-	)
-	fail := func(format string, args ...any) {
-		mu.Lock()
-		failures = append(failures, fmt.Sprintf(format, args...))
-		mu.Unlock()
-	}
-	// bounded runs fn under a context that ends after between(0, max)
-	// and checks that it returns by then.
-	bounded := func(what string, max time.Duration, fn func(ctx context.Context) error) error {
-		ctx, cancel := context.WithTimeout(context.Background(), between(0, max))
-		defer cancel()
-		err := fn(ctx)
-		end, _ := ctx.Deadline()
-		if late := time.Since(end); late > testsuite.StallSlack {
-			fail("%s returned %v after its context ended: %v", what, late, err)
-		}
-		return err
-	}
-	var grants, notAcquired, abandoned, ctxErrs, storeErrs, releaseTimeouts atomic.Int64
-
-	run, stop := context.WithTimeout(t.Context(), 12*time.Second)
-	defer stop()
-	var wg sync.WaitGroup
-	for ci, c := range clients {
-		for g := range 2 {
-			wg.Go(func() {
-				for run.Err() == nil {
-					key := keys[intn(len(keys))]
-					ttl := time.Minute
-					if intn(8) == 0 {
-						ttl = time.Duration(50+intn(5)) * time.Second // a new shared lease now and then
-					}
-					l := lease(key, ttl)
-					l.AutoRenew = intn(2) == 0
-					deadline := time.Time{}
-					if intn(4) > 0 {
-						deadline = time.Now().Add(between(time.Millisecond, 500*time.Millisecond))
-					}
-					err := bounded("Acquire", 600*time.Millisecond, func(ctx context.Context) error {
-						return c.Acquire(ctx, l, deadline)
-					})
-					var ab *backend.AbandonedError
-					if errors.As(err, &ab) {
-						abandoned.Add(1)
-						mu.Lock()
-						cleanups = append(cleanups, ab.Cleanup)
-						mu.Unlock()
-					}
-					if err != nil {
-						if l.Handle != nil || l.Lost != nil || l.Token != 0 {
-							fail("a failed Acquire (%v) filled its lease: %+v", err, l)
-						}
-						switch {
-						case errors.Is(err, backend.ErrNotAcquired):
-							notAcquired.Add(1)
-						case errors.Is(err, context.DeadlineExceeded):
-							ctxErrs.Add(1)
-						default:
-							storeErrs.Add(1)
-						}
-						continue
-					}
-					grants.Add(1)
-					mu.Lock()
-					if o := owner[key]; o != nil && !isClosed(o.Lost) {
-						fail("double grant of %s: %s (client %d/%d) while %s held", key, l.Handle.(*handle).key, ci, g, o.Handle.(*handle).key)
-					}
-					if l.Token <= lastToken[key] {
-						fail("token of %s did not rise: %d after %d", key, l.Token, lastToken[key])
-					}
-					owner[key], lastToken[key] = l, l.Token
-					mu.Unlock()
-
-					if intn(2) == 0 { // hold a while, refreshing once
-						select {
-						case <-time.After(between(0, 300*time.Millisecond)):
-						case <-l.Lost:
-						}
-						_ = bounded("Refresh", 300*time.Millisecond, func(ctx context.Context) error {
-							return c.Refresh(ctx, l)
-						})
-					}
-					mu.Lock()
-					if owner[key] == l {
-						owner[key] = nil
-					}
-					mu.Unlock()
-					// Release until it is answered, as a caller retrying
-					// Unlock would: a lock left held blocks the others.
-					for {
-						err := bounded("Release", 300*time.Millisecond, func(ctx context.Context) error {
-							return c.Release(ctx, l)
-						})
-						if err == nil || errors.Is(err, backend.ErrNotHeld) {
-							break
-						}
-						if errors.Is(err, context.DeadlineExceeded) {
-							releaseTimeouts.Add(1)
-						}
-					}
-				}
-			})
-		}
-	}
-
-	var stalls []time.Duration
-	for run.Err() == nil {
-		select {
-		case <-time.After(between(100*time.Millisecond, 800*time.Millisecond)):
-		case <-run.Done():
-		}
-		if run.Err() != nil {
-			break
-		}
-		length := between(20*time.Millisecond, time.Second)
-		if intn(5) == 0 {
-			length = between(2*time.Second, 2500*time.Millisecond)
-		}
-		stalls = append(stalls, length)
-		srv.Pause()
-		time.Sleep(length) // the fault's length
-		srv.Resume()
-	}
-	wg.Wait()
-	t.Logf("%d grants, %d not acquired, %d ended by their context (%d abandoned in flight), %d store errors, %d releases cut by their context; stalls %v",
-		grants.Load(), notAcquired.Load(), ctxErrs.Load(), abandoned.Load(), storeErrs.Load(), releaseTimeouts.Load(), stalls)
-	for _, f := range failures {
-		t.Error(f)
-	}
-	if grants.Load() == 0 || abandoned.Load() == 0 {
-		t.Errorf("%d grants, %d abandoned attempts: the run tested nothing", grants.Load(), abandoned.Load())
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	for _, clean := range cleanups {
-		if err := clean(ctx); err != nil {
-			t.Errorf("Cleanup of an abandoned attempt = %v; want nil", err)
-		}
-	}
-	for _, key := range keys {
+	testsuite.RunRandomStalls(t, testsuite.RandomStalls{
+		Clients: clients,
+		Seed:    uint64(time.Now().UnixNano()),
+		Pause:   srv.Pause,
+		Resume:  srv.Resume,
+		Lease: func(l *backend.Lease, intn func(int) int) {
+			if intn(8) == 0 {
+				l.TTL = time.Duration(50+intn(5)) * time.Second // a new shared lease now and then
+			}
+			l.AutoRenew = intn(2) == 0
+		},
+		Name: func(l *backend.Lease) string { return l.Handle.(*handle).key },
 		// Revokes of released locks' leases may still run: only keys count.
-		waitKeys(t, admin, key, 0)
-	}
+		Empty: func(t *testing.T, key string) { waitKeys(t, admin, key, 0) },
+	})
 }
 
 // TestRenewalSurvivesStallInLastThird: the server stalls
