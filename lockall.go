@@ -91,15 +91,6 @@ func heldAll(ctx context.Context, d *DistributeLock, keys []string) (g *grant, a
 	return g, false
 }
 
-// subLeases returns one lease per key of the grant, the first g.lease
-// itself.
-func (g *grant) subLeases() []*backend.Lease {
-	if m := g.more.Load(); m != nil && m.subs != nil {
-		return m.subs
-	}
-	return []*backend.Lease{&g.lease}
-}
-
 // setSubs records the leases of a lock of several keys, before the
 // commit.
 func (g *grant) setSubs(subs []*backend.Lease) {
@@ -226,15 +217,6 @@ func (d *DistributeLock) waitAll(ctx context.Context, r *Request, subs []*backen
 	// A push store counts validity from Acquire's return: the first key's,
 	// whose lease has run the longest.
 	return first, nil
-}
-
-// validityAll is the shortest safe validity of a lock's leases.
-func validityAll(subs []*backend.Lease) time.Duration {
-	v := safeValidity(*subs[0])
-	for _, l := range subs[1:] {
-		v = min(v, safeValidity(*l))
-	}
-	return v
 }
 
 // releaseAll releases every lease of a lock. It returns nil when every key
