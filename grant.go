@@ -242,7 +242,7 @@ func (g *grant) step(ev event) (out outcome) {
 		}
 		signal, kept := false, g.d.cfg.autoRenew
 		for _, l := range g.subLeases() {
-			if isClosed(l.Lost) {
+			if l.Lost != nil && l.Lost.Closed() {
 				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.lease.Key))
 				return
 			}
@@ -656,7 +656,7 @@ func (g *grant) lostSignalledLocked() bool {
 		return false
 	}
 	for _, l := range g.subLeases() {
-		if isClosed(l.Lost) {
+		if l.Lost != nil && l.Lost.Closed() {
 			return true
 		}
 	}
@@ -783,7 +783,7 @@ func (g *grant) watchLost(stop <-chan struct{}) {
 		return
 	}
 	select {
-	case <-g.lease.Lost:
+	case <-g.lease.Lost.Done():
 		g.apply(g.step(event{kind: evLose, watcher: true, cause: g.lostCause()}))
 	case <-stop:
 	}

@@ -262,7 +262,7 @@ func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
 	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(stop)}}
 	for _, l := range subs {
 		if l.Lost != nil {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.Lost)})
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.Lost.Done())})
 		}
 	}
 	if i, _, _ := reflect.Select(cases); i > 0 {

@@ -125,7 +125,7 @@ type keptAlive struct {
 func (k *keptAlive) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	ok, ttl, err := k.Store.TryAcquire(ctx, l)
 	if ok && l.AutoRenew {
-		l.KeptAlive, l.Lost = true, k.lost
+		l.KeptAlive, l.Lost = true, backend.LostChan(k.lost)
 	}
 	return ok, ttl, err
 }
@@ -179,7 +179,7 @@ func (s *signalling) TryAcquire(ctx context.Context, l *backend.Lease) (bool, ti
 		s.mu.Lock()
 		s.lost[l.Key] = ch
 		s.mu.Unlock()
-		l.KeptAlive, l.Lost = l.AutoRenew, ch
+		l.KeptAlive, l.Lost = l.AutoRenew, backend.LostChan(ch)
 	}
 	return ok, ttl, err
 }

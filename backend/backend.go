@@ -41,7 +41,7 @@
 //     election's observers).
 //
 // A store that can tell when it has lost a lock (an etcd lease or a
-// ZooKeeper session ended) closes [Lease].Lost.
+// ZooKeeper session ended) fires [Lease].Lost (a [LossSignal]).
 //
 // # Adding a store
 //
@@ -191,6 +191,25 @@ type Lease struct {
 	// Kind is the kind of lock: KindMutex unless the store said, through
 	// [KindChecker], that it holds the kind.
 	Kind Kind
+	// AutoRenew tells the store that the facade will keep the lock alive
+	// (distlock.WithAutoRenew) by calling Refresh every TTL/3 until the
+	// release. A store may then hold it in a cheaper way that lives as
+	// long as the process renews it (etcd: a lease shared by the locks of
+	// one TTL instead of one lease per lock).
+	AutoRenew bool
+	// Waits is set by the facade when the acquisition may make more than
+	// one attempt (a wait > 0 on one key): a store that queues waiters of
+	// the lease's kind ([Queuer]) records an intent for a refused attempt
+	// only then. A single attempt that cannot hold records nothing.
+	Waits bool
+	// KeptAlive is set by the store, when it acquires a lock with
+	// AutoRenew, to say that it keeps the lock alive itself for as long as
+	// the process runs and the store is reachable (etcd: the shared
+	// lease's keep-alive; ZooKeeper: the session), and fires Lost when it
+	// cannot: the facade then makes no refresh for it and no expiry timer,
+	// and its Deadline is unknown (the zero time). A key deleted from
+	// outside must fire Lost too (a watch, not polling).
+	KeptAlive bool
 	// Limit is a semaphore's limit (Kind == KindSemaphore), >= 1; 0 for the
 	// other kinds.
 	Limit int
@@ -207,29 +226,10 @@ type Lease struct {
 	// return). 0 means TTL. Redlock sets ttl - elapsed - drift here. A
 	// store that rounds the TTL up writes the effective TTL into TTL.
 	Validity time.Duration
-	// Lost, when non-nil, is closed by the backend when it learns the lock
-	// is gone (session expired, lease revoked). The facade then closes the
-	// lock's Done channel.
-	Lost <-chan struct{}
-	// AutoRenew tells the store that the facade will keep the lock alive
-	// (distlock.WithAutoRenew) by calling Refresh every TTL/3 until the
-	// release. A store may then hold it in a cheaper way that lives as
-	// long as the process renews it (etcd: a lease shared by the locks of
-	// one TTL instead of one lease per lock).
-	AutoRenew bool
-	// Waits is set by the facade when the acquisition may make more than
-	// one attempt (a wait > 0 on one key): a store that queues waiters of
-	// the lease's kind ([Queuer]) records an intent for a refused attempt
-	// only then. A single attempt that cannot hold records nothing.
-	Waits bool
-	// KeptAlive is set by the store, when it acquires a lock with
-	// AutoRenew, to say that it keeps the lock alive itself for as long as
-	// the process runs and the store is reachable (etcd: the shared
-	// lease's keep-alive; ZooKeeper: the session), and closes Lost when it
-	// cannot: the facade then makes no refresh for it and no expiry timer,
-	// and its Deadline is unknown (the zero time). A key deleted from
-	// outside must close Lost too (a watch, not polling).
-	KeptAlive bool
+	// Lost, when non-nil, is the store's signal that it learned the lock
+	// is gone (session expired, lease revoked, key deleted from outside):
+	// the facade then closes the lock's Done channel. See [LossSignal].
+	Lost LossSignal
 
 	// Label is the holder's label (distlock.WithLabel: a host, a pid), at
 	// most MaxLabelLen bytes, empty by default. A store keeps it with the
@@ -240,6 +240,41 @@ type Lease struct {
 	// Handle is backend-private state carried from acquire to release and
 	// refresh (an etcd lease ID, a znode path). The facade never reads it.
 	Handle any
+}
+
+// LossSignal is how a store that can tell when it lost a lock (an etcd
+// lease or a ZooKeeper session ended, the key deleted from outside) says
+// so: [Lease].Lost. The signal fires at most once, and never goes back.
+//
+// The facade asks Closed whenever it looks at a lock's state (Unlock,
+// Extend, reentry, its scheduler), and calls Done only when somebody
+// waits for the loss (the lock's Done was asked for, the
+// DistributeLock has loss observers): a store may make the channel on
+// that first call, so that a lock nobody waits on costs no channel.
+// Both must be safe for concurrent use and must not block on I/O.
+type LossSignal interface {
+	// Done returns a channel that is closed when the signal fires (at
+	// once if it fired already). Every call returns the same channel.
+	Done() <-chan struct{}
+	// Closed reports whether the signal fired. It makes nothing.
+	Closed() bool
+}
+
+// LostChan is a [LossSignal] made of a channel the store closes when it
+// learns the lock is gone: for a store that makes the channel anyway.
+type LostChan <-chan struct{}
+
+// Done returns the channel.
+func (c LostChan) Done() <-chan struct{} { return c }
+
+// Closed reports whether the channel is closed.
+func (c LostChan) Closed() bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // MaxLabelLen is the longest Lease.Label the facade passes.

@@ -217,9 +217,11 @@ type handle struct {
 
 	ttl time.Duration // the lease's granted TTL
 
-	// The loss signal, and what the Resource's key watch knows of the key
-	// (guarded by its mutex).
-	lost   chan struct{} // closed (under the watch's mutex) when the key is seen deleted, or its shared lease lost
+	// The loss signal (Lease.Lost: the handle is its backend.LossSignal),
+	// and what the Resource's key watch knows of the key (guarded by its
+	// mutex).
+	fired  atomic.Bool   // the key was seen deleted, or its shared lease lost (set under the watch's mutex)
+	lost   chan struct{} // made by the first Done (under lostMu), closed when fired
 	wrev   int64         // the key's create revision, once known
 	wdel   int64         // the latest deletion of the name seen before
 	wcheck bool          // the key needs a read once its revision is known
@@ -343,7 +345,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, h, deadline, ttl, renew, h.lost); err != nil {
+		if err := r.await(ctx, h, deadline, ttl, renew, h.Done()); err != nil {
 			if err == backend.ErrNotAcquired {
 				return err
 			}
@@ -357,7 +359,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	l.TTL = ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = h.lost
+	l.Lost = h
 	l.Handle = h
 	return nil
 }

@@ -532,7 +532,7 @@ func TestSharedLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Lost:
+	case <-l.Lost.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed after the shared lease was revoked")
 	}

@@ -252,7 +252,7 @@ func TestOwnLeaseLost(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-l.Lost:
+			case <-l.Lost.Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("Lost not closed 10s after the lock ended on the server")
 			}
@@ -270,7 +270,7 @@ func TestOwnLeaseLost(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-l2.Lost:
+			case <-l2.Lost.Done():
 				t.Error("Lost closed by the lock's own release")
 			default:
 			}
@@ -382,7 +382,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 	}
 	f.cut()
 	select {
-	case <-gone.Lost:
+	case <-gone.Lost.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost of the lock whose key was deleted while the watch was away: still open after 10s")
 	}
@@ -390,7 +390,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 		t.Fatalf("Refresh of the lock whose key is there: %v", err)
 	}
 	select {
-	case <-kept.Lost:
+	case <-kept.Lost.Done():
 		t.Error("Lost closed on the lock whose key is still there")
 	default:
 	}

@@ -155,7 +155,7 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Lost:
+	case <-l.Lost.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost still open 5s after the key was deleted")
 	}
@@ -163,7 +163,7 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		t.Errorf("the Resource sent %d requests before Lost closed; want none (a watch, not polling)", n)
 	}
 	select {
-	case <-other.Lost:
+	case <-other.Lost.Done():
 		t.Error("the lease's other lock reported lost")
 	default:
 	}
@@ -216,7 +216,7 @@ func TestKeptAliveLostBeforeExpiry(t *testing.T) {
 	cc.stallKeepAlives.Store(true)
 	var lostAt time.Time
 	select {
-	case <-l.Lost:
+	case <-l.Lost.Done():
 		lostAt = time.Now()
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost still open 10s after the keep-alives stopped")

@@ -437,7 +437,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return backend.ErrNotAcquired
 		}
-		if err := r.await(ctx, h, deadline, s.ttl, nil, h.lost); err != nil {
+		if err := r.await(ctx, h, deadline, s.ttl, nil, h.Done()); err != nil {
 			if err == backend.ErrNotAcquired {
 				return err
 			}
@@ -451,7 +451,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		end = u
 	}
 	validity := time.Until(end) - clockGuard
-	if validity <= 0 || s.isDone() || isClosed(h.lost) {
+	if validity <= 0 || s.isDone() || h.Closed() {
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
 	}
 	if l.AutoRenew {
@@ -465,7 +465,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	l.TTL = s.ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = h.lost
+	l.Lost = h
 	l.Handle = h
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/distlock/backend"
 )
 
 // keyWatch is the Resource's one watch on its prefix, for deletions only:
@@ -62,7 +64,6 @@ func (r *Resource) watchKey(ctx context.Context, h *handle) error {
 	if w.err != nil {
 		return w.err
 	}
-	h.lost = make(chan struct{})
 	h.wrev, h.wdel, h.wcheck, h.wrel = 0, 0, false, false
 	w.keys[h.key] = h
 	return nil
@@ -122,7 +123,7 @@ func (r *Resource) deleted(key string, rev int64) {
 	h := w.keys[key]
 	switch {
 	case h == nil:
-	case isClosed(h.lost) && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
+	case h.fired.Load() && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
 		delete(w.keys, h.key)
 		r.free(h)
 	case h.wrev == 0 || h.wrel: // being made (an older key of the name, or ours), or released
@@ -140,13 +141,44 @@ func (r *Resource) lostLocked(h *handle) {
 	r.free(h)
 }
 
-// closeLost closes h's Lost unless it is closed already. The watch's mutex
-// is held: only holders of it close Lost.
+// closeLost fires h's Lost unless it fired already. The watch's mutex is
+// held: only holders of it fire Lost.
 func closeLost(h *handle) {
-	if !isClosed(h.lost) {
+	if h.fired.Load() {
+		return
+	}
+	lostMu.Lock()
+	h.fired.Store(true)
+	if h.lost != nil {
 		close(h.lost)
 	}
+	lostMu.Unlock()
 }
+
+// lostMu guards the lost channel of every handle: made by the first Done
+// call, which only a waiter makes (Lock.Done asked for, loss observers,
+// a wait in the queue), so that a held lock nobody waits on costs no
+// channel; both Done and a loss are rare, and the mutex is held for no
+// more than a make or a close.
+var lostMu sync.Mutex
+
+var _ backend.LossSignal = (*handle)(nil)
+
+// Done returns the channel closed when h's Lost fires, making it.
+func (h *handle) Done() <-chan struct{} {
+	lostMu.Lock()
+	defer lostMu.Unlock()
+	if h.lost == nil {
+		h.lost = make(chan struct{})
+		if h.fired.Load() {
+			close(h.lost)
+		}
+	}
+	return h.lost
+}
+
+// Closed reports whether h's Lost fired.
+func (h *handle) Closed() bool { return h.fired.Load() }
 
 // sessionLost closes the Lost of every lock registered on s, whose lease
 // is lost. The locks stay registered until their key is seen deleted (the

@@ -547,7 +547,7 @@ func (s *hostile) grantedLocked(l *backend.Lease, storeTTL time.Duration, kept b
 	var lost chan struct{}
 	if s.lostSignal || kept {
 		lost = make(chan struct{})
-		l.Lost = lost
+		l.Lost = backend.LostChan(lost)
 	}
 	l.KeptAlive = kept
 	s.tokens[l.Token] = l.Value

@@ -152,7 +152,7 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 					}
 					grants.Add(1)
 					mu.Lock()
-					if o := owner[key]; o != nil && !isClosed(o.Lost) {
+					if o := owner[key]; o != nil && (o.Lost == nil || !o.Lost.Closed()) {
 						fail("double grant of %s: %s (client %d/%d) while %s held", key, rs.Name(l), ci, g, rs.Name(o))
 					}
 					if l.Token <= lastToken[key] {
@@ -162,9 +162,13 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 					mu.Unlock()
 
 					if intn(2) == 0 { // hold a while, refreshing once
+						var lost <-chan struct{}
+						if l.Lost != nil {
+							lost = l.Lost.Done()
+						}
 						select {
 						case <-time.After(between(0, 300*time.Millisecond)):
-						case <-l.Lost:
+						case <-lost:
 						}
 						_ = bounded("Refresh", 300*time.Millisecond, func(ctx context.Context) error {
 							return c.Refresh(ctx, l)

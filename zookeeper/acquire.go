@@ -25,7 +25,7 @@ func newGUID() string {
 // until the queue grants it (see judge for each kind's rule), watching
 // only what it waits for. On success l.Token is the znode's czxid (see
 // "Fencing token" in the package doc), l.Handle the lock (its znode's
-// path and state) and l.Lost a channel closed when the lock is lost: its session lost, its
+// path and state) and l.Lost the signal that fires when the lock is lost: its session lost, its
 // TTL run out (deleted), or, for a lock the session keeps alive (l.AutoRenew:
 // then l.KeptAlive is set and no TTL runs), its znode deleted by another
 // client.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -20,14 +22,16 @@ type armed struct {
 	version int32
 }
 
-// held is one granted lock, and the lease's Handle. It is what a held
-// lock costs the resource besides its Lost channel and its watch, so it
-// is kept small (48 bytes): the key is not kept (the path says it, see
-// inQueue), a TTL timer is in the resource's timers, and the resource's
-// mu guards the fields that change.
+// held is one granted lock, the lease's Handle and its Lost (a
+// backend.LossSignal). It is what a held lock costs the resource besides
+// its watch, so it is kept small (56 bytes): the key is not kept (the
+// path says it, see inQueue), a TTL timer is in the resource's timers,
+// the Lost channel is made only for a caller that waits on it, and the
+// resource's mu guards the fields that change.
 type held struct {
-	path string        // the znode's; also the key of its watch in the client
-	lost chan struct{} // Lease.Lost
+	path  string        // the znode's; also the key of its watch in the client
+	lost  chan struct{} // made by the first Done (under lostMu), closed by fire
+	fired atomic.Bool   // the lock is lost (set by fire)
 
 	// watch, for a lock the session keeps alive, fires when its znode
 	// may have gone: a data watch on the znode (set while it waited, or
@@ -53,7 +57,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 	}
 	// Before the lock is in r.held, where poll reads heard.
 	r.hear(g.heard)
-	h := &held{path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew, lost: make(chan struct{})}
+	h := &held{path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -80,10 +84,46 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 	r.mu.Unlock()
 	l.Token = uint64(g.token)
 	l.Handle = h
-	l.Lost = h.lost
+	l.Lost = h
 	l.KeptAlive = h.kept
 	return nil
 }
+
+// lostMu guards the lost channel of every held lock: made by the first
+// Done call, which only a waiter makes (Lock.Done asked for, loss
+// observers), so that a held lock nobody waits on costs no channel; both
+// Done and a loss are rare, and the mutex is held for no more than a make
+// or a close.
+var lostMu sync.Mutex
+
+var _ backend.LossSignal = (*held)(nil)
+
+// fire reports h lost: its Lost fires. Called once, by whoever finished
+// h (finish returned true).
+func (h *held) fire() {
+	lostMu.Lock()
+	h.fired.Store(true)
+	if h.lost != nil {
+		close(h.lost)
+	}
+	lostMu.Unlock()
+}
+
+// Done returns the channel closed when h is lost, making it.
+func (h *held) Done() <-chan struct{} {
+	lostMu.Lock()
+	defer lostMu.Unlock()
+	if h.lost == nil {
+		h.lost = make(chan struct{})
+		if h.fired.Load() {
+			close(h.lost)
+		}
+	}
+	return h.lost
+}
+
+// Closed reports whether h was lost.
+func (h *held) Closed() bool { return h.fired.Load() }
 
 // rearmNow is a watch that has fired with no event: the session watcher
 // arms the lock's watch again (see rearm).
@@ -136,7 +176,7 @@ func (r *Resource) expire(h *held) {
 	if !r.finish(h) {
 		return
 	}
-	close(h.lost)
+	h.fire()
 	r.later(cleanup{path: h.path})
 }
 
@@ -144,7 +184,7 @@ func (r *Resource) expire(h *held) {
 // another client, or with its session).
 func (r *Resource) lose(h *held) {
 	if r.finish(h) {
-		close(h.lost)
+		h.fire()
 	}
 }
 
@@ -242,7 +282,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if err != nil {
 		return err
 	}
-	if isClosedChan(l.Lost) {
+	if l.Lost != nil && l.Lost.Closed() {
 		return backend.ErrNotHeld
 	}
 	if h != nil && !r.finish(h) {

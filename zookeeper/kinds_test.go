@@ -244,7 +244,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			path := pathOf(l)
 			waitFor(t, 5*time.Second, "a watch on the znode", func() bool { return pathWatchers(t, conn, path) == 1 })
 			time.Sleep(5 * l.TTL) // past the TTL: a check of the TTL, not synchronisation
-			if closed(l.Lost) {
+			if l.Lost.Closed() {
 				t.Fatal("Lost closed: the TTL ran for a lock the session keeps")
 			}
 			if err := r.Refresh(t.Context(), l); err != nil {
@@ -257,7 +257,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 				t.Fatal(err)
 			}
 			select {
-			case <-l.Lost:
+			case <-l.Lost.Done():
 			case <-time.After(5 * time.Second):
 				t.Fatal("Lost still open 5s after the znode was deleted")
 			}
@@ -292,7 +292,7 @@ func testKeptAliveNoRequestPerLock(t *testing.T, addrs []string) {
 	}
 	t.Logf("%d requests in %v while holding %d kept locks", got, window, n)
 	for _, l := range ls {
-		if closed(l.Lost) {
+		if l.Lost.Closed() {
 			t.Fatalf("a kept lock lost within %v", window)
 		}
 		mustRelease(t, r, l)

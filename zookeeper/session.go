@@ -189,7 +189,7 @@ func (r *Resource) poll() {
 		}
 		r.mu.Unlock()
 		for _, h := range lost {
-			close(h.lost)
+			h.fire()
 			if h.sid == sid {
 				// The session may live on: free the lock for others.
 				r.later(cleanup{path: h.path})

@@ -268,7 +268,7 @@ func (r *Resource) Close() error {
 	}
 	var ds []deletion
 	for _, h := range hs {
-		close(h.lost)
+		h.fire()
 		ds = append(ds, deletion{h.path, r.later(cleanup{path: h.path})})
 	}
 	t := time.NewTimer(closeWait)
