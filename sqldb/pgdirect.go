@@ -44,16 +44,14 @@ var (
 	binaryResults = []int16{1}
 )
 
-// pgCall is the state of one acquire statement: its flight, the
-// parameters' buffers, and, as the statement's context, the caller's
-// values without its cancellation (what context.WithoutCancel gives, in
-// the same allocation).
+// pgCall is the state of one acquire statement: the parameters'
+// buffers, and, as the statement's context, the caller's values without
+// its cancellation (what context.WithoutCancel gives, in the same
+// allocation): TryAcquire cuts the statement off itself.
 type pgCall struct {
-	f         flight[pgReply]
-	parent    context.Context
-	cancelled chan error // once abandoned: the cancel request's result
-	params    [5][]byte
-	ints      [16]byte
+	parent context.Context
+	params [5][]byte
+	ints   [16]byte
 }
 
 func (c *pgCall) Deadline() (time.Time, bool) { return time.Time{}, false }

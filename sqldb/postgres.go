@@ -456,20 +456,21 @@ func keyArg(key string) any {
 // time as holderTTL (and marks the row so that its release notifies);
 // later ones get 0.
 //
-// It returns when ctx ends, whatever the database does: a statement
-// then in flight (the table locked by another session, say) is
-// abandoned with a [backend.AbandonedError]. TryAcquire sends a cancel
-// request for it, and its Cleanup waits for the statement's reply and
-// deletes l.Value's row if the statement wrote it after all, or if no
-// reply came (the connection is dropped a second past the statement's
-// server-side bound). That bound is the time left until ctx's deadline,
-// at most 5s: past it the statement writes nothing, so an abandoned
-// attempt takes no key later, even if the server runs it after the
-// connection is gone. A statement the bound stops while ctx lives fails
-// with an error wrapping [context.DeadlineExceeded]. A row taken as ctx
-// ended is deleted the same way, in Cleanup. The connection of an
-// abandoned statement goes back to the pool once the server has
-// acknowledged the cancel request, and is closed if it did not.
+// The statement runs on the caller's goroutine. It returns when ctx
+// ends, whatever the database does: ctx's end sets the connection's
+// deadline to now, as pgx does, and a statement then in flight (the
+// table locked by another session, say) is abandoned with its
+// connection, with a [backend.AbandonedError]. Its Cleanup asks the
+// server to cancel the statement, waits until the server process that
+// ran it is gone (it has then read the statement, if it ever arrived,
+// and the connection's end), or a second past the statement's
+// server-side bound, and then deletes l.Value's row if there is one.
+// That bound is the time left until ctx's deadline, at most 5s: past it
+// the statement writes nothing, so an abandoned attempt takes no key
+// later, even if the server runs it after the connection is gone. A
+// statement the bound stops while ctx lives fails with an error wrapping
+// [context.DeadlineExceeded]. A row taken as ctx ended is deleted the
+// same way, in Cleanup.
 //
 // A statement whose connection fails (its outcome unknown) returns the
 // error as an AbandonedError too, whose Cleanup deletes l.Value's row;
@@ -489,62 +490,90 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if err != nil {
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
-	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
+	if ctx.Done() == nil { // nothing can end the call: no bound
 		var call pgCall
 		r := p.acquireOn(ctx, &call, c, l, 0)
 		c.Release()
 		return p.outcome(ctx, l, r, 0)
 	}
+	// The statement runs here, on the caller's goroutine, as pgx runs
+	// one: it sees a context that cannot end (call: ctx's values only),
+	// and ctx's end sets the connection's deadline to now (pgx's
+	// DeadlineContextWatcherHandler, whatever the pool's own handler),
+	// which ends the read at once. The registration is no goroutine:
+	// ctx's Done was made to wait for the connection.
 	bound := statementBound(ctx)
-	pc := c.Conn().PgConn() // before the flight: c is the flight's from now on
+	pc := c.Conn().PgConn()
 	call := &pgCall{parent: ctx}
-	f := &call.f
-	f.init(bound)
-	// Once abandoned, the cancel request's result (call.cancelled): the
-	// connection goes back to the pool only once the server acknowledged
-	// it (as pgx's own CancelRequestContextWatcherHandler waits before
-	// reuse), so that it cannot cancel a later statement on it.
-	go func() {
-		r := p.acquireOn(call, call, c, l, bound) // ctx's values, not its end
-		f.finish(r, func(abandoned bool) {
-			if !abandoned || <-call.cancelled == nil {
-				c.Release()
-				return
-			}
-			cctx, cancel := context.WithTimeout(context.Background(), replyGrace)
-			_ = c.Hijack().Close(cctx)
-			cancel()
-		})
-	}()
-	if r, ok := f.wait(ctx, func() { call.cancelled = make(chan error, 1) }); ok {
+	cut := make(chan struct{}) // closed once the deadline was set: the statement was cut off
+	sent := time.Now()
+	stop := context.AfterFunc(ctx, func() {
+		_ = pc.Conn().SetDeadline(time.Now())
+		close(cut)
+	})
+	r := p.acquireOn(call, call, c, l, bound)
+	if stop() {
+		c.Release()
 		return p.outcome(ctx, l, r, bound)
 	}
-	// Abandoned: ask the server to cancel the statement, so that its reply
-	// comes at once; drop the connection if none has come by replyBy.
-	go func() {
-		cctx, cancel := context.WithDeadline(context.Background(), f.replyBy())
-		defer cancel()
-		call.cancelled <- pc.CancelRequest(cctx)
-		select {
-		case <-f.done:
-		case <-cctx.Done():
-			_ = pc.Conn().SetDeadline(time.Now())
-		}
-	}()
+	<-cut
+	if pe := (*pgconn.PgError)(nil); r.err == nil || errors.As(r.err, &pe) {
+		// The reply came before the deadline took effect: its outcome
+		// is known. The connection's deadline goes, as pgx's
+		// HandleUnwatchAfterCancel does.
+		_ = pc.Conn().SetDeadline(time.Time{})
+		c.Release()
+		return p.outcome(ctx, l, r, bound)
+	}
+	// Cut off: pgconn closed the connection.
+	c.Release()
+	if !pgAmbiguous(r.err) { // nothing was sent
+		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w: %w", l.Key, ctx.Err(), r.err)
+	}
+	// The statement's outcome is unknown.
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
 		Cleanup: func(ctx context.Context) error {
-			r, err := f.await(ctx)
-			if err != nil {
+			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
-			}
-			if r.err != nil && !pgAmbiguous(r.err) || r.err == nil && !r.ours && !recordsIntent(l.Kind) {
-				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return p.cleanup(ctx, l)
 		},
 	}
 }
+
+// settled returns once the statement abandoned on pc can no longer write:
+// the server process that ran it is gone (it had read the whole closed
+// connection, the statement included, by then), or by is past (the
+// statement's server-side bound and replyGrace: a statement that reaches
+// the server that late is assumed lost). It first asks the server to
+// cancel the statement, so that one blocked on a lock (a locked table)
+// fails at once, and its process notices the closed connection.
+func (p *Postgres) settled(ctx context.Context, pc *pgconn.PgConn, by time.Time) error {
+	cctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	_ = pc.CancelRequest(cctx) // best effort: the process may be gone already
+	for time.Now().Before(by) {
+		var alive bool
+		if err := p.pool.QueryRow(cctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pc.PID())).Scan(&alive); err != nil {
+			return fmt.Errorf("waiting for the abandoned statement's server process: %w", err)
+		}
+		if !alive {
+			return nil
+		}
+		t := time.NewTimer(min(settlePoll, time.Until(by)))
+		select {
+		case <-t.C:
+		case <-cctx.Done():
+			t.Stop()
+			return fmt.Errorf("waiting for the abandoned statement's server process: %w", cctx.Err())
+		}
+	}
+	return nil
+}
+
+// settlePoll is how often settled looks for the server process.
+const settlePoll = 10 * time.Millisecond
 
 // pgReply is an acquire statement's reply.
 type pgReply struct {

@@ -38,7 +38,8 @@ func statementBound(ctx context.Context) time.Duration {
 	return max(b, time.Microsecond)
 }
 
-// A flight is an acquire statement run in a goroutine of its own, so that
+// A flight is an acquire statement (MySQL's, through database/sql) run
+// in a goroutine of its own, so that
 // TryAcquire can return when its context ends (the facade's rule: a store
 // call returns then, whatever the store does) while the statement runs on
 // until its reply. The reply says exactly whether the row was written: a
