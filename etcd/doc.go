@@ -53,14 +53,15 @@
 // left behind. If the reply to a grant is lost, the lease (whose ID we chose)
 // is revoked all the same.
 //
-// backend.Lease.Lost is closed when the lock's key is deleted by anyone but
+// backend.Lease.Lost fires (its channel, made only for a caller that
+// waits on it, closes) when the lock's key is deleted by anyone but
 // its own Release: its lease revoked or expired, or the key deleted by an
 // operator or a tool; for a lock on a shared lease, also when that lease
 // is lost. The Resource learns of deletions from one watch on its prefix,
 // for deletions only, that serves all its locks, on leases of their own
 // and shared (a lock costs a map entry, not a watch); it starts with the
 // first lock and runs until [Resource.Close] or until the client is
-// closed, after which Lost is no longer closed for deletions. The price of
+// closed, after which Lost no longer fires for deletions. The price of
 // one watch for all locks is that the Resource hears of every deletion
 // under its prefix, other processes' releases included.
 //

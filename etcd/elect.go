@@ -40,7 +40,7 @@ func (r *Resource) Relabel(ctx context.Context, l *backend.Lease) error {
 	}
 	resp, err := r.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-		Then(clientv3.OpPut(h.key, entryValue(h.owner, l.Label, h.limit, h.ttl), clientv3.WithIgnoreLease())).
+		Then(clientv3.OpPut(h.key, entryValue(h.owner, l.Label, int(h.limit), h.ttl), clientv3.WithIgnoreLease())).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("etcd: relabel %q: %w", l.Key, err)

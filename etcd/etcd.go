@@ -208,7 +208,7 @@ type handle struct {
 	owner  string // the owner value, and the label: with the kind, limit and
 	label  string // TTL, what the key holds (value)
 	lease  clientv3.LeaseID
-	limit  int          // a semaphore's limit
+	limit  int32        // a semaphore's limit (the facade bounds it by math.MaxInt32)
 	dirLen int32        // key[:dirLen] is the queue's directory (dir)
 	nsLen  int32        // key[:nsLen] the name space of its name: dir and tag (ns)
 	slot   int32        // its name's slot in the name space

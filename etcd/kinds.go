@@ -285,7 +285,7 @@ func (r *Resource) standing(ctx context.Context, h *handle) (target, int64, erro
 	rev := resp.Header.Revision
 	if h.kind == backend.KindSemaphore {
 		switch {
-		case len(rr.Kvs) < h.limit:
+		case len(rr.Kvs) < int(h.limit):
 			return target{}, rev, nil
 		case !rr.More:
 			return target{key: h.dir(), dir: true}, rev, nil

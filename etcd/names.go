@@ -97,7 +97,7 @@ func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
 		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
 	}
 	return &handle{key: key, dirLen: int32(len(dir)), nsLen: int32(nsLen), slot: int32(slot), ttl: ttl,
-		kind: l.Kind, limit: limit, owner: l.Value, label: l.Label}
+		kind: l.Kind, limit: int32(limit), owner: l.Value, label: l.Label}
 }
 
 // dir is the directory of h's queue.
@@ -107,7 +107,7 @@ func (h *handle) dir() string { return h.key[:h.dirLen] }
 func (h *handle) ns() string { return h.key[:h.nsLen] }
 
 // value is what h's key holds (entryValue).
-func (h *handle) value() string { return entryValue(h.owner, h.label, h.limit, h.ttl) }
+func (h *handle) value() string { return entryValue(h.owner, h.label, int(h.limit), h.ttl) }
 
 // free gives h's name back, once, after its key is known deleted.
 func (r *Resource) free(h *handle) {

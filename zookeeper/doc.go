@@ -139,8 +139,8 @@
 // TTL into the znode) pushed it back; after a crash, the session timeout,
 // not the TTL, frees the lock.
 //
-// The resource reports a lock lost (closes backend.Lease.Lost, and so the
-// lock's Done channel) when its TTL deleted it, when the session changed
+// The resource reports a lock lost (fires backend.Lease.Lost, and so
+// closes the lock's Done channel) when its TTL deleted it, when the session changed
 // (the old one expired, with its ephemeral nodes), when the server may be
 // about to expire the session, and, for a lock the session keeps, when
 // another client deleted its znode:
@@ -179,7 +179,7 @@
 //     one request, only for a lock held while its queue changed). The
 //     session watcher looks at these watches every 100ms: Lost closes
 //     within that, and a round trip, of the deletion. The resource keeps,
-//     per such lock, about 470 bytes of heap (BenchmarkHeld; its record,
+//     per such lock, about 450 bytes of heap (BenchmarkHeld; its record,
 //     the znode's path, and go-zookeeper's watch, 270 bytes of it; a Lost
 //     channel only once somebody waits on it), and no goroutine or timer. A lock with a TTL notices a deletion by another
 //     client at its next Refresh or Release, as ErrNotHeld.

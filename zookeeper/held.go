@@ -24,14 +24,13 @@ type armed struct {
 
 // held is one granted lock, the lease's Handle and its Lost (a
 // backend.LossSignal). It is what a held lock costs the resource besides
-// its watch, so it is kept small (56 bytes): the key is not kept (the
+// its watch, so it is kept small (48 bytes): the key is not kept (the
 // path says it, see inQueue), a TTL timer is in the resource's timers,
 // the Lost channel is made only for a caller that waits on it, and the
 // resource's mu guards the fields that change.
 type held struct {
-	path  string        // the znode's; also the key of its watch in the client
-	lost  chan struct{} // made by the first Done (under lostMu), closed by fire
-	fired atomic.Bool   // the lock is lost (set by fire)
+	path string        // the znode's; also the key of its watch in the client
+	lost chan struct{} // made by the first Done (under lostMu), closed by fire
 
 	// watch, for a lock the session keeps alive, fires when its znode
 	// may have gone: a data watch on the znode (set while it waited, or
@@ -41,10 +40,11 @@ type held struct {
 	// Guarded by the resource's mu: the session watcher looks at it.
 	watch <-chan zk.Event
 	sid   int64 // session that owns the znode
-	// at is the lock's index in the resource's held, or -1 once it is
-	// done with (released, expired or lost: nothing more to do).
-	// Guarded by the resource's mu.
-	at   int32
+	// at is the lock's index in the resource's held, or notHeld once it
+	// is done with (released, expired or lost: nothing more to do), and
+	// lostAt once fire reported it lost. Written under the resource's mu
+	// (but for lostAt, which follows notHeld), read atomically by Closed.
+	at   atomic.Int32
 	kind backend.Kind // the lease's
 	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 }
@@ -75,7 +75,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grant) error {
 		}
 		r.timers[h] = time.AfterFunc(l.TTL, func() { r.expire(h) })
 	}
-	h.at = int32(len(r.held))
+	h.at.Store(int32(len(r.held)))
 	r.held = append(r.held, h)
 	if h.sid != r.sidSeen {
 		r.recheck = true
@@ -98,11 +98,17 @@ var lostMu sync.Mutex
 
 var _ backend.LossSignal = (*held)(nil)
 
+// Values of held.at once the lock is done with.
+const (
+	notHeld int32 = -1 // released, expired or lost
+	lostAt  int32 = -2 // lost, and reported so (Lost fired)
+)
+
 // fire reports h lost: its Lost fires. Called once, by whoever finished
-// h (finish returned true).
+// h (finish returned true: h.at is notHeld).
 func (h *held) fire() {
 	lostMu.Lock()
-	h.fired.Store(true)
+	h.at.Store(lostAt)
 	if h.lost != nil {
 		close(h.lost)
 	}
@@ -115,7 +121,7 @@ func (h *held) Done() <-chan struct{} {
 	defer lostMu.Unlock()
 	if h.lost == nil {
 		h.lost = make(chan struct{})
-		if h.fired.Load() {
+		if h.at.Load() == lostAt {
 			close(h.lost)
 		}
 	}
@@ -123,7 +129,7 @@ func (h *held) Done() <-chan struct{} {
 }
 
 // Closed reports whether h was lost.
-func (h *held) Closed() bool { return h.fired.Load() }
+func (h *held) Closed() bool { return h.at.Load() == lostAt }
 
 // rearmNow is a watch that has fired with no event: the session watcher
 // arms the lock's watch again (see rearm).
@@ -143,19 +149,20 @@ func (r *Resource) finish(h *held) bool {
 
 // finishLocked is finish with r.mu held.
 func (r *Resource) finishLocked(h *held) bool {
-	if h.at < 0 {
+	at := h.at.Load()
+	if at < 0 {
 		return false
 	}
 	last := int32(len(r.held) - 1)
-	r.held[h.at] = r.held[last]
-	r.held[h.at].at = h.at
+	r.held[at] = r.held[last]
+	r.held[at].at.Store(at)
 	r.held[last] = nil
 	r.held = r.held[:last]
 	if c := cap(r.held); c > 1024 && len(r.held) < c/4 {
 		// Give back what a crowd of locks, now released, made grow.
 		r.held = slices.Clone(r.held)
 	}
-	h.at = -1
+	h.at.Store(notHeld)
 	if !h.kept {
 		r.timers[h].Stop()
 		delete(r.timers, h)
@@ -167,7 +174,8 @@ func (r *Resource) finishLocked(h *held) bool {
 func (r *Resource) tracked(h *held) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return h.at >= 0 && int(h.at) < len(r.held) && r.held[h.at] == h
+	at := h.at.Load()
+	return at >= 0 && int(at) < len(r.held) && r.held[at] == h
 }
 
 // expire runs when a lock's TTL ran out without Refresh: it deletes the
@@ -221,7 +229,7 @@ func (r *Resource) rearm(h *held) {
 		}
 	}
 	r.mu.Lock()
-	if h.at >= 0 {
+	if h.at.Load() >= 0 {
 		h.watch = ch
 	} // else released or lost: a data watch fires with the deletion
 	r.mu.Unlock()
@@ -363,7 +371,7 @@ func (r *Resource) answered(op string, h *held, l *backend.Lease, sent time.Time
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if h.at < 0 {
+	if h.at.Load() < 0 {
 		return backend.ErrNotHeld
 	}
 	if h.kept {

@@ -250,7 +250,7 @@ func (r *Resource) Close() error {
 	hs := r.held
 	r.held = nil
 	for _, h := range hs {
-		h.at = -1
+		h.at.Store(notHeld)
 	}
 	for _, t := range r.timers {
 		t.Stop()
