@@ -150,9 +150,23 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 			t.Fatalf("KeptAlive = %v, Lost = %v; want true and a channel", x.KeptAlive, x.Lost)
 		}
 	}
+	// Nobody waits on Lost yet: no channel is made (a held lock costs
+	// none); Done below makes l's after the loss, closed at once.
+	for _, x := range []*backend.Lease{l, other} {
+		lostMu.Lock()
+		made := x.Handle.(*handle).lost != nil
+		lostMu.Unlock()
+		if made {
+			t.Errorf("%s: a Lost channel was made before anybody asked for it", x.Key)
+		}
+	}
 	unary := cc.unary.Load()
 	if _, err := admin.Delete(ctx, l.Handle.(*handle).key); err != nil {
 		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !l.Lost.Closed() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
 	}
 	select {
 	case <-l.Lost.Done():

@@ -253,13 +253,25 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			if _, st, err := conn.Exists(path); err != nil || st.Version != 0 {
 				t.Errorf("znode after the Refresh of a kept lock: version %v, %v; want 0 (no write)", st, err)
 			}
+			// Nobody waited on Lost: no channel was made (a held lock
+			// costs none); Done makes it now, closed with the loss.
+			lostMu.Lock()
+			made := l.Handle.(*held).lost != nil
+			lostMu.Unlock()
+			if made {
+				t.Error("a Lost channel was made before anybody asked for it")
+			}
+			lost := l.Lost.Done()
 			if err := admin.Delete(path, -1); err != nil {
 				t.Fatal(err)
 			}
 			select {
-			case <-l.Lost.Done():
+			case <-lost:
 			case <-time.After(5 * time.Second):
 				t.Fatal("Lost still open 5s after the znode was deleted")
+			}
+			if !l.Lost.Closed() {
+				t.Error("Lost's channel closed but Closed reports false")
 			}
 			if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
 				t.Errorf("Release of the deleted lock = %v; want ErrNotHeld", err)
