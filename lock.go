@@ -523,7 +523,7 @@ func (d *DistributeLock) spin(ctx context.Context, r *Request, g *grant) (time.T
 		q, g.lease.Waits = spin.Queued, !r.Deadline.IsZero()
 		if d.heads != nil && g.lease.Waits {
 			// Notices come addressed to this waiter: no sharing.
-			n, q = headNotices{d.heads, g.lease.Value}, spin.HeadOnly
+			n, q = d.heads, spin.HeadOnly
 		}
 	}
 	start, err := spin.Acquire(ctx, d.spinner, n, d.policy, &g.lease, r.Deadline, q, &st)
@@ -547,17 +547,6 @@ func (d *DistributeLock) spin(ctx context.Context, r *Request, g *grant) (time.T
 		t.Stop()
 	}
 	return start, err
-}
-
-// headNotices subscribes a queued waiter to the notices addressed to its
-// owner value.
-type headNotices struct {
-	n     backend.HeadNotifier
-	value string
-}
-
-func (h headNotices) Subscribe(key string) (<-chan struct{}, func()) {
-	return h.n.SubscribeHead(key, h.value)
 }
 
 // remoteRelease is the innermost release step. A rollback's release

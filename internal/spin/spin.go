@@ -63,10 +63,10 @@ const (
 	// next attempt renews: the next attempt comes within a third of
 	// l.TTL.
 	Queued
-	// HeadOnly: Queued, and the notifier sends this waiter only the
-	// notices addressed to it (backend.HeadNotifier): subscribed, the
-	// waiter sleeps up to a third of l.TTL, at most backend.HeadPoll,
-	// instead of the policy's draw.
+	// HeadOnly: Queued, and the notifier is a backend.HeadNotifier: the
+	// waiter subscribes to the notices addressed to l.Value, and,
+	// subscribed, sleeps up to a third of l.TTL, at most
+	// backend.HeadPoll, instead of the policy's draw.
 	HeadOnly
 )
 
@@ -137,7 +137,11 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 				if cancel != nil {
 					cancel()
 				}
-				wake, cancel = n.Subscribe(key)
+				if hn, ok := n.(backend.HeadNotifier); ok && q == HeadOnly {
+					wake, cancel = hn.SubscribeHead(key, l.Value)
+				} else {
+					wake, cancel = n.Subscribe(key)
+				}
 				subscribed = key
 			}
 		}
