@@ -76,6 +76,7 @@ func TestConformance(t *testing.T) {
 	srv := testserver.Etcd(t)
 	endpoints := srv.Endpoints
 	admin := newClient(t, endpoints)
+	probe := mustNew(t, admin)
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			testsuite.Run(t, testsuite.Harness{
@@ -83,7 +84,13 @@ func TestConformance(t *testing.T) {
 				NewResource: func(t *testing.T) backend.RemoteResource {
 					return newResource(t, endpoints, m.opts...)
 				},
-				Leftovers: mustNew(t, admin).Leftovers,
+				Leftovers: probe.Leftovers,
+				// Holders and waiters alike are keys under the lock's
+				// prefix (the ArrivalOrder case uses a key of one kind).
+				Requests: func(ctx context.Context, key string, _ backend.Kind) (int, error) {
+					ks, err := probe.Leftovers(ctx, key)
+					return len(ks), err
+				},
 				// An operator's delete, not the holder's: testsuite's
 				// DoCancelsOnLoss passes the lock's own context, which the
 				// key watch ends as soon as the delete lands, often before

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -75,6 +76,34 @@ func harness(c goredis.UniversalClient, servers ...*testserver.RedisServer) test
 				}
 			}
 			return left, nil
+		},
+		// A mutex's holder is its key (unless kept for the head of its
+		// line: a value starting with a NUL byte); a semaphore's holders
+		// are in its set; the waiters, in the line.
+		Requests: func(ctx context.Context, key string, kind backend.Kind) (int, error) {
+			lock, _ := redisscript.Layout(redis.DefaultPrefix, key)
+			holders := int64(0)
+			switch kind {
+			case backend.KindMutex:
+				v, err := c.Get(ctx, lock).Result()
+				if err != nil && !errors.Is(err, goredis.Nil) {
+					return 0, err
+				}
+				if v != "" && v[0] != 0 {
+					holders = 1
+				}
+			case backend.KindSemaphore:
+				n, err := c.ZCard(ctx, lock+redisscript.SemSuffix).Result()
+				if err != nil {
+					return 0, err
+				}
+				holders = n
+				lock += redisscript.SemSuffix
+			default:
+				return 0, errors.ErrUnsupported
+			}
+			n, err := c.ZCard(ctx, lock+redisscript.QueueSuffix).Result()
+			return int(holders + n), err
 		},
 		Evict: func(ctx context.Context, key string) error {
 			for _, k := range redisscript.StateKeys(redis.DefaultPrefix, key) {

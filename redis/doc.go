@@ -355,6 +355,37 @@
 // or read/write lock's release always publishes. Notices are hints: a lost or failed subscription
 // costs only latency, as the spin loop keeps retrying on its own.
 //
+// # Waiting in line
+//
+// The waiters of a mutex and of a semaphore queue in order of arrival
+// (backend.Queuer), and a release wakes the head of the line only
+// ([Resource.SubscribeHead], backend.HeadNotifier). A refused attempt of
+// an acquisition that waits records its intent in the lock's line, two
+// sorted sets in the key's hash slot, prefix{k'}:q (owner values by
+// arrival) and prefix{k'}:qx (by the expiry of their intent, one TTL from
+// the waiter's last attempt, on the server's clock); a semaphore's are
+// prefix{k'}:sem:q and prefix{k'}:sem:qx. A mutex's release (one whose
+// value carries the waited mark) with a live intent in line does not free
+// the key: it keeps it for the head, writing a NUL byte and the head's
+// owner value into it for what is left of the head's intent, and
+// publishes the head's value as the notice's message; every Resource
+// passes a message that names a waiter to that waiter only (or keeps it a
+// second, for a waiter that subscribes just after), and an empty one to
+// every waiter. A newcomer's SET NX is then refused and queues; the head
+// takes the key. A semaphore's attempt holds when fewer intents precede
+// its own than permits are free, and its release tells the head. A head
+// that does not come (its process died) is passed over when its intent
+// lapses: the reservation expires with it, and the next waiter's attempt
+// that finds the key free hands it to the new head. A waiter that gives up
+// withdraws its intent (and hands a reservation on) before TryLock
+// returns; a clean-up of an abandoned attempt does too. An uncontended
+// acquire pays nothing for the line: SET NX succeeds and nothing else is
+// read; a first attempt that finds the key free takes it even if a line
+// remains (its holder expired without a release), which is the one way a
+// newcomer gets ahead of the line. An uncontended semaphore attempt pays
+// one EXISTS of the line. An owner value starting with a NUL byte is
+// refused (backend.ErrInvalid): it could be taken for a reservation.
+//
 // A subscription connection that breaks is dialled again and its channels
 // subscribed again. On Cluster the Resource does that itself, one
 // SSUBSCRIBE per channel, because go-redis would send them all in one,

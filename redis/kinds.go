@@ -13,9 +13,18 @@ import (
 )
 
 var (
-	_ backend.KindChecker = (*Resource)(nil)
-	_ backend.Withdrawer  = (*Resource)(nil)
+	_ backend.KindChecker  = (*Resource)(nil)
+	_ backend.Withdrawer   = (*Resource)(nil)
+	_ backend.Queuer       = (*Resource)(nil)
+	_ backend.HeadNotifier = (*Resource)(nil)
 )
+
+// Queues implements [backend.Queuer]: the waiters of mutexes and
+// semaphores queue in arrival order (see "Waiting in line" in the package
+// doc).
+func (r *Resource) Queues(k backend.Kind) bool {
+	return k == backend.KindMutex || k == backend.KindSemaphore
+}
 
 // CheckKind implements [backend.KindChecker]: the Resource holds mutexes,
 // semaphores and read/write locks.
@@ -34,6 +43,7 @@ type khandle struct {
 	key, value string
 	kind       backend.Kind
 	limit      int
+	waits      bool
 	ms         int64
 	keys       []string
 	acq        []any // EVALSHA semacquire|rwacquire n keys... value ms limit|r|w [label]
@@ -50,7 +60,7 @@ func (h *khandle) script() *goredis.Script {
 }
 
 func (r *Resource) newKHandle(l *backend.Lease, ms int64) *khandle {
-	h := &khandle{key: l.Key, value: l.Value, kind: l.Kind, limit: l.Limit, ms: ms}
+	h := &khandle{key: l.Key, value: l.Value, kind: l.Kind, limit: l.Limit, ms: ms, waits: l.Waits}
 	lock, _ := redisscript.Layout(r.prefix, l.Key)
 	var sha, arg any
 	switch l.Kind {
@@ -61,8 +71,12 @@ func (r *Resource) newKHandle(l *backend.Lease, ms int64) *khandle {
 	default:
 		h.keys, sha, arg = redisscript.RWKeys(lock), rwAcquireSHA, "w"
 	}
-	args := []any{l.Value, ms, arg, l.Label}
-	if l.Label == "" {
+	args := []any{l.Value, ms, arg, l.Label, waitsFlag, r.publish}
+	switch {
+	case l.Waits && l.Kind == backend.KindSemaphore:
+	case l.Label != "":
+		args = args[:4]
+	default:
 		args = args[:3]
 	}
 	h.acq = evalsha(sha, h.keys, args...)
@@ -82,7 +96,7 @@ func (r *Resource) khandleOf(l *backend.Lease) *khandle {
 // script, redisscript.SemAcquire or RWAcquire.
 func (r *Resource) tryAcquireKind(ctx context.Context, l *backend.Lease, ms int64) (bool, time.Duration, error) {
 	h, ok := l.Handle.(*khandle)
-	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms || h.kind != l.Kind || h.limit != l.Limit {
+	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms || h.kind != l.Kind || h.limit != l.Limit || h.waits != l.Waits {
 		h = r.newKHandle(l, ms)
 		l.Handle = h
 	}
@@ -160,13 +174,26 @@ func (r *Resource) refreshKind(ctx context.Context, l *backend.Lease) error {
 }
 
 // Withdraw implements [backend.Withdrawer]: it deletes the intent a
-// waiting reader or writer recorded (see the package doc), with a release
-// notice when there was one, so that the requests it kept waiting retry at
-// once. It touches nothing else, and nothing for a semaphore or a mutex
-// (they record no intents).
+// waiting request recorded (see the package doc): a reader's or writer's,
+// with a release notice when there was one, so that the requests it kept
+// waiting retry at once; a mutex or semaphore waiter's place in line, and
+// a mutex kept for it (it was the head) goes to the next in line, who is
+// told. It touches nothing else.
 func (r *Resource) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if r.c == nil {
 		return errNilClient
+	}
+	if l.Kind == backend.KindMutex || l.Kind == backend.KindSemaphore {
+		lock := r.lockKey(l)
+		var kind any = ""
+		if l.Kind == backend.KindSemaphore {
+			kind = redisscript.SemSuffix
+		}
+		cmd := []any{"evalsha", withdrawSHA, 1, lock, l.Value, r.publish, kind}
+		if _, err := r.run(ctx, redisscript.Withdraw, []string{lock}, cmd); err != nil {
+			return fmt.Errorf("redis: withdraw %v %q: %w", l.Kind, l.Key, err)
+		}
+		return nil
 	}
 	if l.Kind != backend.KindRead && l.Kind != backend.KindWrite {
 		return nil

@@ -56,6 +56,12 @@ type hub struct {
 	started bool
 	closed  bool
 
+	// unclaimed holds the notices addressed to a waiter nobody here was
+	// subscribed as, with when they came, for unclaimedFor: the waiter
+	// may subscribe just after (its attempt queued it, and the release
+	// came before its subscription). At most maxUnclaimed; under mu.
+	unclaimed map[string]time.Time
+
 	kick chan struct{} // buffered 1: waiters changed or an event came
 	stop context.CancelFunc
 	done chan struct{} // closed when run and every forwarder returned
@@ -63,7 +69,18 @@ type hub struct {
 
 type waiter struct {
 	ch chan struct{}
+	// value is the owner value of a queued waiter, which receives only
+	// the notices addressed to it or to everyone; "" for a waiter that
+	// receives every notice of its channel.
+	value string
 }
+
+// A notice addressed to a waiter that has not subscribed yet is kept for
+// unclaimedFor, and at most maxUnclaimed such notices are kept.
+const (
+	unclaimedFor = time.Second
+	maxUnclaimed = 1024
+)
 
 // event is what a forwarder tells run about its connection.
 type event struct {
@@ -113,13 +130,22 @@ func (h *hub) post(e event) {
 }
 
 // subscribe registers a waiter for channel and, when it is the first,
-// asks the goroutine to subscribe. It does no I/O itself.
-func (h *hub) subscribe(channel string) (<-chan struct{}, func()) {
-	w := &waiter{ch: make(chan struct{}, 1)}
+// asks the goroutine to subscribe. A waiter with a value (a queued one)
+// receives only the notices addressed to value or to everyone, and at
+// once one addressed to value that came within unclaimedFor. It does no
+// I/O itself.
+func (h *hub) subscribe(channel, value string) (<-chan struct{}, func()) {
+	w := &waiter{ch: make(chan struct{}, 1), value: value}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		return nil, func() {}
+	}
+	if at, ok := h.unclaimed[value]; ok && value != "" {
+		delete(h.unclaimed, value)
+		if time.Since(at) < unclaimedFor {
+			w.ch <- struct{}{}
+		}
 	}
 	if !h.started {
 		h.started = true
@@ -153,16 +179,47 @@ func (h *hub) subscribe(channel string) (<-chan struct{}, func()) {
 	}
 }
 
-// notify wakes every waiter of channel without blocking.
-func (h *hub) notify(channel string) {
+// notify wakes the waiters of channel a notice addressed to to concerns,
+// without blocking: with to == "", every one; otherwise the queued waiter
+// whose value is to, and those that are not queued. A notice to a queued
+// waiter not subscribed here is kept a while (unclaimed).
+func (h *hub) notify(channel, to string) {
 	h.mu.Lock()
+	claimed := to == ""
 	for w := range h.waiters[channel] {
+		if to != "" && w.value != "" && w.value != to {
+			continue
+		}
+		claimed = claimed || w.value == to
 		select {
 		case w.ch <- struct{}{}:
 		default:
 		}
 	}
+	if !claimed {
+		h.keepUnclaimed(to)
+	}
 	h.mu.Unlock()
+}
+
+// keepUnclaimed keeps a notice addressed to the queued waiter value, which
+// is not subscribed here (yet). Under mu.
+func (h *hub) keepUnclaimed(value string) {
+	now := time.Now()
+	if h.unclaimed == nil {
+		h.unclaimed = make(map[string]time.Time)
+	}
+	if len(h.unclaimed) >= maxUnclaimed {
+		for v, at := range h.unclaimed {
+			if now.Sub(at) >= unclaimedFor {
+				delete(h.unclaimed, v)
+			}
+		}
+		if len(h.unclaimed) >= maxUnclaimed {
+			return
+		}
+	}
+	h.unclaimed[value] = now
 }
 
 // close stops the goroutines and closes the PubSub connections.
@@ -460,11 +517,11 @@ func (h *hub) forward(ctx context.Context, c *conn) {
 		broken, pinged = 0, false
 		switch m := msg.(type) {
 		case *goredis.Message:
-			h.notify(m.Channel)
+			h.notify(m.Channel, m.Payload)
 		case *goredis.Subscription:
 			switch m.Kind {
 			case "subscribe", "ssubscribe":
-				h.notify(m.Channel)
+				h.notify(m.Channel, "")
 				if !confirmed {
 					confirmed = true
 					h.post(event{kind: evConfirmed, c: c})

@@ -279,9 +279,10 @@ type handle struct {
 	value   string    // the owner value the commands were built from
 	ms      int64     // the TTL in acq
 	labeled bool      // acq carries a label, and the lock a label key
+	waits   bool      // acq asks a refused attempt to queue (backend.Lease.Waits)
 	marked  bool      // acq's value carries redisscript.WaitedMark (an attempt was refused)
 	keys    [2]string // lock, fence
-	acq     [8]any    // EVALSHA acquire 2 lock fence value ms [label]
+	acq     [10]any   // EVALSHA acquire 2 lock fence value ms [label [waits publish]]
 }
 
 // handles are reused: a handle goes back when its acquisition ends
@@ -290,8 +291,11 @@ var handles = sync.Pool{New: func() any { return new(handle) }}
 
 // acqCmd returns the acquire command.
 func (h *handle) acqCmd() []any {
-	if h.labeled {
+	switch {
+	case h.waits:
 		return h.acq[:]
+	case h.labeled:
+		return h.acq[:8]
 	}
 	return h.acq[:7]
 }
@@ -308,14 +312,16 @@ var (
 	groupExtendSHA  any = redisscript.GroupExtend.Hash()
 	groupCleanupSHA any = redisscript.GroupCleanup.Hash()
 	rwWithdrawSHA   any = redisscript.RWWithdraw.Hash()
+	withdrawSHA     any = redisscript.Withdraw.Hash()
 	inspectSHA      any = redisscript.Inspect.Hash()
 	multiAcquireSHA any = redisscript.MultiAcquire.Hash()
 )
 
 // labelFlag is the scripts' argument that says a lock has a label key;
 // fenceFlag, Extend's that says it has a fence; traceFlag, Release's that
-// asks for a trace; noFlag says no.
-var labelFlag, fenceFlag, traceFlag, noFlag any = "1", "1", "1", ""
+// asks for a trace; waitsFlag, the acquire scripts' that says the
+// acquisition waits (a refused attempt queues); noFlag says no.
+var labelFlag, fenceFlag, traceFlag, waitsFlag, noFlag any = "1", "1", "1", "1", ""
 
 // boxMillis returns ms as a command argument. A process usually locks
 // with one TTL: the last one is kept boxed, and reused while it does not
@@ -331,9 +337,9 @@ func (r *Resource) boxMillis(ms int64) any {
 
 func (r *Resource) newHandle(l *backend.Lease) *handle {
 	h := handles.Get().(*handle)
-	h.key, h.value, h.ms, h.labeled, h.marked = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != "", false
+	h.key, h.value, h.ms, h.labeled, h.waits, h.marked = l.Key, l.Value, redisscript.Millis(l.TTL), l.Label != "", l.Waits, false
 	h.keys[0], h.keys[1] = redisscript.Layout(r.prefix, l.Key)
-	h.acq = [8]any{"evalsha", acquireSHA, 2, h.keys[0], h.keys[1], l.Value, r.boxMillis(h.ms), l.Label}
+	h.acq = [10]any{"evalsha", acquireSHA, 2, h.keys[0], h.keys[1], l.Value, r.boxMillis(h.ms), l.Label, waitsFlag, r.publish}
 	return h
 }
 
@@ -382,10 +388,11 @@ func await(ctx context.Context, f func()) bool {
 
 // checkValue refuses a mutex's owner value that ends with
 // redisscript.WaitedMark, which the scripts could not tell from its marked
-// form (a lock an attempt of another value was refused).
+// form (a lock an attempt of another value was refused), or starts with a
+// NUL byte, which marks a lock kept for the head of its line.
 func checkValue(l *backend.Lease) error {
-	if v := l.Value; v == "" || v[len(v)-1] == redisscript.WaitedMark[0] {
-		return fmt.Errorf("redis: acquire %q: %w: an owner value must not be empty nor end with a NUL byte", l.Key, backend.ErrInvalid)
+	if v := l.Value; v == "" || v[len(v)-1] == redisscript.WaitedMark[0] || v[0] == 0 {
+		return fmt.Errorf("redis: acquire %q: %w: an owner value must not be empty nor start or end with a NUL byte", l.Key, backend.ErrInvalid)
 	}
 	return nil
 }
@@ -444,7 +451,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, err
 	}
 	h, ok := l.Handle.(*handle)
-	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms {
+	if !ok || h.key != l.Key || h.value != l.Value || h.ms != ms || h.waits != l.Waits {
 		h = r.newHandle(l)
 		l.Handle = h
 	}
@@ -661,7 +668,20 @@ func (r *Resource) Subscribe(key string) (<-chan struct{}, func()) {
 		return nil, func() {}
 	}
 	lock, _ := redisscript.Layout(r.prefix, key)
-	return r.hub.subscribe(lock)
+	return r.hub.subscribe(lock, "")
+}
+
+// SubscribeHead implements [backend.HeadNotifier]: ch receives the release
+// notices of key addressed to the queued waiter value (its turn: the
+// lock was kept for it, or a permit freed) and those addressed to every
+// waiter, as [Resource.Subscribe] says; one addressed to value that came
+// within the last second, before the subscription, at once.
+func (r *Resource) SubscribeHead(key, value string) (<-chan struct{}, func()) {
+	if r.hub == nil {
+		return nil, func() {}
+	}
+	lock, _ := redisscript.Layout(r.prefix, key)
+	return r.hub.subscribe(lock, value)
 }
 
 // Close stops the subscription goroutines, closes the subscription

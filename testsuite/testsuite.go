@@ -107,6 +107,18 @@ type Harness struct {
 	// NoInspect says why the store cannot tell who holds a lock; the
 	// suite then expects ErrUnsupported from Inspect, with no I/O.
 	NoInspect string
+	// Requests returns how many requests the store keeps for key's lock
+	// of kind (KindMutex or KindSemaphore): its holders and its queued
+	// waiters; an error wrapping errors.ErrUnsupported for a kind it
+	// cannot count (that part of the case is skipped, saying so). The
+	// ArrivalOrder case needs it, to know that a waiter queued before the
+	// next one comes, or NoArrivalOrder.
+	Requests func(ctx context.Context, key string, kind backend.Kind) (int, error)
+	// NoArrivalOrder says why the store grants a lock's waiters in no
+	// particular order (Redlock: independent nodes keep no common line,
+	// and whichever waiter tries first after a release gets the lock);
+	// the ArrivalOrder case then skips with it.
+	NoArrivalOrder string
 }
 
 func (h *Harness) ttl() time.Duration {
@@ -155,6 +167,7 @@ func Run(t *testing.T, h Harness) {
 		{"OneAttemptOnStalledStore", testOneAttemptStalled},
 		{"RefusedConnection", testRefusedConnection},
 		{"Election", testElection},
+		{"ArrivalOrder", testArrivalOrder},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })

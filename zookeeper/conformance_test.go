@@ -50,6 +50,14 @@ func harness(t *testing.T, zs *testserver.ZooKeeperServer) testsuite.Harness {
 		Leftovers: func(ctx context.Context, key string) ([]string, error) {
 			return allChildren(admin, probe, key)
 		},
+		// Holders and waiters alike are children of the kind's parent.
+		Requests: func(ctx context.Context, key string, kind backend.Kind) (int, error) {
+			cs, _, err := admin.Children(probe.kindParent(key, kind))
+			if errors.Is(err, zk.ErrNoNode) {
+				return 0, nil
+			}
+			return len(cs), err
+		},
 		Evict: func(ctx context.Context, key string) error {
 			cs, err := allChildren(admin, probe, key)
 			if err != nil {

@@ -16,6 +16,7 @@ import (
 var (
 	_ backend.KindChecker = (*observed)(nil)
 	_ backend.Withdrawer  = (*observed)(nil)
+	_ backend.Queuer      = (*observed)(nil)
 )
 
 // lossNote is a handler that keeps why the lock was lost, for the message
@@ -123,6 +124,15 @@ func (o *observed) Withdraw(ctx context.Context, l *backend.Lease) error {
 	return nil
 }
 
+// Queues asks the store whether it queues the waiters of kind k (false
+// if it cannot say): the facade finds it through the wrapper.
+func (o *observed) Queues(k backend.Kind) bool {
+	if q, ok := o.RemoteResource.(backend.Queuer); ok {
+		return q.Queues(k)
+	}
+	return false
+}
+
 // Close closes the store, if it closes.
 func (o *observed) Close() error {
 	if c, ok := o.RemoteResource.(io.Closer); ok {
@@ -158,11 +168,20 @@ func (o observedNotifier) Subscribe(key string) (<-chan struct{}, func()) {
 	return o.n.Subscribe(key)
 }
 
+type observedHeads struct {
+	observedNotifier
+	h backend.HeadNotifier
+}
+
+func (o observedHeads) SubscribeHead(key, value string) (<-chan struct{}, func()) {
+	return o.h.SubscribeHead(key, value)
+}
+
 // observe wraps res so that say and note hear of every renewal. A store that
 // cannot renew is returned as it is (distlock.New then refuses
 // WithAutoRenew). The wrapper is a Waiter or a Spinner as res is, and a
-// Notifier only if res is one; it always has CheckKind and Withdraw, which
-// answer as res would without them. The abilities a single lock does not
+// Notifier (HeadNotifier) only if res is one; it always has CheckKind,
+// Queues and Withdraw, which answer as res would without them. The abilities a single lock does not
 // use (Inspector, BatchRefresher, MultiSpinner) it does not pass on.
 func observe(res backend.RemoteResource, note *lossNote, say func(format string, args ...any)) backend.RemoteResource {
 	ref, ok := res.(backend.Refresher)
@@ -176,6 +195,9 @@ func observe(res backend.RemoteResource, note *lossNote, say func(format string,
 	s, ok := res.(backend.Spinner)
 	if !ok {
 		return res
+	}
+	if h, ok := res.(backend.HeadNotifier); ok {
+		return observedHeads{observedNotifier{observedSpinner{o, s}, h}, h}
 	}
 	if n, ok := res.(backend.Notifier); ok {
 		return observedNotifier{observedSpinner{o, s}, n}

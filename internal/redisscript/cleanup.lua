@@ -27,12 +27,15 @@ if KEYS[2] then
     redis.call('SET', KEYS[2], string.format('%d', -last), 'KEEPTTL')
   end
 end
+-- The value's intent in the lock's line goes too, and a lock kept for it
+-- is handed on (queue.lua).
+local me = unmarked(ARGV[1])
+local q, qx = q_keys(KEYS[1], '')
+q_leave(q, qx, me)
 local v = redis.call('GET', KEYS[1])
-if same(v, ARGV[1]) then
+if same(v, ARGV[1]) or v == RESERVED .. me then
   redis.call('DEL', KEYS[1], KEYS[1] .. ':label')
-  if ARGV[3] and ARGV[3] ~= '' then
-    redis.pcall(ARGV[3], KEYS[1], '')
-  end
-  return 1
+  q_hand_on(KEYS[1], ARGV[3], q_now())
+  return v ~= RESERVED .. me and 1 or 0
 end
 return 0

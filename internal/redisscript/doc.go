@@ -81,7 +81,8 @@
 //
 // [Acquire], [Release], [Cleanup] and [Extend] (mutexes), [SemAcquire],
 // [RWAcquire], [GroupRelease], [GroupExtend], [GroupCleanup] and
-// [RWWithdraw] (semaphores and read/write locks) and [Inspect] are
+// [RWWithdraw] (semaphores and read/write locks), [Withdraw] (the line
+// of a mutex's or semaphore's waiters, queue.lua) and [Inspect] are
 // [goredis.Script] values;
 // run them with Script.Run, which tries EVALSHA and falls back to EVAL once
 // per server that lacks the script. Each script's file documents its KEYS,

@@ -31,6 +31,20 @@ if KEYS[4] then
     tell = true
   end
   redis.call('ZREM', KEYS[6], ARGV[1])
+else
+  -- A semaphore: the value's intent in the line (queue.lua) goes, and the
+  -- notice goes to the head.
+  local q, qx = q_keys(KEYS[1], ':sem')
+  if q_leave(q, qx, ARGV[1]) then
+    tell = true
+  end
+  if tell then
+    local head = q_head(q, qx, now_ms())
+    if head then
+      q_tell(ARGV[3], KEYS[1], head)
+      tell = false
+    end
+  end
 end
 if tell then
   notify(ARGV[3], KEYS[1])

@@ -11,7 +11,8 @@
 --   live holders, in order of expiry.
 if ARGV[1] == 'm' then
   local v = redis.call('GET', KEYS[1])
-  if not v then
+  if not v or string.byte(v, 1) == 0 then
+    -- Free, or kept for the head of its line (queue.lua): no holder.
     return {}
   end
   v = unmarked(v)

@@ -44,6 +44,10 @@ var (
 	batchExtendSrc string
 	//go:embed relabel.lua
 	relabelSrc string
+	//go:embed queue.lua
+	queueSrc string
+	//go:embed withdraw.lua
+	withdrawSrc string
 )
 
 // FenceGrace is how long a fence outlives the lock it last served: every
@@ -85,11 +89,11 @@ const WaitedMark = "\x00"
 // With a label, it keeps the label beside the lock (the key lock +
 // [LabelSuffix], with the lock's expiry), for [Inspect].
 // KEYS: lock [, fence]. ARGV: value, ttl ms [, label].
-var Acquire = goredis.NewScript(tokenSrc + waitedSrc + acquireSrc)
+var Acquire = goredis.NewScript(tokenSrc + waitedSrc + queueSrc + acquireSrc)
 
 // AcquireQuiet is [Acquire] for a store that sends no release notices
 // (Redlock): a refused attempt leaves the holder's value as it is.
-var AcquireQuiet = goredis.NewScript(tokenSrc + strings.Replace(waitedSrc, "local MARK_REFUSED = true", "local MARK_REFUSED = false", 1) + acquireSrc)
+var AcquireQuiet = goredis.NewScript(tokenSrc + strings.Replace(waitedSrc, "local MARK_REFUSED = true", "local MARK_REFUSED = false", 1) + queueSrc + acquireSrc)
 
 // Cleanup undoes a failed acquire: it writes the value's tombstone
 // ([DeadKey]) for ttl ms, so that an [Acquire] of the value still on its
@@ -104,7 +108,7 @@ var AcquireQuiet = goredis.NewScript(tokenSrc + strings.Replace(waitedSrc, "loca
 // The value is dead afterwards, until the tombstone expires: use it only
 // for an acquisition that has been given up, never for one that will try
 // again with the same value.
-var Cleanup = goredis.NewScript(waitedSrc + cleanupSrc)
+var Cleanup = goredis.NewScript(waitedSrc + queueSrc + cleanupSrc)
 
 // Release deletes the lock if it holds the value and optionally publishes a
 // release notice on the channel named like the lock key, only when an
@@ -117,7 +121,7 @@ var Cleanup = goredis.NewScript(waitedSrc + cleanupSrc)
 // expiry) instead of deleted, and a release of the same value that runs
 // again (a client that sends it again after losing the first reply)
 // replies 1 too.
-var Release = goredis.NewScript(waitedSrc + releaseSrc)
+var Release = goredis.NewScript(waitedSrc + queueSrc + releaseSrc)
 
 // Extend resets the lock's expiry if it holds the value. KEYS: lock. ARGV:
 // value, ttl ms [, "1" | "": the label key's too [, "1": the fence's too,
@@ -129,7 +133,7 @@ var Extend = goredis.NewScript(graceSrc + waitedSrc + extendSrc)
 // the milliseconds until the first holder expires (<= 0); a LIMIT error
 // ([IsLimit]) when the live holders took it with another limit, a DEAD
 // error as [Acquire]'s.
-var SemAcquire = goredis.NewScript(tokenSrc + groupSrc + semAcquireSrc)
+var SemAcquire = goredis.NewScript(tokenSrc + groupSrc + queueSrc + semAcquireSrc)
 
 // RWAcquire takes the read ("r") or write ("w") side of a read/write lock,
 // or records (renews) the request's intent: KEYS: [RWKeys]. ARGV: value,
@@ -140,7 +144,7 @@ var RWAcquire = goredis.NewScript(tokenSrc + groupSrc + rwAcquireSrc)
 // grant: KEYS: the first three of [SemaphoreKeys] or [RWKeys]. ARGV:
 // value, publish command or "", "rw" for a read/write lock or "". Reply:
 // 1 given back, 0 not held.
-var GroupRelease = goredis.NewScript(groupSrc + groupReleaseSrc)
+var GroupRelease = goredis.NewScript(groupSrc + queueSrc + groupReleaseSrc)
 
 // GroupExtend extends a semaphore's permit or a read/write lock's grant:
 // KEYS as [GroupRelease]'s. ARGV: value, ttl ms. Reply: 1 extended, 0 not
@@ -151,12 +155,20 @@ var GroupExtend = goredis.NewScript(groupSrc + groupExtendSrc)
 // as [Cleanup] does for a mutex: KEYS: the first three of
 // [SemaphoreKeys], or the lock, holders and records then the three intent
 // sets of [RWKeys]. ARGV: value, ttl ms, publish command or "".
-var GroupCleanup = goredis.NewScript(groupSrc + groupCleanupSrc)
+var GroupCleanup = goredis.NewScript(groupSrc + queueSrc + groupCleanupSrc)
 
 // RWWithdraw withdraws a waiting request's intent: KEYS: the lock key
 // then the three intent sets of [RWKeys]. ARGV: value, publish command or
 // "". Reply: 1 withdrawn, 0 none.
 var RWWithdraw = goredis.NewScript(groupSrc + rwWithdrawSrc)
+
+// Withdraw withdraws a waiting mutex or semaphore request's intent from
+// the lock's line and tells those it kept waiting; a mutex kept for the
+// value (the head of the line) is handed on to the next in line, or
+// freed. KEYS: the lock key. ARGV: value (unmarked), publish command or
+// "", "" for a mutex or [SemSuffix] for a semaphore. Reply: 1 withdrawn,
+// 0 none.
+var Withdraw = goredis.NewScript(queueSrc + withdrawSrc)
 
 // Inspect reads a lock's holders: for a mutex, KEYS: lock, fence; ARGV:
 // "m"; reply {} or {token, ms left, label, owner value}. For a semaphore
@@ -196,6 +208,8 @@ const (
 	RWWritersSuffix  = ":rw:qw"     // writers' intents, by arrival
 	RWReadersSuffix  = ":rw:qr"     // readers' intents, by arrival
 	RWIntentsSuffix  = ":rw:qx"     // every intent, by expiry
+	QueueSuffix      = ":q"         // a mutex's waiters, by arrival (and a semaphore's, after SemSuffix)
+	QueueXSuffix     = ":qx"        // their intents, by expiry
 	LabelSuffix      = ":label"     // a mutex holder's label
 	DeadHintSuffix   = ":dead"      // a mutex's tombstones may exist (Cleanup's hint)
 	ReleasedSuffix   = ":released"  // the last released owner value (Release's trace)
@@ -217,13 +231,15 @@ func RWKeys(lock string) []string {
 }
 
 // StateKeys returns every key that holds state of key's locks, of every
-// kind, under prefix: the lock, its label, the semaphore's and the
+// kind, under prefix: the lock, its label, the mutex's and the
+// semaphore's lines of waiters, the semaphore's and the
 // read/write lock's sets and hashes. Fences (which expire [FenceGrace]
 // after their lock) and tombstones (which expire after one lease TTL) are
 // not among them.
 func StateKeys(prefix, key string) []string {
 	lock, _ := Layout(prefix, key)
 	return []string{lock, lock + LabelSuffix, lock + SemSuffix, lock + SemRecordsSuffix,
+		lock + QueueSuffix, lock + QueueXSuffix, lock + SemSuffix + QueueSuffix, lock + SemSuffix + QueueXSuffix,
 		lock + RWSuffix, lock + RWRecordsSuffix, lock + RWWritersSuffix, lock + RWReadersSuffix, lock + RWIntentsSuffix}
 }
 

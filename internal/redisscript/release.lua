@@ -18,6 +18,9 @@
 --         succeeds again, at the cost of one GET; a lock that expired, or
 --         was deleted by anyone else, leaves no trace of its value.
 -- The lock holds ARGV[1], with or without the waited mark (waited.lua).
+-- A lock with the mark is kept for the head of its line, if anyone waits
+-- in it, and the notice is addressed to the head (queue.lua); without a
+-- line the notice goes to every waiter (an empty message).
 -- Returns 1 when deleted (or, with a trace, deleted by an earlier run),
 -- 0 when the key did not hold ARGV[1].
 local trace = ARGV[4] == '1'
@@ -32,7 +35,7 @@ if same(v, ARGV[1]) then
     redis.call('DEL', KEYS[1] .. ':label')
   end
   if string.byte(v, -1) == 0 and ARGV[2] and ARGV[2] ~= '' then
-    redis.pcall(ARGV[2], KEYS[1], '')
+    q_hand_on(KEYS[1], ARGV[2], q_now())
   end
   return 1
 end

@@ -15,9 +15,10 @@ local WAITED = '\0'
 -- AcquireQuiet, for a store that sends no notices).
 local MARK_REFUSED = true
 -- mark_waited marks the lock key, which holds v (false: nothing), unless
--- it is marked already.
+-- it is marked already or kept for the head of its line (a value that
+-- starts with a NUL byte: queue.lua).
 local function mark_waited(key, v)
-  if MARK_REFUSED and v and string.byte(v, -1) ~= 0 then
+  if MARK_REFUSED and v and string.byte(v, -1) ~= 0 and string.byte(v, 1) ~= 0 then
     redis.call('APPEND', key, WAITED)
   end
 end
