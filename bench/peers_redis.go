@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -17,7 +18,9 @@ import (
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/stores"
+	"github.com/distlock/distlock/redis"
 )
 
 // redisSent counts every command (and pipeline) any Redis client of this
@@ -114,6 +117,14 @@ func init() {
 		counters: redisCounters(1),
 	})
 	register(&peer{
+		name: "distlock-unqueued", store: "redis",
+		note: "distlock as before its waiters queued: redis.New behind a wrapper that hides backend.Queuer and HeadNotifier, so that waiters do not queue and a release wakes one waiter per instance (spin.Share); otherwise as distlock",
+		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
+			return openRedisDistlockUnqueued(ctx, s, o)
+		},
+		counters: redisCounters(1),
+	})
+	register(&peer{
 		name: "lock loop", store: "redis", elects: true, only: []string{wlElection},
 		note:     "a leader election hand-rolled on a Redis lock, as Redis users write it: each candidate tries SET NX PX every 10ms until it gets the key; the leader resigns with the compare-and-delete script",
 		open:     openRedisFloor,
@@ -145,6 +156,38 @@ func openRedisDistlock(ctx context.Context, s *servers, o openOpts) (instance, e
 	rc := &redisClients{}
 	return openDistlock(ctx, "redis://"+addrs[0], o, rc, stores.Options{RedisHook: countHook{own: &rc.sent}})
 }
+
+func openRedisDistlockUnqueued(ctx context.Context, s *servers, o openOpts) (instance, error) {
+	addrs, err := s.redisAddrs(1)
+	if err != nil {
+		return nil, err
+	}
+	rc := &redisClients{}
+	res, closeClients, err := stores.Open(ctx, "redis://"+addrs[0], o.ttl, stores.Options{RedisHook: countHook{own: &rc.sent}})
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(*redis.Resource)
+	if !ok {
+		closeClients()
+		return nil, fmt.Errorf("bench: redis:// opened a %T, not a *redis.Resource", res)
+	}
+	return newDLInstance(unqueued{r}, o, rc, nil, func() error { closeClients(); return nil })
+}
+
+// unqueued is a redis.Resource without its line of waiters: the facade
+// finds no backend.Queuer (nor HeadNotifier), so no acquisition waits in
+// line, and release notices are shared per instance.
+type unqueued struct{ r *redis.Resource }
+
+func (u unqueued) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	return u.r.TryAcquire(ctx, l)
+}
+func (u unqueued) Release(ctx context.Context, l *backend.Lease) error { return u.r.Release(ctx, l) }
+func (u unqueued) Refresh(ctx context.Context, l *backend.Lease) error { return u.r.Refresh(ctx, l) }
+func (u unqueued) Subscribe(key string) (<-chan struct{}, func())      { return u.r.Subscribe(key) }
+func (u unqueued) ValidateKey(key string) error                        { return u.r.ValidateKey(key) }
+func (u unqueued) Close() error                                        { return u.r.Close() }
 
 // --- floor ---
 
