@@ -56,6 +56,12 @@ type hub struct {
 	started bool
 	closed  bool
 
+	// idle holds, for each channel whose last waiter left, when it left:
+	// run keeps the channel subscribed for lingerFor more, so that the
+	// next waiter of a busy key finds it subscribed (no SUBSCRIBE, no
+	// wake-up of every waiter on its confirmation). Under mu.
+	idle map[string]time.Time
+
 	// unclaimed holds the notices addressed to a waiter nobody here was
 	// subscribed as, with when they came, for unclaimedFor: the waiter
 	// may subscribe just after (its attempt queued it, and the release
@@ -74,6 +80,10 @@ type waiter struct {
 	// receives every notice of its channel.
 	value string
 }
+
+// lingerFor is how long a channel stays subscribed after its last waiter
+// left.
+const lingerFor = time.Second
 
 // A notice addressed to a waiter that has not subscribed yet is kept for
 // unclaimedFor, and at most maxUnclaimed such notices are kept.
@@ -157,6 +167,7 @@ func (h *hub) subscribe(channel, value string) (<-chan struct{}, func()) {
 	if set == nil {
 		set = make(map[*waiter]struct{}, 1)
 		h.waiters[channel] = set
+		delete(h.idle, channel)
 		h.poke()
 	}
 	set[w] = struct{}{}
@@ -171,6 +182,10 @@ func (h *hub) subscribe(channel, value string) (<-chan struct{}, func()) {
 			delete(set, w)
 			if len(set) == 0 && set != nil {
 				delete(h.waiters, channel)
+				if h.idle == nil {
+					h.idle = make(map[string]time.Time)
+				}
+				h.idle[channel] = time.Now()
 				if !h.closed {
 					h.poke()
 				}
@@ -262,6 +277,7 @@ type subscriptions struct {
 	failures  int       // connections failed since one last worked
 	notBefore time.Time // no subscription before then (backoff)
 	retry     *time.Timer
+	linger    *time.Timer // fires when the first idle channel is due to go
 }
 
 // run owns the subscriptions: on every kick it handles the forwarders'
@@ -272,8 +288,11 @@ func (h *hub) run(ctx context.Context) {
 	s := &subscriptions{conns: make(map[string]*conn), have: make(map[string]*conn)}
 	s.retry = time.NewTimer(time.Hour)
 	s.retry.Stop()
+	s.linger = time.NewTimer(time.Hour)
+	s.linger.Stop()
 	defer func() {
 		s.retry.Stop()
+		s.linger.Stop()
 		for _, c := range s.conns {
 			h.shut(c)
 		}
@@ -284,6 +303,7 @@ func (h *hub) run(ctx context.Context) {
 			return
 		case <-h.kick:
 		case <-s.retry.C:
+		case <-s.linger.C:
 		}
 		h.handle(s)
 		h.reconcile(ctx, s)
@@ -354,6 +374,8 @@ func (h *hub) handle(s *subscriptions) {
 // and arms s.retry for then.
 func (h *hub) reconcile(ctx context.Context, s *subscriptions) {
 	var add, drop []string
+	var next time.Duration // until the first idle channel that stays is due
+	now := time.Now()
 	h.mu.Lock()
 	for ch := range h.waiters {
 		if _, ok := s.have[ch]; !ok {
@@ -362,10 +384,24 @@ func (h *hub) reconcile(ctx context.Context, s *subscriptions) {
 	}
 	for ch := range s.have {
 		if _, ok := h.waiters[ch]; !ok {
+			if at, ok := h.idle[ch]; ok && now.Sub(at) < lingerFor {
+				if left := lingerFor - now.Sub(at); next == 0 || left < next {
+					next = left
+				}
+				continue
+			}
 			drop = append(drop, ch)
 		}
 	}
+	for ch, at := range h.idle {
+		if now.Sub(at) >= lingerFor {
+			delete(h.idle, ch)
+		}
+	}
 	h.mu.Unlock()
+	if next > 0 {
+		s.linger.Reset(next)
+	}
 	if wait := time.Until(s.notBefore); len(add) > 0 && wait > 0 {
 		s.retry.Reset(wait)
 		add = nil
