@@ -65,7 +65,12 @@ type hostile struct {
 
 	seed uint64
 
+	// queued makes the store queue the waiters of mutexes and
+	// semaphores as the Redis store does (backend.Queuer): see line.
+	queued bool
+
 	mu        sync.Mutex
+	lines     map[lineID]*line  // the lines of waiters, with queued
 	nreq      map[string]uint64 // requests so far by key and owner value
 	net       netConfig
 	faults    bool
@@ -180,7 +185,168 @@ func newHostile(seed uint64, net netConfig, called func(now time.Time)) *hostile
 		tombs: map[string]bool{}, shadows: map[holderID]*shadow{}, freed: map[holderID]time.Time{},
 		tokens: map[uint64]string{}, histories: map[holderID][]string{}, evicted: map[string]bool{}, storeLost: map[string]bool{},
 		ghosts: map[string]int{}, shortens: map[string]int{}, keys: map[string]bool{},
+		lines: map[lineID]*line{},
 	}
+}
+
+// lineID names the line of a mutex's or a semaphore's waiters.
+type lineID struct {
+	kind backend.Kind
+	key  string
+}
+
+// line is the line of a mutex's or semaphore's waiters of a store that
+// queues them, with the Redis store's rules (redisscript's queue.lua): a
+// refused attempt of a waiting acquisition (Lease.Waits) joins the line,
+// or renews its place, for one TTL; a mutex released while someone waits
+// is kept for the head of the line for what is left of the head's place,
+// and only the head takes it; a waiter in line that finds the mutex free
+// while another waiter is ahead keeps it for that head instead; a
+// semaphore's attempt holds when fewer places precede its own than
+// permits are free. A withdrawal or clean-up leaves the line, and hands
+// a kept mutex on.
+type line struct {
+	waiters   []place // in order of arrival
+	kept      string  // a mutex kept for this owner value (the head)
+	keptUntil time.Time
+}
+
+type place struct {
+	value   string
+	expires time.Time
+}
+
+// lineLocked returns id's line, without the places that lapsed and a kept
+// mutex whose time is up; nil when the store does not queue id's kind.
+func (s *hostile) lineLocked(id lineID) *line {
+	if !s.queued || (id.kind != backend.KindMutex && id.kind != backend.KindSemaphore) {
+		return nil
+	}
+	ln := s.lines[id]
+	if ln == nil {
+		ln = &line{}
+		s.lines[id] = ln
+	}
+	now := time.Now()
+	ln.waiters = slices.DeleteFunc(ln.waiters, func(p place) bool { return !now.Before(p.expires) })
+	if ln.kept != "" && !now.Before(ln.keptUntil) {
+		ln.kept = ""
+	}
+	return ln
+}
+
+// at returns value's position in the line, or -1.
+func (ln *line) at(value string) int {
+	return slices.IndexFunc(ln.waiters, func(p place) bool { return p.value == value })
+}
+
+// join records value's place at the end of the line, or renews it.
+func (ln *line) join(value string, ttl time.Duration) {
+	until := time.Now().Add(ttl)
+	if i := ln.at(value); i >= 0 {
+		ln.waiters[i].expires = until
+		return
+	}
+	ln.waiters = append(ln.waiters, place{value, until})
+}
+
+// leave drops value's place, if any.
+func (ln *line) leave(value string) {
+	if i := ln.at(value); i >= 0 {
+		ln.waiters = slices.Delete(ln.waiters, i, i+1)
+	}
+}
+
+// handOn keeps the free mutex for the head of the line, if anyone waits.
+func (ln *line) handOn() {
+	ln.kept = ""
+	if len(ln.waiters) > 0 {
+		ln.kept, ln.keptUntil = ln.waiters[0].value, ln.waiters[0].expires
+	}
+}
+
+// queuedAcquireLocked is acquireLocked for a kind the store queues: the
+// line's rules, then the memory store's.
+func (s *hostile) queuedAcquireLocked(ln *line, l *backend.Lease) (bool, time.Duration, error) {
+	now := time.Now()
+	refuse := func(holderTTL time.Duration) (bool, time.Duration, error) {
+		if l.Waits {
+			ln.join(l.Value, l.TTL)
+		}
+		return false, holderTTL, nil
+	}
+	if l.Kind == backend.KindMutex && ln.kept != "" && ln.kept != l.Value {
+		return refuse(ln.keptUntil.Sub(now))
+	}
+	if l.Kind == backend.KindSemaphore && len(ln.waiters) > 0 {
+		in, _ := s.mem.Inspect(context.Background(), l.Key, l.Kind)
+		free := l.Limit - len(in.Holders)
+		ahead := ln.at(l.Value)
+		if ahead < 0 {
+			ahead = len(ln.waiters)
+		}
+		if free > 0 && ahead >= free {
+			return refuse(0)
+		}
+	}
+	ok, holderTTL, err := s.mem.TryAcquire(context.Background(), l)
+	if err != nil {
+		return ok, holderTTL, err
+	}
+	if !ok {
+		return refuse(holderTTL)
+	}
+	if l.Kind == backend.KindMutex && ln.kept == "" && l.Waits && ln.at(l.Value) > 0 {
+		// Free, but another waiter is ahead: it is the head's.
+		_ = s.mem.Release(context.Background(), l)
+		ln.handOn()
+		return refuse(ln.keptUntil.Sub(now))
+	}
+	ln.leave(l.Value)
+	if ln.kept == l.Value {
+		ln.kept = ""
+	}
+	return true, 0, nil
+}
+
+// leaveLineLocked drops value's place in id's line, and hands a mutex kept
+// for it on.
+func (s *hostile) leaveLineLocked(id lineID, value string) {
+	ln := s.lineLocked(id)
+	if ln == nil {
+		return
+	}
+	ln.leave(value)
+	if ln.kept == value {
+		ln.handOn()
+	}
+}
+
+// Queues implements backend.Queuer.
+func (s *hostile) Queues(k backend.Kind) bool {
+	return s.queued && (k == backend.KindMutex || k == backend.KindSemaphore)
+}
+
+// SubscribeHead implements backend.HeadNotifier with the memory store's
+// notices, which are addressed to every waiter.
+func (s *hostile) SubscribeHead(key, _ string) (<-chan struct{}, func()) { return s.mem.Subscribe(key) }
+
+// inLine returns the owner values with a live place in a line, or a mutex
+// kept for them.
+func (s *hostile) inLine() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for id := range s.lines {
+		ln := s.lineLocked(id)
+		for _, p := range ln.waiters {
+			out[p.value] = fmt.Sprintf("a place in the line of %v %q", id.kind, id.key)
+		}
+		if ln.kept != "" {
+			out[ln.kept] = fmt.Sprintf("%v %q kept for it", id.kind, id.key)
+		}
+	}
+	return out
 }
 
 // ioKey marks a context whose store calls are counted: the model asks
@@ -515,6 +681,9 @@ func (s *hostile) phantomLocked(id holderID, ttl time.Duration, write bool) {
 			l.Kind = backend.KindWrite
 		}
 	}
+	if ln := s.lineLocked(lineID{l.Kind, l.Key}); ln != nil && (ln.kept != "" || (l.Kind == backend.KindSemaphore && len(ln.waiters) > 0)) {
+		return // kept for the head of the line, or the line is first
+	}
 	ok, _, _ := s.mem.TryAcquire(context.Background(), &l)
 	if !ok {
 		_ = s.mem.Withdraw(context.Background(), &l) // no place in line for it
@@ -533,7 +702,16 @@ func (s *hostile) acquireLocked(l *backend.Lease) (bool, time.Duration, error) {
 	if kept {
 		l.TTL = keptTTL
 	}
-	ok, holderTTL, err := s.mem.TryAcquire(context.Background(), l)
+	var (
+		ok        bool
+		holderTTL time.Duration
+		err       error
+	)
+	if ln := s.lineLocked(lineID{l.Kind, l.Key}); ln != nil {
+		ok, holderTTL, err = s.queuedAcquireLocked(ln, l)
+	} else {
+		ok, holderTTL, err = s.mem.TryAcquire(context.Background(), l)
+	}
 	storeTTL := l.TTL
 	l.TTL = ttl
 	if ok {
@@ -584,6 +762,7 @@ func (s *hostile) deleteLocked(id holderID) {
 	if id.kind == backend.KindRead || id.kind == backend.KindWrite {
 		_ = s.mem.Withdraw(context.Background(), &l)
 	}
+	s.leaveLineLocked(lineID{id.kind, id.key}, id.value)
 }
 
 func leaseKeys(ls []*backend.Lease) []string {
@@ -776,6 +955,9 @@ func (s *hostile) Release(ctx context.Context, l *backend.Lease) error {
 	if _, serr := s.sendUpdate(ctx, l.Key, l.Value, func(r *request) {
 		err = s.mem.Release(context.Background(), &lc)
 		if err == nil {
+			if ln := s.lineLocked(lineID{l.Kind, l.Key}); ln != nil && l.Kind == backend.KindMutex {
+				ln.handOn()
+			}
 			s.untrackLocked(id)
 			s.ghosts[id.value]++
 			r.delivered = append(r.delivered, func() { s.ghosts[id.value]-- })
@@ -850,7 +1032,10 @@ func (s *hostile) refreshAll(ctx context.Context, ls []*backend.Lease) []error {
 // Withdraw implements backend.Withdrawer.
 func (s *hostile) Withdraw(ctx context.Context, l *backend.Lease) error {
 	lc := *l
-	_, err := s.send(ctx, l.Key, l.Value, func(*request) { _ = s.mem.Withdraw(context.Background(), &lc) })
+	_, err := s.send(ctx, l.Key, l.Value, func(*request) {
+		_ = s.mem.Withdraw(context.Background(), &lc)
+		s.leaveLineLocked(lineID{lc.Kind, lc.Key}, lc.Value)
+	})
 	return err
 }
 

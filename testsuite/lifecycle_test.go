@@ -313,7 +313,9 @@ func newModel(t *rapid.T, wd *watchdog) *model {
 	m.s.onExpire = m.onExpire
 	m.waiter = rapid.IntRange(0, 3).Draw(t, "waiter") == 0
 	m.res = m.s.resource(m.waiter, rapid.Bool().Draw(t, "batch"), rapid.Bool().Draw(t, "multi"))
-	m.logf("store %T: %+v lostSignal=%v kept=%v", m.res, net, m.s.lostSignal, m.s.kept)
+	// A pull store that queues mutex and semaphore waiters, as Redis does.
+	m.s.queued = !m.waiter && rapid.Bool().Draw(t, "queued")
+	m.logf("store %T: %+v lostSignal=%v kept=%v queued=%v", m.res, net, m.s.lostSignal, m.s.kept, m.s.queued)
 	for i := range m.procs {
 		m.procs[i] = m.newProc(t)
 	}
@@ -597,10 +599,11 @@ func (m *model) run(a acquisition) *mhandle {
 		if a.timeout > 0 {
 			bound = min(bound, a.timeout)
 		}
-		if err != nil && (a.kind == distlock.KindRead || a.kind == distlock.KindWrite) {
+		if err != nil && (a.kind == distlock.KindRead || a.kind == distlock.KindWrite || (m.s.queued && a.wait > 0)) {
 			// A refused request withdraws its place in line before it
 			// returns, waiting a few tens of milliseconds for the store
-			// (backend.Withdrawer).
+			// (backend.Withdrawer): a reader or writer always, a mutex
+			// or semaphore waiter on a store that queues them.
 			bound += withdrawWait
 		}
 		if el > bound+slack {
@@ -1693,6 +1696,18 @@ func (m *model) teardown() {
 		}
 	}
 	m.wg.Wait()
+	// Nobody waits any more: a place in a line, or a mutex kept for a
+	// waiter, of a process whose Close returned nil is one its wait left
+	// behind (it keeps the others out until it lapses).
+	for value, what := range m.s.inLine() {
+		p := m.procOf(value)
+		m.mu.Lock()
+		cleanly := p != nil && p.closeDone && p.closeErr == nil
+		m.mu.Unlock()
+		if cleanly {
+			m.fail("the store keeps %s for %s of p%d after every process closed, and its Close returned nil", what, value, p.id)
+		}
+	}
 	// A lock Close could not release stays held until its owner unlocks
 	// it: the store is healthy now.
 	m.mu.Lock()
