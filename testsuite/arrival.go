@@ -118,3 +118,183 @@ func mustOK(t *testing.T) func(*distlock.Lock, error) *distlock.Lock {
 		return lk
 	}
 }
+
+// queuedSpinner returns a fresh resource of h as a pull store that queues
+// the waiters of kind, or nil (the store keeps no line, or waits on a
+// watch: a push store's dead waiter goes with its session or lease).
+func queuedSpinner(t *testing.T, h *Harness, kind backend.Kind) backend.Spinner {
+	r := h.NewResource(t)
+	s, ok := r.(backend.Spinner)
+	if !ok {
+		return nil
+	}
+	if q, ok := r.(backend.Queuer); !ok || !q.Queues(kind) {
+		return nil
+	}
+	if _, ok := r.(backend.Withdrawer); !ok {
+		t.Fatalf("%T queues %v waiters but is no backend.Withdrawer", r, kind)
+	}
+	return s
+}
+
+// deadWaiter queues a waiter of key's mutex that never comes back (its
+// process died): one refused attempt of a waiting acquisition, with ttl.
+func deadWaiter(t *testing.T, s backend.Spinner, key string, ttl time.Duration) *backend.Lease {
+	t.Helper()
+	l := &backend.Lease{Key: key, Value: "dead-" + Key(t), TTL: ttl, Kind: backend.KindMutex, Waits: true}
+	ok, _, err := s.TryAcquire(t.Context(), l)
+	if ok || err != nil {
+		t.Fatalf("TryAcquire of a held lock = %v, %v; want false, nil", ok, err)
+	}
+	return l
+}
+
+// testDeadHeadPassedOver: on a pull store that queues mutex waiters, a
+// waiter at the head of the line whose process died (it never tries
+// again, nor withdraws) is passed over within its TTL: the next waiter
+// gets the lock once the dead one's place lapsed, at most a TTL and a
+// poll (backend.HeadPoll) after the release.
+func testDeadHeadPassedOver(t *testing.T, h *Harness) {
+	s := queuedSpinner(t, h, backend.KindMutex)
+	if s == nil {
+		t.Skip("the store keeps no line of mutex waiters that a dead waiter could block (a push store's goes with its session)")
+	}
+	key := Key(t)
+	d := newLock(t, h)
+	holder := mustLock(t, d, t.Context(), key, 0)
+	ttl := h.ttl()
+	deadWaiter(t, s, key, ttl)
+	got := make(chan time.Duration, 1)
+	var released time.Time
+	var mu sync.Mutex
+	go func() {
+		lk, err := newLock(t, h).TryLock(t.Context(), key, time.Minute)
+		if err != nil {
+			t.Errorf("the waiter behind the dead head: %v", err)
+			got <- -1
+			return
+		}
+		mu.Lock()
+		got <- time.Since(released)
+		mu.Unlock()
+		_ = lk.Unlock(context.Background())
+	}()
+	waitRequests(t, h, key, backend.KindMutex, 3)
+	mu.Lock()
+	released = time.Now()
+	err := holder.Unlock(t.Context())
+	mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late := <-got; late > ttl+backend.HeadPoll+2*time.Second {
+		t.Errorf("the waiter behind a dead head got the lock %v after the release; want within the dead head's TTL %v and a poll", late, ttl)
+	}
+}
+
+// testCancelledHeadLeaves: a waiter whose wait ends (its context
+// cancelled) while it is the head leaves the line before TryLock
+// returns, and a lock kept for it goes on to the next in line at once:
+// the next waiter does not wait out the first one's place (a minute).
+// Both ways a head's wait can end: before the release (through the
+// facade) and after it, while the lock is kept for it (its withdrawal,
+// as the facade sends it, through the store).
+func testCancelledHeadLeaves(t *testing.T, h *Harness) {
+	s := queuedSpinner(t, h, backend.KindMutex)
+	if s == nil {
+		t.Skip("the store keeps no line of mutex waiters")
+	}
+	const long = time.Minute // the waiters' TTL: their places last as long
+	ctx := distlock.ContextWithTTL(t.Context(), long)
+	t.Run("BeforeRelease", func(t *testing.T) {
+		key := Key(t)
+		d1, d2 := newLock(t, h), newLock(t, h)
+		holder := mustLock(t, d1, t.Context(), key, 0)
+		cctx, cancel := context.WithCancel(ctx)
+		first := make(chan error, 1)
+		go func() { _, err := d1.TryLock(cctx, key, distlock.WaitForever); first <- err }()
+		waitRequests(t, h, key, backend.KindMutex, 2)
+		next := make(chan error, 1)
+		go func() {
+			lk, err := d2.TryLock(ctx, key, distlock.WaitForever)
+			if err == nil {
+				err = lk.Unlock(context.Background())
+			}
+			next <- err
+		}()
+		waitRequests(t, h, key, backend.KindMutex, 3)
+		cancel()
+		if err := <-first; !errors.Is(err, distlock.ErrNotAcquired) {
+			t.Fatalf("cancelled waiter: %v; want ErrNotAcquired", err)
+		}
+		if n, err := h.Requests(t.Context(), key, backend.KindMutex); err != nil || n != 2 {
+			t.Fatalf("after the cancelled waiter returned the store keeps %d requests (%v); want 2: the holder and the next waiter", n, err)
+		}
+		if err := holder.Unlock(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		expectSoon(t, next, "the next waiter, after the cancelled head")
+	})
+	t.Run("WhileKept", func(t *testing.T) {
+		key := Key(t)
+		d := newLock(t, h)
+		holder := mustLock(t, d, t.Context(), key, 0)
+		head := deadWaiter(t, s, key, long)
+		next := make(chan error, 1)
+		go func() {
+			lk, err := newLock(t, h).TryLock(ctx, key, distlock.WaitForever)
+			if err == nil {
+				err = lk.Unlock(context.Background())
+			}
+			next <- err
+		}()
+		waitRequests(t, h, key, backend.KindMutex, 3)
+		if err := holder.Unlock(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		// The lock is kept for the head, which does not come: its wait
+		// ended, and the facade withdraws it.
+		if err := s.(backend.Withdrawer).Withdraw(t.Context(), head); err != nil {
+			t.Fatal(err)
+		}
+		expectSoon(t, next, "the next waiter, after the head kept the lock and withdrew")
+	})
+}
+
+// expectSoon waits for a waiter's result, well within backend.HeadPoll
+// and far within its place's life: only the store's hand-over (and its
+// notice) gets it the lock that soon.
+func expectSoon(t *testing.T, got <-chan error, who string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+	case <-time.After(backend.HeadPoll / 2):
+		t.Fatalf("%s: not granted within %v", who, backend.HeadPoll/2)
+	}
+}
+
+// waitRequests waits until the store keeps n requests (holders and
+// queued waiters) for key's lock of kind.
+func waitRequests(t *testing.T, h *Harness, key string, kind backend.Kind, n int) {
+	t.Helper()
+	if h.Requests == nil {
+		t.Skip("the harness cannot count a lock's queued waiters (Harness.Requests)")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := h.Requests(t.Context(), key, kind)
+		if err != nil {
+			t.Fatalf("Requests: %v", err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store keeps %d requests for %q; want %d within 10s", got, key, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -168,6 +168,8 @@ func Run(t *testing.T, h Harness) {
 		{"RefusedConnection", testRefusedConnection},
 		{"Election", testElection},
 		{"ArrivalOrder", testArrivalOrder},
+		{"DeadHeadPassedOver", testDeadHeadPassedOver},
+		{"CancelledHeadLeaves", testCancelledHeadLeaves},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, &h) })
