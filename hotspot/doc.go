@@ -38,6 +38,14 @@
 // handoff then costs one attempt per other waiting process, and processes
 // take turns.
 //
+// On a store that queues waiters in arrival order and wakes only the head
+// of the line (backend.Queuer and backend.HeadNotifier: the Redis store)
+// the processes take turns by themselves: a release wakes one waiter in
+// all, and the others make no attempt until their turn. [WithYield] then
+// changes nothing (bench, contended, 3 and 12 processes: 3.1 requests per
+// grant with or without it, 3.2 without the handler), and the handler
+// only keeps each process's goroutines off the store but one.
+//
 // # Semantics
 //
 // The local lock honours the caller's wait budget and context: it is taken
