@@ -189,7 +189,8 @@ func TestQueuedWaitWithdraws(t *testing.T) {
 // lasts one TTL from each attempt, never lapses while it waits. With a TTL
 // of 300ms, a spin of an hour and notices that never come, a wait of
 // 600ms makes an attempt at least every 100ms: the first, 4 more before
-// the last at the deadline. Without the queue it makes 2.
+// the last at the deadline. Without the queue it makes 2 (1 when the
+// first took the whole wait, on a loaded machine).
 func TestQueuedWaiterKeepsIntent(t *testing.T) {
 	for _, queued := range []bool{true, false} {
 		var store backend.RemoteResource
@@ -219,8 +220,8 @@ func TestQueuedWaiterKeepsIntent(t *testing.T) {
 			if q.plain.Load() != 0 || len(q.heads) != 1 {
 				t.Errorf("queued waiter subscribed %d times, %d addressed; want once, addressed", q.plain.Load(), len(q.heads))
 			}
-		} else if n := store.(*counting).attempts.Load() - 1; n != 2 {
-			t.Errorf("unqueued waiter made %d attempts; want 2 (first, and at the deadline)", n)
+		} else if n := store.(*counting).attempts.Load() - 1; n > 2 {
+			t.Errorf("unqueued waiter made %d attempts; want at most 2 (first, and at the deadline)", n)
 		}
 		_ = holder.Unlock(t.Context())
 		d.Close()
