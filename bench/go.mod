@@ -8,6 +8,7 @@ require (
 	github.com/distlock/distlock/etcd v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/stores v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/internal/testserver v0.0.0-00010101000000-000000000000
+	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/zookeeper v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-zookeeper/zk v1.0.4
@@ -25,7 +26,6 @@ require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/distlock/distlock/internal/redisscript v0.0.0-00010101000000-000000000000 // indirect
-	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000 // indirect
 	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000 // indirect
 	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
