@@ -889,19 +889,6 @@ func (g *grant) release(ctx context.Context, handle bool) error {
 	}
 }
 
-// isClosed reports whether ch is closed; false for nil.
-func isClosed(ch <-chan struct{}) bool {
-	if ch == nil {
-		return false
-	}
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // isFinal reports whether a release's error leaves nothing to retry.
 func isFinal(err error) bool { return errors.Is(err, ErrNotHeld) }
 

@@ -173,15 +173,6 @@ func mustChildren(t testing.TB, conn *zk.Conn, r *Resource, key string) []string
 	return cs
 }
 
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // faultDialer dials real connections to the server and injects the faults
 // a real server cannot give on demand: a reply lost on a dropped
 // connection, a network that refuses every connection, a silent network
