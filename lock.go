@@ -355,7 +355,7 @@ func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
 	r := g.req
 	r.RolledBack = true
 	done := d.bg.goRun("rolling back "+quote(r.Key), func(ctx context.Context) error {
-		err := d.chain.release(context.WithValue(ctx, rollbackKey{}, true), r)
+		err := d.chain.release(ctx, r)
 		if errors.Is(err, ErrNotHeld) {
 			return nil
 		}
@@ -366,10 +366,6 @@ func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
 	case <-actx.Done():
 	}
 }
-
-// rollbackKey marks the context of a rollback's release: its store step
-// retries until the store answers (nobody else will release the lock).
-type rollbackKey struct{}
 
 // acquireError turns an acquisition's error into TryLock's, and hands what
 // an abandoned attempt may have left to the background.
@@ -553,7 +549,7 @@ func (d *DistributeLock) spin(ctx context.Context, r *Request, g *grant) (time.T
 // retries store errors until the store answers or Close's bound: nobody
 // else will release that lock.
 func (d *DistributeLock) remoteRelease(ctx context.Context, r *Request) error {
-	if ctx.Value(rollbackKey{}) != nil {
+	if r.RolledBack {
 		return retry(ctx, func(ctx context.Context) error { return d.releaseGrant(ctx, r.g) })
 	}
 	return d.releaseGrant(ctx, r.g)
