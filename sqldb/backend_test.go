@@ -71,6 +71,7 @@ func harness(f fixture) testsuite.Harness {
 		// The server's address refuses the pool's new connections.
 		NewRefusedResource: func(t *testing.T) backend.RemoteResource { return f.refused(t) },
 		RefusedCause:       "connection refused",
+		NoArrivalOrder:     "PostgreSQL and MySQL keep no line of mutex or semaphore waiters (read/write requests are ordered): after a release, whichever waiter tries first gets the lock",
 	}
 }
 

@@ -205,6 +205,11 @@
 //   - expired entries are dropped by whichever statement next writes the
 //     row.
 //
+// Mutex and semaphore waiters keep no line here (the store is not a
+// backend.Queuer): after a release, whichever waiter tries first gets the
+// lock, as with Redlock; read and write requests are served in order of
+// arrival as above.
+//
 // Tokens of a lock's grants (permits; read and write grants) increase,
 // ordered by commit as a mutex's are: drawn under the advisory lock of
 // (the kinds table's oid, the row's kind and key) on PostgreSQL, from one
