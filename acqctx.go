@@ -52,6 +52,10 @@ type acqCtx struct {
 	stopClose func() bool
 }
 
+// acqCtxKey finds an acquisition's context through the contexts a handler
+// derives from it (IsContention).
+type acqCtxKey struct{}
+
 // innerCtx is the context behind an acqCtx's Done: ctx has the bound as
 // its deadline and derives from the caller's context through a cancel
 // context, which cancel ends with a cause; release ends ctx and frees its
@@ -93,6 +97,9 @@ func (c *acqCtx) Deadline() (time.Time, bool) {
 // inner as the cancel context the context package looks for (inner
 // derives from the caller's context: its other values are the caller's).
 func (c *acqCtx) Value(key any) any {
+	if _, ok := key.(acqCtxKey); ok {
+		return c
+	}
 	if in := c.inner.Load(); in != nil {
 		return in.ctx.Value(key)
 	}

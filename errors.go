@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"context"
 	"errors"
 
 	"github.com/distlock/distlock/backend"
@@ -40,3 +41,31 @@ var ErrLimitMismatch = backend.ErrLimitMismatch
 // ErrUnsupported is returned, before any I/O, for a kind of lock the store
 // does not hold (Redlock: semaphores and read/write locks).
 var ErrUnsupported = errors.New("distlock: not supported by the store")
+
+// IsContention reports whether err, which the acquisition of r returned
+// under ctx (a [Handler]'s next, with the context the handler was given),
+// means contention rather than failure, as [DistributeLock.TryLock]
+// decides it: the key was held for the whole wait ([ErrNotAcquired]), or
+// the wait ended (the caller's context ended, or the wait's bound passed
+// after the store had answered an attempt). An error of a store that did
+// not answer within the bound, bad input and Close are failures. The
+// access log, metrics and tracing handlers classify acquisitions with it.
+func IsContention(ctx context.Context, r *Request, err error) bool {
+	switch {
+	case err == nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed):
+		return false
+	case errors.Is(err, ErrNotAcquired):
+		return true
+	case ctx.Err() == nil:
+		return false
+	}
+	if c, ok := ctx.Value(acqCtxKey{}).(*acqCtx); ok {
+		if c.d != nil && c.d.isClosed() {
+			return false
+		}
+		if c.parent.Err() != nil {
+			return true // the caller ended the wait
+		}
+	}
+	return r != nil && r.answered > 0
+}

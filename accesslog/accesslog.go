@@ -56,7 +56,7 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 	outcome, level := "acquired", h.level
 	switch {
 	case err == nil:
-	case errors.Is(err, distlock.ErrNotAcquired) || (ctx.Err() != nil && errors.Is(err, ctx.Err())):
+	case distlock.IsContention(ctx, r, err):
 		outcome = "not_acquired"
 	default:
 		outcome, level = "failed", slog.LevelError

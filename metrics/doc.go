@@ -17,9 +17,9 @@
 //
 //   - acquired;
 //   - not_acquired: another owner held the key for the whole wait, or the
-//     context ended first ([distlock.ErrNotAcquired], possibly joined with
-//     a context error);
-//   - failed: any other error, such as a store that could not be reached.
+//     caller's context ended first ([distlock.IsContention]);
+//   - failed: any other error, such as a store that did not answer within
+//     the wait.
 //
 // A release is released (the store deleted our lock), not_held
 // ([distlock.ErrNotHeld]: it had expired or was taken over) or failed.

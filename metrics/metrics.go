@@ -131,7 +131,7 @@ func (h *Handler) Acquire(ctx context.Context, r *distlock.Request, next distloc
 	case err == nil:
 		h.acquired.Add(1)
 		h.held.Add(1)
-	case IsContention(ctx, err):
+	case distlock.IsContention(ctx, r, err):
 		o = outcomeNotAcquired
 		h.notAcquired.Add(1)
 	default:
@@ -189,17 +189,6 @@ func (h *Handler) LockLost(r *distlock.Request, _ error) {
 	if in := h.inst; in != nil {
 		in.lostCount.Add(context.Background(), 1, in.base[mode(r)]...)
 	}
-}
-
-// IsContention reports whether err, returned by an acquisition under ctx,
-// means contention rather than failure: it wraps [distlock.ErrNotAcquired],
-// or ctx has ended and err wraps ctx's error.
-func IsContention(ctx context.Context, err error) bool {
-	if errors.Is(err, distlock.ErrNotAcquired) {
-		return true
-	}
-	cerr := ctx.Err()
-	return cerr != nil && errors.Is(err, cerr)
 }
 
 type outcome int

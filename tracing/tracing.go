@@ -221,14 +221,7 @@ func acquireOutcome(ctx context.Context, r *distlock.Request, err error) string 
 	switch cerr := ctx.Err(); {
 	case cerr != nil && !endedByWait(ctx, r, cerr):
 		return OutcomeContextEnded
-	case errors.Is(err, distlock.ErrNotAcquired):
-		return OutcomeNotAcquired
-	case cerr != nil && (r.RemoteAttempts > 1 || r.RemoteAttempts == 1 && err == cerr):
-		// The bound ended the wait after the store had answered: during
-		// a later attempt (a spin loop tries again only after an answer),
-		// or between attempts (the spin loop returns the bare context
-		// error then). TryLock reports contention. (The facade counts the
-		// answers; a handler cannot see them: this infers them.)
+	case distlock.IsContention(ctx, r, err):
 		return OutcomeNotAcquired
 	}
 	return OutcomeError
