@@ -13,10 +13,10 @@ import (
 // the commit. The grant must fit the 208-byte size class: a field more
 // pushes every held lock to the next (224).
 func TestGrantFootprint(t *testing.T) {
-	t.Logf("grant %d B (Lease %d, first Lock %d); acquisition %d (acqCtx %d, Request %d), dropped at the commit; grantRequest %d (with handlers); grantMore %d (made on demand)",
+	t.Logf("grant %d B (Lease %d, first Lock %d); acquisition %d (acqCtx %d, Request %d), dropped at the commit; grantRequest %d (with handlers); grantExtras %d (made on demand)",
 		unsafe.Sizeof(grant{}), unsafe.Sizeof(backend.Lease{}), unsafe.Sizeof(Lock{}),
 		unsafe.Sizeof(acquisition{}), unsafe.Sizeof(acqCtx{}), unsafe.Sizeof(Request{}),
-		unsafe.Sizeof(grantRequest{}), unsafe.Sizeof(grantMore{}))
+		unsafe.Sizeof(grantRequest{}), unsafe.Sizeof(grantExtras{}))
 	if n := unsafe.Sizeof(grant{}); n > 208 {
 		t.Errorf("a grant is %d bytes; want at most 208 (a size class: the heap per held lock)", n)
 	}

@@ -17,7 +17,7 @@ import (
 // to this state machine, and its whole life is here: the states, and
 // [grant.step], the one function that writes the fields that decide its
 // fate (state, flags, refs, expiry, renewAt, the leases' TTLs and
-// what grantMore keeps). Callers never check a field, drop the mutex and
+// what grantExtras keeps). Callers never check a field, drop the mutex and
 // act on it: they step, and the step decides.
 //
 //	from        event                                          to          effect
@@ -83,9 +83,9 @@ type grant struct {
 	// the commit only when d has handlers (they may keep it until its
 	// Release). Without handlers it lives in the acquisition and is
 	// dropped at the commit.
-	req   *Request
-	first Lock                      // the first handle, allocated with the grant
-	more  atomic.Pointer[grantMore] // what few grants need; set once, under mu
+	req    *Request
+	first  Lock                        // the first handle, allocated with the grant
+	extras atomic.Pointer[grantExtras] // what few grants need; set once, under mu
 
 	mu    sync.Mutex
 	state grantState
@@ -108,16 +108,16 @@ const (
 	doneAsked                           // Done was asked for: the expiry is scheduled
 	refreshing                          // a refresh (renewal or Extend) is in flight
 	keptAlive                           // the store keeps it alive itself (backend.Lease.KeptAlive): no renewal, no expiry
-	finished                            // released or lost: the cause is recorded (more.cause; none: released)
+	finished                            // released or lost: the cause is recorded (extras.cause; none: released)
 	lostSignal                          // a lease has Lost: the store may report the loss
 	watchRunning                        // a goroutine watches Lost (observers, or Done was asked for)
 	givenUp                             // the last handle's Unlock (or Close) began: never reentered again
 )
 
-// grantMore is what only some grants need, made on first use: the keys
+// grantExtras is what only some grants need, made on first use: the keys
 // of a lock of several keys, Done, a loss's cause, the channels of the
 // goroutines that wait on the grant.
-type grantMore struct {
+type grantExtras struct {
 	subs       []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &g.lease; set before the commit
 	done       chan struct{}    // made on the first Done call; closed by announce
 	cause      error            // why a lost grant was lost
@@ -139,12 +139,12 @@ type grantMore struct {
 	relabelled bool
 }
 
-// moreLocked returns g's grantMore, making it.
-func (g *grant) moreLocked() *grantMore {
-	m := g.more.Load()
+// extrasLocked returns g's grantExtras, making it.
+func (g *grant) extrasLocked() *grantExtras {
+	m := g.extras.Load()
 	if m == nil {
-		m = new(grantMore)
-		g.more.Store(m)
+		m = new(grantExtras)
+		g.extras.Store(m)
 	}
 	return m
 }
@@ -266,7 +266,7 @@ func (g *grant) step(ev event) (out outcome) {
 				out.watch = g.watchLocked()
 			}
 		}
-		if g.d.bare {
+		if g.d.noHandlers {
 			g.req = nil // the acquisition's: nobody else keeps it
 		}
 		g.scheduleLocked() // registers it: Close sees it from now on
@@ -323,7 +323,7 @@ func (g *grant) step(ev event) (out outcome) {
 		out.lostBy = g.pollLocked()
 	case evAskDone:
 		out.lostBy = g.pollLocked()
-		m := g.moreLocked()
+		m := g.extrasLocked()
 		if m.done == nil {
 			m.done = make(chan struct{})
 			switch {
@@ -347,7 +347,7 @@ func (g *grant) step(ev event) (out outcome) {
 		// scheduler is about to send: relabels one after another must
 		// not starve renewals.
 		if g.flags&refreshing != 0 || ev.relabel && g.renewAt != never && monoNow() >= g.renewAt {
-			m := g.moreLocked()
+			m := g.extrasLocked()
 			if m.refreshed == nil {
 				m.refreshed = make(chan struct{})
 			}
@@ -372,7 +372,7 @@ func (g *grant) step(ev event) (out outcome) {
 			out.err = fmt.Errorf("%w: %s already released", ErrNotHeld, quote(g.lease.Key))
 			return
 		case g.state == releasing:
-			m := g.moreLocked()
+			m := g.extrasLocked()
 			if m.settled == nil {
 				m.settled = make(chan struct{})
 			}
@@ -382,7 +382,7 @@ func (g *grant) step(ev event) (out outcome) {
 			// Lost a moment ago: the observers are being told. A
 			// release waits for them, so that none hears of the
 			// loss once a release has begun.
-			m := g.moreLocked()
+			m := g.extrasLocked()
 			if m.announcing == nil {
 				m.announcing = make(chan struct{})
 			}
@@ -416,11 +416,11 @@ func (g *grant) step(ev event) (out outcome) {
 			g.state = lost
 		}
 		g.settleLocked()
-		if m := g.more.Load(); m != nil && m.extendedTTL != 0 {
+		if m := g.extras.Load(); m != nil && m.extendedTTL != 0 {
 			g.setTTLLocked(m.extendedTTL) // extended while it was released
 			m.extendedTTL = 0
 		}
-		if m := g.more.Load(); m != nil && m.relabelled {
+		if m := g.extras.Load(); m != nil && m.relabelled {
 			g.lease.Label = m.label // relabelled while it was released
 			m.relabelled, m.label = false, ""
 		}
@@ -506,7 +506,7 @@ var errNotSent = errors.New("distlock: the renewal found no free slot before the
 // refreshedLocked applies a refresh's result (step's evRefreshed).
 func (g *grant) refreshedLocked(ev event) (out outcome) {
 	g.flags &^= refreshing
-	if m := g.more.Load(); m != nil && m.refreshed != nil {
+	if m := g.extras.Load(); m != nil && m.refreshed != nil {
 		close(m.refreshed)
 		m.refreshed = nil
 	}
@@ -536,11 +536,11 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 	kept := g.flags&keptAlive != 0
 	switch {
 	case ev.err == nil:
-		m := g.more.Load()
+		m := g.extras.Load()
 		if ev.extend && g.state == releasing {
 			// The store reads the leases while it releases them: the
 			// new TTL applies if the release fails.
-			g.moreLocked().extendedTTL = ev.ttl
+			g.extrasLocked().extendedTTL = ev.ttl
 		} else if ev.extend {
 			g.setTTLLocked(ev.ttl)
 		}
@@ -554,7 +554,7 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 			validity := g.validityLocked()
 			if ev.extend && g.state == releasing { // the leases keep the old TTL meanwhile
 				validity = safeValidity(backend.Lease{TTL: ev.ttl})
-				if m := g.more.Load(); m.unknownTTL != 0 {
+				if m := g.extras.Load(); m.unknownTTL != 0 {
 					validity = min(validity, safeValidity(backend.Lease{TTL: m.unknownTTL}))
 				}
 			}
@@ -576,7 +576,7 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 		if !errors.Is(ev.err, errNotSent) {
 			// The store may apply the request yet, and set the TTL it
 			// carries from then: never count past it.
-			if m := g.moreLocked(); m.unknownTTL == 0 || ev.ttl < m.unknownTTL {
+			if m := g.extrasLocked(); m.unknownTTL == 0 || ev.ttl < m.unknownTTL {
 				m.unknownTTL = ev.ttl
 			}
 			if !kept {
@@ -617,7 +617,7 @@ func (g *grant) relabelledLocked(ev event, what string) (out outcome) {
 	case ev.err == nil && g.state == releasing:
 		// The store reads the lease while it releases it: the new
 		// label applies if the release fails.
-		m := g.moreLocked()
+		m := g.extrasLocked()
 		m.relabelled, m.label = true, ev.label
 		out.ok = true
 	case ev.err == nil:
@@ -665,7 +665,7 @@ func (g *grant) lostSignalledLocked() bool {
 
 // settleLocked wakes whoever waits for the release in flight to end.
 func (g *grant) settleLocked() {
-	if m := g.more.Load(); m != nil && m.settled != nil {
+	if m := g.extras.Load(); m != nil && m.settled != nil {
 		close(m.settled)
 		m.settled = nil
 	}
@@ -690,7 +690,7 @@ func (g *grant) announceLocked() {
 		return
 	}
 	g.flags |= announced
-	if m := g.more.Load(); m != nil {
+	if m := g.extras.Load(); m != nil {
 		if m.done != nil {
 			close(m.done)
 		}
@@ -713,9 +713,9 @@ func (g *grant) finishLocked(to grantState, cause error) {
 	}
 	g.flags |= finished
 	if cause != nil {
-		g.moreLocked().cause = cause
+		g.extrasLocked().cause = cause
 	}
-	if m := g.more.Load(); m != nil && m.stopLost != nil {
+	if m := g.extras.Load(); m != nil && m.stopLost != nil {
 		close(m.stopLost)
 		m.stopLost = nil
 	}
@@ -732,7 +732,7 @@ func (g *grant) finishLocked(to grantState, cause error) {
 // is due to go first, once g stops being held and no renewal will go.
 // They step again and find g not held.
 func (g *grant) wakeRefreshWaitersLocked() {
-	if m := g.more.Load(); m != nil && m.refreshed != nil && g.flags&refreshing == 0 {
+	if m := g.extras.Load(); m != nil && m.refreshed != nil && g.flags&refreshing == 0 {
 		close(m.refreshed)
 		m.refreshed = nil
 	}
@@ -746,7 +746,7 @@ var errReleased = errors.New("distlock: released")
 // refresh whose outcome is unknown.
 func (g *grant) validityLocked() time.Duration {
 	v := validityAll(g.subLeases())
-	if m := g.more.Load(); m != nil && m.unknownTTL != 0 {
+	if m := g.extras.Load(); m != nil && m.unknownTTL != 0 {
 		v = min(v, safeValidity(backend.Lease{TTL: m.unknownTTL}))
 	}
 	return v
@@ -771,7 +771,7 @@ func (g *grant) watchLocked() <-chan struct{} {
 		return nil
 	}
 	g.flags |= watchRunning
-	m := g.moreLocked()
+	m := g.extrasLocked()
 	m.stopLost = make(chan struct{})
 	return m.stopLost
 }
@@ -842,7 +842,7 @@ func (g *grant) err() error {
 	if g.flags&finished == 0 {
 		return nil
 	}
-	if m := g.more.Load(); m != nil && m.cause != nil {
+	if m := g.extras.Load(); m != nil && m.cause != nil {
 		return m.cause
 	}
 	return errReleased
@@ -870,7 +870,7 @@ func (g *grant) release(ctx context.Context, handle bool) error {
 			return out.err
 		}
 		var err error
-		if g.d.bare {
+		if g.d.noHandlers {
 			err = g.d.releaseGrant(ctx, g) // no chain: the store step alone
 		} else {
 			err = g.d.chain.release(ctx, g.req)

@@ -9,7 +9,7 @@ import (
 // subLeases returns one lease per key of the grant, the first g.lease
 // itself.
 func (g *grant) subLeases() []*backend.Lease {
-	if m := g.more.Load(); m != nil && m.subs != nil {
+	if m := g.extras.Load(); m != nil && m.subs != nil {
 		return m.subs
 	}
 	return []*backend.Lease{&g.lease}

@@ -34,7 +34,7 @@ type DistributeLock struct {
 	cfg        config
 	policy     spin.Policy
 	chain      *chain
-	bare       bool // no handlers: a grant drops its Request at the commit
+	noHandlers bool // no handlers: a grant drops its Request at the commit
 	observers  []LossObserver
 
 	// flights counts the acquisitions in flight; closedBit is set by Close,
@@ -130,7 +130,7 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 		}
 	}
 	d.chain = newChain(cfg.handlers, d.remoteAcquire, d.remoteRelease)
-	d.bare = len(cfg.handlers) == 0
+	d.noHandlers = len(cfg.handlers) == 0
 	return d, nil
 }
 
@@ -284,7 +284,7 @@ func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []stri
 		r    *Request
 		actx *acqCtx
 	)
-	if d.bare {
+	if d.noHandlers {
 		a := new(acquisition)
 		g, r, actx = new(grant), &a.req, &a.ctx
 	} else {

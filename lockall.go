@@ -95,7 +95,7 @@ func heldAll(ctx context.Context, d *DistributeLock, keys []string) (g *grant, a
 // commit.
 func (g *grant) setSubs(subs []*backend.Lease) {
 	g.mu.Lock()
-	g.moreLocked().subs = subs
+	g.extrasLocked().subs = subs
 	g.mu.Unlock()
 }
 
