@@ -112,18 +112,11 @@ func (b *refreshBatch) exec(ctx context.Context, c goredis.UniversalClient) {
 		rq.cmd = rq.s.EvalSha(ctx, pipe, rq.keys, rq.args...)
 	}
 	_, _ = pipe.Exec(ctx)
-	var again goredis.Pipeliner
-	for _, rq := range b.reqs {
-		if err := rq.cmd.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			if again == nil {
-				again = c.Pipeline()
-			}
-			rq.cmd = rq.s.Eval(ctx, again, rq.keys, rq.args...)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
-	}
+	redisscript.Resend(ctx, c, len(b.reqs), func(i int) *goredis.Cmd { return b.reqs[i].cmd },
+		func(i int, p goredis.Pipeliner) {
+			rq := b.reqs[i]
+			rq.cmd = rq.s.Eval(ctx, p, rq.keys, rq.args...)
+		})
 }
 
 // results writes rq's result for each of its leases into errs.

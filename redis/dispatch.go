@@ -8,6 +8,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/redisscript"
 )
 
 // Natural batching.
@@ -340,18 +341,11 @@ func (r *Resource) exec(b *batch) {
 		b.cmds = append(b.cmds, cmd)
 	}
 	_, _ = pipe.Exec(ctx)
-	var again goredis.Pipeliner
-	for i, c := range b.calls {
-		if err := b.cmds[i].Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			if again == nil {
-				again = r.c.Pipeline()
-			}
-			b.cmds[i] = c.s.Eval(ctx, again, c.keys, c.cmd[3+len(c.keys):]...)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
-	}
+	redisscript.Resend(ctx, r.c, len(b.calls), func(i int) *goredis.Cmd { return b.cmds[i] },
+		func(i int, p goredis.Pipeliner) {
+			c := b.calls[i]
+			b.cmds[i] = c.s.Eval(ctx, p, c.keys, c.cmd[3+len(c.keys):]...)
+		})
 	for i, c := range b.calls {
 		c.reply(b.cmds[i])
 	}
@@ -370,12 +364,7 @@ func (c *call) reply(cmd *goredis.Cmd) {
 // runNow sends one call from the calling goroutine, and sends it again
 // with EVAL when the server does not have the script cached.
 func (r *Resource) runNow(ctx context.Context, s *goredis.Script, keys []string, cmd []any) *goredis.Cmd {
-	c := goredis.NewCmd(ctx, cmd...)
-	_ = r.c.Process(ctx, c)
-	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.Eval(ctx, r.c, keys, cmd[3+len(keys):]...)
-	}
-	return c
+	return redisscript.Run(ctx, r.c, s, keys, cmd)
 }
 
 // batchContext is the context of a pipeline of calls: it never ends and

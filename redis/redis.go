@@ -554,7 +554,7 @@ func (r *Resource) acquireWaitNow(ctx context.Context, s *goredis.Script, keys [
 		c = m
 	}
 	v, acked, err = r.pipeWait(ctx, c, keys, args, s.EvalSha)
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+	if redisscript.NoScript(err) {
 		v, acked, err = r.pipeWait(ctx, c, keys, args, s.Eval)
 	}
 	return v, acked, err

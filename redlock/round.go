@@ -342,13 +342,7 @@ func (nd *node) work(t task) {
 // EVAL of op's script when the node does not have it cached (a restarted
 // node, SCRIPT FLUSH).
 func (nd *node) eval(ctx context.Context, o op, args []any, h *handle) (int64, error) {
-	cmd := goredis.NewCmd(ctx, args...)
-	_ = nd.c.Process(ctx, cmd)
-	v, err := cmd.Int64()
-	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = o.script().Eval(ctx, nd.c, h.keys[:], args[3+len(h.keys):]...).Int64()
-	}
-	return v, err
+	return redisscript.Run(ctx, nd.c, o.script(), h.keys[:], args).Int64()
 }
 
 // anyPending reports whether a node's reply had not come when the round

@@ -84,7 +84,8 @@
 // [RWWithdraw] (semaphores and read/write locks), [Withdraw] (the line
 // of a mutex's or semaphore's waiters, queue.lua) and [Inspect] are
 // [goredis.Script] values;
-// run them with Script.Run, which tries EVALSHA and falls back to EVAL once
-// per server that lacks the script. Each script's file documents its KEYS,
+// the stores run them with [Run] (one call) or [Resend] (the calls of a
+// pipeline), which send EVALSHA and fall back to EVAL when the server
+// lacks the script ([NoScript]). Each script's file documents its KEYS,
 // ARGV and reply; [DecodeAcquire] reads Acquire's reply.
 package redisscript

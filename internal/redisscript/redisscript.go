@@ -1,6 +1,7 @@
 package redisscript
 
 import (
+	"context"
 	_ "embed"
 	"strconv"
 	"strings"
@@ -241,6 +242,47 @@ func StateKeys(prefix, key string) []string {
 	return []string{lock, lock + LabelSuffix, lock + SemSuffix, lock + SemRecordsSuffix,
 		lock + QueueSuffix, lock + QueueXSuffix, lock + SemSuffix + QueueSuffix, lock + SemSuffix + QueueXSuffix,
 		lock + RWSuffix, lock + RWRecordsSuffix, lock + RWWritersSuffix, lock + RWReadersSuffix, lock + RWIntentsSuffix}
+}
+
+// NoScript reports whether err is a server's NOSCRIPT reply: it does not
+// have the script cached (a restart, SCRIPT FLUSH, a failover), and the
+// call must be sent again with EVAL, which caches it.
+func NoScript(err error) bool {
+	return err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// Run sends cmd, an EVALSHA of s with keys (cmd is "evalsha", the SHA, the
+// number of keys, the keys, the arguments), on c, and sends s again with
+// EVAL when the server does not have it cached ([NoScript]). It is the one
+// way the stores run a script by itself; [Resend] is the way for a
+// pipeline of them.
+func Run(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, keys []string, cmd []any) *goredis.Cmd {
+	first := goredis.NewCmd(ctx, cmd...)
+	_ = c.Process(ctx, first)
+	if NoScript(first.Err()) {
+		return s.Eval(ctx, c, keys, cmd[3+len(keys):]...)
+	}
+	return first
+}
+
+// Resend sends again, in one more pipeline on c, the calls of a pipeline
+// whose reply was NOSCRIPT ([NoScript]): reply(i) is call i's reply, for i
+// below n; eval(i, p) queues call i again with EVAL on p and keeps the new
+// reply as call i's.
+func Resend(ctx context.Context, c goredis.UniversalClient, n int, reply func(i int) *goredis.Cmd,
+	eval func(i int, p goredis.Pipeliner)) {
+	var again goredis.Pipeliner
+	for i := range n {
+		if NoScript(reply(i).Err()) {
+			if again == nil {
+				again = c.Pipeline()
+			}
+			eval(i, again)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
 }
 
 // IsLimit reports whether err is [SemAcquire]'s LIMIT error: the live
