@@ -318,8 +318,8 @@ func (r *Resource) createParent(ctx context.Context, path string, container bool
 	return err
 }
 
-// grant is what the request that granted a lock tells.
-type grant struct {
+// grantReply is what the request that granted a lock tells.
+type grantReply struct {
 	token int64     // the fencing token: our znode's czxid
 	owner int64     // the session owning our znode
 	heard time.Time // when a request answered by then was sent: the server had heard from the session
@@ -354,7 +354,7 @@ type grant struct {
 // at the first change of the queue (see onWatch). A semaphore's waiters
 // (limit above 1) wait through the child watch of their listings and
 // their predecessors' grant marks (see judge).
-func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grant, err error) {
+func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grantReply, err error) {
 	path := c.path
 	name := path[len(parent)+1:]
 	if _, _, ok := sequence(name); !ok {

@@ -51,7 +51,7 @@ type held struct {
 
 // track records a granted lock: its loss watch (a lock the session keeps
 // alive) or TTL timer (any other), and the lease's fields.
-func (r *Resource) track(l *backend.Lease, path string, g grant) error {
+func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
 	if r.conn.SessionID() != g.owner {
 		return errVanished
 	}
