@@ -22,7 +22,9 @@ func testArrivalOrder(t *testing.T, h *Harness) {
 		t.Skip(h.NoArrivalOrder)
 	}
 	if h.Requests == nil {
-		t.Skip("the harness cannot count a lock's queued waiters (Harness.Requests)")
+		// A store that keeps no line says so (NoArrivalOrder); a
+		// harness that forgot the count must not pass by skipping.
+		t.Fatal("the harness sets neither Requests (to count a lock's queued waiters) nor NoArrivalOrder (why the store keeps no line)")
 	}
 	for _, kind := range []backend.Kind{backend.KindMutex, backend.KindSemaphore} {
 		t.Run(kind.String(), func(t *testing.T) {
