@@ -534,7 +534,10 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 	}
 	now := monoNow()
 	kept := g.flags&keptAlive != 0
+	refusal, refused := g.refusedLocked(ev, what)
 	switch {
+	case refused:
+		out = refusal
 	case ev.err == nil:
 		m := g.extras.Load()
 		if ev.extend && g.state == releasing {
@@ -563,14 +566,6 @@ func (g *grant) refreshedLocked(ev event) (out outcome) {
 				g.renewAt = ev.at + int64(renewInterval(validity))
 			}
 		}
-	case errors.Is(ev.err, ErrNotHeld):
-		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
-		if g.state == held {
-			out.lostBy = g.loseLocked(out.err)
-		}
-		return
-	case errors.Is(ev.err, errors.ErrUnsupported):
-		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err) // refused before any I/O
 	default:
 		out.err = ev.err
 		if !errors.Is(ev.err, errNotSent) {
@@ -613,7 +608,10 @@ func (g *grant) setTTLLocked(ttl time.Duration) {
 // label on success, the loss on ErrNotHeld; the renewal planned before
 // it goes on, and the validity is untouched either way.
 func (g *grant) relabelledLocked(ev event, what string) (out outcome) {
+	refusal, refused := g.refusedLocked(ev, what)
 	switch {
+	case refused:
+		out = refusal
 	case ev.err == nil && g.state == releasing:
 		// The store reads the lease while it releases it: the new
 		// label applies if the release fails.
@@ -623,14 +621,6 @@ func (g *grant) relabelledLocked(ev event, what string) (out outcome) {
 	case ev.err == nil:
 		g.lease.Label = ev.label
 		out.ok = true
-	case errors.Is(ev.err, ErrNotHeld):
-		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
-		if g.state == held {
-			out.lostBy = g.loseLocked(out.err)
-		}
-		return
-	case errors.Is(ev.err, errors.ErrUnsupported):
-		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err) // refused before any I/O
 	default:
 		out.err = ev.err
 	}
@@ -639,6 +629,25 @@ func (g *grant) relabelledLocked(ev event, what string) (out outcome) {
 		g.scheduleLocked()
 	}
 	return out
+}
+
+// refusedLocked applies what a refresh's or relabel's error says of the
+// lock itself, the same for both: ErrNotHeld (the store no longer has
+// it: a held grant is lost) and ErrUnsupported (refused before any I/O).
+// refused is false for any other result, which the caller applies.
+func (g *grant) refusedLocked(ev event, what string) (out outcome, refused bool) {
+	switch {
+	case errors.Is(ev.err, ErrNotHeld):
+		out.err = fmt.Errorf("%s %s: %w", what, quote(g.lease.Key), ev.err)
+		if g.state == held {
+			out.lostBy = g.loseLocked(out.err)
+		}
+	case errors.Is(ev.err, errors.ErrUnsupported):
+		out.err = fmt.Errorf("%w: %w", ErrUnsupported, ev.err)
+	default:
+		return out, false
+	}
+	return out, true
 }
 
 // pollLocked takes in a loss the backend reported (a lease's Lost
