@@ -13,6 +13,33 @@ import (
 	"github.com/distlock/distlock/backend"
 )
 
+// Rand is a seeded source of random numbers, safe for concurrent use: one
+// seed drives a randomized test's choices, its proxies' delays and its
+// freezes, so that the seed the test logs names the run.
+type Rand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+// NewRand returns a Rand seeded with seed.
+func NewRand(seed uint64) *Rand {
+	return &Rand{r: rand.New(rand.NewPCG(seed, 0))}
+}
+
+// IntN returns a number in [0, n); n must be > 0.
+func (r *Rand) IntN(n int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.r.IntN(n)
+}
+
+// Duration returns a duration in [0, d); d must be > 0.
+func (r *Rand) Duration(d time.Duration) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Duration(r.r.Int64N(int64(d)))
+}
+
 // StallingWaiter is a push store's resource as RunRandomStalls drives it.
 type StallingWaiter interface {
 	backend.Waiter
@@ -72,13 +99,7 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 		runFor = 12 * time.Second
 	}
 	t.Logf("seed %d", rs.Seed)
-	rnd := rand.New(rand.NewPCG(rs.Seed, 0))
-	var rmu sync.Mutex
-	intn := func(n int) int {
-		rmu.Lock()
-		defer rmu.Unlock()
-		return rnd.IntN(n)
-	}
+	intn := NewRand(rs.Seed).IntN
 	between := func(lo, hi time.Duration) time.Duration {
 		return lo + time.Duration(intn(int(hi-lo)+1))
 	}
