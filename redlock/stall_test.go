@@ -94,4 +94,15 @@ func TestRandomStallsAndCancels(t *testing.T) {
 		},
 		Linger: 6 * nodeTimeout, // the proxies' longest delay, and then some
 	})
+	if t.Failed() {
+		// On a saturated machine replies come later than the node
+		// timeout, go-redis drops each connection whose reply did not
+		// come and dials anew, and rounds wait for a pooled connection
+		// past their node timeout: every round is then abandoned.
+		for i, cl := range clients {
+			st := cl.(*goredis.Client).PoolStats()
+			t.Logf("node %d's pool: %d connections, %d made (misses), %d stale, %d waits for a connection (%v in all)",
+				i, st.TotalConns, st.Misses, st.StaleConns, st.WaitCount, time.Duration(st.WaitDurationNs))
+		}
+	}
 }
