@@ -400,13 +400,7 @@ func checkValue(l *backend.Lease) error {
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
 // one longer than [MaxKeyLen] bytes. Any bytes are allowed, braces included.
 func (r *Resource) ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("redis: empty key")
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("redis: key of %d bytes is longer than %d", len(key), MaxKeyLen)
-	}
-	return nil
+	return redisscript.ValidateKey("redis", key)
 }
 
 // TryAcquire implements [backend.Spinner] with one script call (EVALSHA):

@@ -319,13 +319,7 @@ func (r *Resource) handleOf(l *backend.Lease) *handle {
 // ValidateKey implements [backend.KeyValidator]: it rejects an empty key and
 // one longer than [MaxKeyLen] bytes. Any bytes are allowed, braces included.
 func (r *Resource) ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("redlock: empty key")
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("redlock: key of %d bytes is longer than %d", len(key), MaxKeyLen)
-	}
-	return nil
+	return redisscript.ValidateKey("redlock", key)
 }
 
 // TryAcquire implements [backend.Spinner] with one quorum round: the
