@@ -154,7 +154,13 @@ func (s *SQL) CreateTable(ctx context.Context, db *sql.DB) error {
 // Check locks the resource's row until tx ends, so that the transactions
 // writing one resource take turns: call it first in tx, before the writes
 // it guards (that also keeps writers from deadlocking on their other
-// rows). In REPEATABLE READ or SERIALIZABLE transactions a concurrent
+// rows). A holder paused inside its transaction (a GC pause, a stopped
+// process: the case fencing is for) therefore keeps the next holder's
+// write waiting until the database ends that transaction: bound the
+// transactions that wait for their client on the resource's database
+// (PostgreSQL's idle_in_transaction_session_timeout, MySQL's
+// wait_timeout), and the paused holder's transaction is rolled back,
+// having written nothing. In REPEATABLE READ or SERIALIZABLE transactions a concurrent
 // check of the same resource may fail with the database's serialization
 // error; like a deadlock, it is returned wrapped: run the transaction
 // again.

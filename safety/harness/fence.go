@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	goredis "github.com/redis/go-redis/v9"
 
@@ -92,6 +93,10 @@ func OpenFence(ctx context.Context, f Fence) (*FenceWriter, error) {
 				return nil, err
 			}
 		}
+		dsn, err := boundIdleTx(dsn)
+		if err != nil {
+			return nil, err
+		}
 		db, err := sql.Open("pgx", dsn)
 		if err != nil {
 			return nil, fmt.Errorf("harness: fence: %w", err)
@@ -127,10 +132,40 @@ func (w *FenceWriter) Write(ctx context.Context, resource, owner string, token u
 	} else {
 		err = w.writePostgres(ctx, resource, owner, token, &ev)
 	}
-	if errors.Is(err, fence.ErrStale) {
+	if errors.Is(err, fence.ErrStale) || idleTxEnded(err) {
 		ev.At, err = history.Now(), nil
 	}
 	return ev, err
+}
+
+// idleTx bounds how long the fenced PostgreSQL keeps a writer's
+// transaction that waits for its client: fence.SQL.Check locks the
+// resource's row until the transaction ends, so a holder paused inside
+// one (the scenarios' SIGSTOP) would keep every later holder's write
+// waiting until it resumes. A resource guarded by a fence must bound its
+// transactions so; the server then ends the paused writer's, which
+// wrote nothing.
+const idleTx = "3000" // milliseconds
+
+// boundIdleTx returns the DSN with idle_in_transaction_session_timeout
+// set to idleTx, a run-time parameter pgx sends at connect.
+func boundIdleTx(dsn string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("harness: fence: %w", err)
+	}
+	q := u.Query()
+	q.Set("idle_in_transaction_session_timeout", idleTx)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// idleTxEnded reports whether err is the server ending a transaction that
+// waited for its client longer than idleTx (SQLSTATE 25P03): rolled back,
+// it wrote nothing, as a refused write.
+func idleTxEnded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25P03"
 }
 
 func (w *FenceWriter) writeRedis(ctx context.Context, resource, owner string, token uint64, ev *history.Event) error {

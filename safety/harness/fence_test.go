@@ -69,3 +69,46 @@ func TestFenceWriter(t *testing.T) {
 		})
 	}
 }
+
+// TestFencePausedWriter: a writer paused inside its transaction (its
+// fence check made, the row locked, nothing more sent) does not keep a
+// later holder's write waiting past idleTx: the server ends the paused
+// transaction, the later write is accepted, and the paused writer's next
+// statement fails as a transaction that wrote nothing (idleTxEnded).
+func TestFencePausedWriter(t *testing.T) {
+	f := Fence{Kind: "postgres", Addr: testserver.Postgres(t).DSN}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := setUpFence(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := OpenFence(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer paused.Close()
+	later, err := OpenFence(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer later.Close()
+	res := "res-" + t.Name()
+	tx, err := paused.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := paused.pg.Check(ctx, tx, res, 5); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	ev, err := later.Write(wctx, res, "later", 9)
+	if err != nil || !ev.Accepted {
+		t.Fatalf("the later holder's write while another is paused in its transaction: %+v, %v; want accepted", ev, err)
+	}
+	_, err = tx.ExecContext(ctx, "SELECT 1")
+	if !idleTxEnded(err) {
+		t.Fatalf("the paused writer's next statement: %v; want the server's idle-transaction timeout (25P03)", err)
+	}
+}
