@@ -367,3 +367,35 @@ func TestSubscribedSpinSleepsLonger(t *testing.T) {
 		t.Errorf("%d subscriptions; want 1", store.subs.Load())
 	}
 }
+
+// TestExtendNotHeldLosesAtOnce: an Extend the store refuses with
+// ErrNotHeld (the key evicted; the memory store signals no loss) ends the
+// grant then, not when its validity runs out a minute later: Done closes
+// before Extend returns, and the loss observer is told ErrNotHeld.
+func TestExtendNotHeldLosesAtOnce(t *testing.T) {
+	store := memory.New()
+	h := &named{name: "h", o: &order{}, lost: make(chan error, 1)}
+	d := newLock(t, store, distlock.WithHandlers(h), distlock.WithDefaultTTL(time.Minute))
+	lk, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := lk.Done()
+	store.Evict("k")
+	if err := lk.Extend(t.Context(), time.Minute); !errors.Is(err, distlock.ErrNotHeld) {
+		t.Fatalf("Extend of an evicted lock = %v; want ErrNotHeld", err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatal("Done open after Extend found the lock gone")
+	}
+	select {
+	case cause := <-h.lost:
+		if !errors.Is(cause, distlock.ErrNotHeld) {
+			t.Errorf("loss cause = %v; want ErrNotHeld", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("LockLost not called")
+	}
+}
