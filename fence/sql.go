@@ -160,10 +160,11 @@ func (s *SQL) CreateTable(ctx context.Context, db *sql.DB) error {
 // transactions that wait for their client on the resource's database
 // (PostgreSQL's idle_in_transaction_session_timeout, MySQL's
 // wait_timeout), and the paused holder's transaction is rolled back,
-// having written nothing. In REPEATABLE READ or SERIALIZABLE transactions a concurrent
-// check of the same resource may fail with the database's serialization
-// error; like a deadlock, it is returned wrapped: run the transaction
-// again.
+// having written nothing.
+//
+// In REPEATABLE READ or SERIALIZABLE transactions a concurrent check of
+// the same resource may fail with the database's serialization error;
+// like a deadlock, it is returned wrapped: run the transaction again.
 //
 // Bad input, returned before any I/O as an error wrapping
 // distlock.ErrInvalid: a nil ctx or tx, an empty resource, one longer
