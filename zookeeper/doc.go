@@ -190,6 +190,13 @@
 // caller's. Locking on a connection that has no session yet is fine:
 // go-zookeeper queues the requests until the session is established.
 //
+// go-zookeeper v1.0.4 has a data race of its own: when it reconnects with
+// watches set, it reads the last zxid it saw while its receive loop may
+// write it (go-zookeeper/zk#35). A program run with -race whose
+// connection drops while it holds or waits for locks can see the race
+// detector report it; on 64-bit platforms the read is not torn. This
+// repository's tests run a copy with the fix (third_party/go-zookeeper/zk).
+//
 // # Fencing token
 //
 // The token is the czxid of the holder's znode: the zxid of its create,
