@@ -68,6 +68,9 @@ import (
 //     store (unless exempt), and was not freed by expiry before;
 //   - a lock whose lease the store reported lost has Done closed once no
 //     release is in flight;
+//   - a lock an Extend or Proclaim found not held (ErrNotHeld) has ended,
+//     unless an Unlock of it began: whatever freed the key, an eviction
+//     the store does not signal included;
 //   - Done closes without a loss only once every handle was unlocked (or
 //     Close called); Unlock of the last handle closes it;
 //   - Close, TryLock and Unlock return within their bounds; nothing
@@ -1633,8 +1636,11 @@ func (m *model) checkNow() {
 	if len(writers) > 1 || len(writers) == 1 && len(readers) > 0 {
 		m.failLocked("the read/write lock has open writers %v and readers %v", writers, readers)
 	}
+	// An Extend or Proclaim that said ErrNotHeld ended the grant, whatever
+	// freed the key: an operator's eviction (which the store may not
+	// signal), an expiry, a request whose reply was lost.
 	for _, n := range m.notHeld {
-		if n.g.unlocks == n.unlocks && !m.releaseBegunLocked(n.g) && m.s.exemption(n.g.value) == "" && m.liveLocked(n.g) {
+		if n.g.unlocks == n.unlocks && !m.releaseBegunLocked(n.g) && m.liveLocked(n.g) {
 			m.failLocked("%s of %v = %v, nobody released it, and the lock is still live", n.op, n.g, n.err)
 		}
 	}
