@@ -490,6 +490,9 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if err != nil {
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err)
 	}
+	if bc, ok := ctx.(backend.BoundedContext); ok && bc.Cancelled() == nil {
+		return p.acquireUntilBound(bc, c, l)
+	}
 	if ctx.Done() == nil { // nothing can end the call: no bound
 		var call pgCall
 		r := p.acquireOn(ctx, &call, c, l, 0)
@@ -533,6 +536,44 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// The statement's outcome is unknown.
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
+		Cleanup: func(ctx context.Context) error {
+			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
+				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
+			}
+			return p.cleanup(ctx, l)
+		},
+	}
+}
+
+// acquireUntilBound runs TryAcquire's statement on c for an acquisition
+// whose caller cannot cancel it (backend.BoundedContext with no
+// Cancelled): only its bound ends it, and the connection's deadline
+// carries the bound, so nothing watches ctx (its Done would cost a timer
+// and callbacks per call). A Close of the DistributeLock is seen between
+// attempts (ctx.Err). A statement the deadline cuts off, or whose
+// connection fails, has an unknown outcome, as in TryAcquire's other
+// paths: pgconn closed the connection, and the AbandonedError's Cleanup
+// waits until the statement can no longer write before deleting the row.
+func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn, l *backend.Lease) (bool, time.Duration, error) {
+	bound := statementBound(ctx)
+	pc := c.Conn().PgConn()
+	sent := time.Now()
+	_ = pc.Conn().SetDeadline(sent.Add(bound))
+	call := pgCall{parent: ctx}
+	r := p.acquireOn(&call, &call, c, l, bound)
+	if r.err == nil || errors.Is(r.err, pgx.ErrNoRows) || !pgAmbiguous(r.err) {
+		// A reply, or nothing sent: the outcome is known.
+		_ = pc.Conn().SetDeadline(time.Time{})
+		c.Release()
+		return p.outcome(ctx, l, r, bound)
+	}
+	c.Release()
+	err := r.err
+	if ctx.Err() != nil {
+		err = fmt.Errorf("gave up with the statement in flight: %w", ctx.Err())
+	}
+	return false, 0, &backend.AbandonedError{
+		Err: fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err),
 		Cleanup: func(ctx context.Context) error {
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
