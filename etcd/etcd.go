@@ -203,6 +203,7 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 
 // handle is the backend state of one held lock (backend.Lease.Handle).
 type handle struct {
+	r      *Resource
 	key    string // our queue key, <queue directory><tag><resource id>-<slot>
 	rev    int64  // its create revision: the token; 0 until known
 	owner  string // the owner value, and the label: with the kind, limit and
@@ -316,7 +317,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			err = r.undo(ctx, err, r.revoker(id, func() { r.free(h) }))
 		}
 	}()
-	if err := r.watchKey(ctx, h); err != nil {
+	if err := r.watchKey(h); err != nil {
 		return acquireErr(l.Key, err)
 	}
 	isHolder, err := r.enqueue(ctx, h)

@@ -368,7 +368,9 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
+		l.Lost.Done() // the watch runs
 	}
+	<-r.watchReady()
 	f.freeze()
 	if _, err := admin.Delete(ctx, gone.Handle.(*handle).key); err != nil {
 		t.Fatal(err)

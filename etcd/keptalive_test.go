@@ -25,8 +25,8 @@ import (
 // to one client alone.
 type countedClient struct {
 	*clientv3.Client
-	unary, keepAlives, keepAliveMsgs atomic.Int64
-	stallKeepAlives                  atomic.Bool
+	unary, keepAlives, keepAliveMsgs, watches atomic.Int64
+	stallKeepAlives                           atomic.Bool
 }
 
 // stalledStream is a keep-alive stream of a countedClient.
@@ -52,6 +52,9 @@ func newCountedClient(t testing.TB, endpoints []string) *countedClient {
 		return invoker(ctx, method, req, reply, conn, opts...)
 	}
 	stream := func(ctx context.Context, desc *grpc.StreamDesc, conn *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method == "/etcdserverpb.Watch/Watch" {
+			cc.watches.Add(1)
+		}
 		if method == "/etcdserverpb.Lease/LeaseKeepAlive" {
 			cc.keepAlives.Add(1)
 			if cc.stallKeepAlives.Load() {
@@ -132,7 +135,8 @@ func TestKeptAliveNoRequests(t *testing.T) {
 // outside learns it through the Resource's key watch: its Lost closes at
 // once, without a request of the Resource (no polling), Release reports
 // ErrNotHeld, and the name is used again. The lease's other locks are
-// not touched.
+// not touched. Nothing runs for it before somebody waits: no Lost
+// channel and no watch until the first Done.
 func TestKeptAliveKeyDeleted(t *testing.T) {
 	endpoints := testserver.Etcd(t).Endpoints
 	admin := newClient(t, endpoints)
@@ -150,8 +154,8 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 			t.Fatalf("KeptAlive = %v, Lost = %v; want true and a channel", x.KeptAlive, x.Lost)
 		}
 	}
-	// Nobody waits on Lost yet: no channel is made (a held lock costs
-	// none); Done below makes l's after the loss, closed at once.
+	// Nobody waits on Lost yet: no channel is made and no watch runs (a
+	// held lock costs neither).
 	for _, x := range []*backend.Lease{l, other} {
 		lostMu.Lock()
 		made := x.Handle.(*handle).lost != nil
@@ -160,21 +164,32 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 			t.Errorf("%s: a Lost channel was made before anybody asked for it", x.Key)
 		}
 	}
+	if n := cc.watches.Load(); n != 0 || r.watchReady() != nil {
+		t.Errorf("%d watches opened before anybody waited for a loss; want none", n)
+	}
+	lost := l.Lost.Done() // starts the watch, which reads the held keys once
+	select {
+	case <-r.watchReady():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the key watch is not ready 5s after the first Done")
+	}
+	if l.Lost.Closed() || other.Lost.Closed() {
+		t.Fatal("Lost closed on a lock whose key is there")
+	}
 	unary := cc.unary.Load()
 	if _, err := admin.Delete(ctx, l.Handle.(*handle).key); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !l.Lost.Closed() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
 	select {
-	case <-l.Lost.Done():
+	case <-lost:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost still open 5s after the key was deleted")
 	}
 	if n := cc.unary.Load() - unary; n != 0 {
 		t.Errorf("the Resource sent %d requests before Lost closed; want none (a watch, not polling)", n)
+	}
+	if n := cc.watches.Load(); n != 1 {
+		t.Errorf("%d watches opened; want the Resource's one", n)
 	}
 	select {
 	case <-other.Lost.Done():
@@ -198,6 +213,69 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		}
 	}
 	waitKeys(t, r, key, 0)
+}
+
+// TestKeyWatchStartsOnDone: the key watch starts with the first wait for a
+// loss, and finds the deletions before it: a lock whose key was deleted
+// while nobody waited is reported lost by its first Done, in one read of
+// the held keys, not one per key.
+func TestKeyWatchStartsOnDone(t *testing.T) {
+	endpoints := testserver.Etcd(t).Endpoints
+	admin := newClient(t, endpoints)
+	cc := newCountedClient(t, endpoints)
+	r := newResourceOn(t, cc.Client)
+	ctx := t.Context()
+	base := uniqueKey(t)
+	var ls []*backend.Lease
+	for i := range 3 {
+		l := lease(fmt.Sprintf("%s-%d", base, i), 10*time.Second)
+		l.AutoRenew = i > 0 // both kinds of lease: its own and the shared one
+		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	for i := range 50 { // uncontended cycles: no watch
+		l := lease(base+"-cycle", 10*time.Second)
+		l.AutoRenew = i%2 == 0
+		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cc.watches.Load(); n != 0 {
+		t.Fatalf("%d watches opened by acquires and releases; want none", n)
+	}
+	for _, i := range []int{0, 2} {
+		if _, err := admin.Delete(ctx, ls[i].Handle.(*handle).key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unary := cc.unary.Load()
+	select {
+	case <-ls[2].Lost.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost of a lock deleted before the first Done still open 5s after it")
+	}
+	<-r.watchReady()
+	if n := cc.unary.Load() - unary; n != 1 {
+		t.Errorf("%d requests to start the watch; want 1 (the held keys read in one transaction)", n)
+	}
+	if !ls[0].Lost.Closed() {
+		t.Error("Lost of the other deleted lock (nobody waits on it) not fired once the watch started")
+	}
+	if ls[1].Lost.Closed() {
+		t.Error("Lost of the lock still held fired")
+	}
+	for i, l := range ls {
+		err := r.Release(ctx, l)
+		if want := i != 1; want != errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release %d = %v", i, err)
+		}
+	}
+	waitKeys(t, r, base+"-0", 0)
 }
 
 // TestKeptAliveLostBeforeExpiry: when the shared lease's keep-alives stop

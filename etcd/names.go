@@ -96,7 +96,7 @@ func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
 	if slot != 0 {
 		key = key[:nsLen] + r.id + "-" + strconv.Itoa(slot)
 	}
-	return &handle{key: key, dirLen: int32(len(dir)), nsLen: int32(nsLen), slot: int32(slot), ttl: ttl,
+	return &handle{r: r, key: key, dirLen: int32(len(dir)), nsLen: int32(nsLen), slot: int32(slot), ttl: ttl,
 		kind: l.Kind, limit: int32(limit), owner: l.Value, label: l.Label}
 }
 

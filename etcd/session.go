@@ -402,7 +402,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 			r.free(h)
 		}
 	}()
-	if err := r.watchKey(ctx, h); err != nil {
+	if err := r.watchKey(h); err != nil {
 		return acquireErr(l.Key, err)
 	}
 	if s.isDone() { // its locks were told before h was registered

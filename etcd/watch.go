@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,54 +20,79 @@ import (
 // Resource: a lock costs a map entry, not a watch of its own (whose
 // creation would cost a round trip, one at a time on the client's watch
 // stream). The price is that the Resource hears of every deletion under
-// its prefix, other processes' releases included.
+// its prefix, other processes' releases and its own included: so the
+// watch starts only when something waits for a loss (the first Done of
+// any lock's Lost, or a shared lease lost), and runs from then until
+// Close. A Resource whose locks nobody waits on pays nothing for it: its
+// cycle is a transaction and a delete.
 //
-// A key is registered before the transaction that makes it, and the watch
-// is created before the first registration returns, so every deletion of
-// the key comes through the watch: none can fall between the key's
-// creation and the watch's. The watch resumes after the last event seen
-// when it breaks; only when etcd compacted past that point does it start
-// afresh, and then reads every registered key once.
+// Every lock is registered before the transaction that makes its key.
+// When the watch is created (first, or afresh after etcd compacted past
+// the last event it saw), every registered key is read once, and a key
+// still being made is read once its revision is known: a deletion before
+// the watch's creation is found by the read, one after it comes through
+// the watch. The watch resumes after the last event seen when it breaks.
 type keyWatch struct {
 	mu      sync.Mutex
 	started bool
-	ready   chan struct{} // closed once the watch is first created, or stopped
+	ready   chan struct{} // closed once the watch is first created and the keys read, or stopped
 	err     error         // why the watch stopped (Close, client closed)
 	keys    map[string]*handle
+	on      atomic.Bool // started, read without the mutex
 }
 
 var errWatchStopped = errors.New("key watch stopped")
 
 // watchKey registers h, whose key does not exist yet, for the loss
-// signal, starting the Resource's watch if it is not running. It returns
-// when the watch is created, or ctx's error.
-func (r *Resource) watchKey(ctx context.Context, h *handle) error {
+// signal. It fails only once the watch has stopped (Close, the client
+// closed). It does no I/O: the watch starts when something waits for a
+// loss (needWatch).
+func (r *Resource) watchKey(h *handle) error {
 	w := &r.watch
-	w.mu.Lock()
-	if !w.started {
-		w.started = true
-		w.ready = make(chan struct{})
-		w.keys = make(map[string]*handle)
-		if !r.background(r.runWatch) {
-			w.err = errors.New("resource closed")
-			close(w.ready)
-		}
-	}
-	ready := w.ready
-	w.mu.Unlock()
-	select {
-	case <-ready:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
 		return w.err
 	}
+	if w.keys == nil {
+		w.keys = make(map[string]*handle)
+	}
 	h.wrev, h.wdel, h.wcheck, h.wrel = 0, 0, false, false
 	w.keys[h.key] = h
 	return nil
+}
+
+// needWatch starts the Resource's key watch unless it runs already.
+func (r *Resource) needWatch() {
+	w := &r.watch
+	if w.on.Load() {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return
+	}
+	w.started = true
+	w.on.Store(true)
+	w.ready = make(chan struct{})
+	if w.keys == nil {
+		w.keys = make(map[string]*handle)
+	}
+	if !r.background(r.runWatch) {
+		w.err = errors.New("resource closed")
+		close(w.ready)
+	}
+}
+
+// watchReady returns the channel closed once the key watch was first
+// created and the keys registered then were read (or it stopped), nil
+// while it has not started. For tests.
+func (r *Resource) watchReady() <-chan struct{} {
+	w := &r.watch
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ready
 }
 
 // keyMade tells the watch h's create revision. It reports whether the key
@@ -164,17 +190,20 @@ var lostMu sync.Mutex
 
 var _ backend.LossSignal = (*handle)(nil)
 
-// Done returns the channel closed when h's Lost fires, making it.
+// Done returns the channel closed when h's Lost fires, making it, and
+// starts the Resource's key watch if it does not run yet.
 func (h *handle) Done() <-chan struct{} {
 	lostMu.Lock()
-	defer lostMu.Unlock()
 	if h.lost == nil {
 		h.lost = make(chan struct{})
 		if h.fired.Load() {
 			close(h.lost)
 		}
 	}
-	return h.lost
+	ch := h.lost
+	lostMu.Unlock()
+	h.r.needWatch()
+	return ch
 }
 
 // Closed reports whether h's Lost fired.
@@ -182,40 +211,28 @@ func (h *handle) Closed() bool { return h.fired.Load() }
 
 // sessionLost closes the Lost of every lock registered on s, whose lease
 // is lost. The locks stay registered until their key is seen deleted (the
-// lease expires), released or forgotten, so that their names are not used
-// again before.
+// lease expires: the key watch, which this starts, sees it), released or
+// forgotten, so that their names are not used again before.
 func (r *Resource) sessionLost(s *session) {
 	w := &r.watch
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	any := false
 	for _, h := range w.keys {
 		if h.sess == s {
 			closeLost(h)
+			any = true
 		}
+	}
+	w.mu.Unlock()
+	if any {
+		// The watch sees their keys go, and frees their names.
+		r.needWatch()
 	}
 }
 
 // checkKey reads h's key once and reports the loss if it is gone.
 func (r *Resource) checkKey(ctx context.Context, h *handle, rev int64) {
-	for {
-		resp, err := r.c.Get(ctx, h.key, clientv3.WithKeysOnly())
-		if err == nil {
-			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
-				r.watch.mu.Lock()
-				if r.watch.keys[h.key] == h {
-					r.lostLocked(h)
-				}
-				r.watch.mu.Unlock()
-			}
-			return
-		}
-		if ctx.Err() != nil || r.clientClosed() {
-			return
-		}
-		if pause(ctx, nil) != nil {
-			return
-		}
-	}
+	r.checkKeys(ctx, []*handle{h}, []int64{rev})
 }
 
 // runWatch runs the Resource's watch until ctx ends (Close) or the client
@@ -233,7 +250,7 @@ func (r *Resource) runWatch(ctx context.Context) {
 		w.mu.Unlock()
 	}()
 	var from int64 // the next revision to see; 0: from now on
-	fresh := false // started afresh: the registered keys need a read
+	fresh := true  // started afresh: the registered keys need a read
 	for {
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
 		if from > 0 {
@@ -275,20 +292,15 @@ func (r *Resource) runWatch(ctx context.Context) {
 	}
 }
 
-// watchCreated marks the watch ready; after a fresh start (events lost),
-// it reads every registered key once, and has keys still being made read
-// once their revision is known.
+// watchCreated marks the watch ready; after a fresh start (the first,
+// or events lost), it reads every registered key once first, and has keys
+// still being made read once their revision is known.
 func (r *Resource) watchCreated(ctx context.Context, fresh bool) {
 	w := &r.watch
-	w.mu.Lock()
-	select {
-	case <-w.ready:
-	default:
-		close(w.ready)
-	}
 	var check []*handle
 	var revs []int64
 	if fresh {
+		w.mu.Lock()
 		for _, h := range w.keys {
 			if h.wrev == 0 {
 				h.wcheck = true
@@ -296,9 +308,56 @@ func (r *Resource) watchCreated(ctx context.Context, fresh bool) {
 				check, revs = append(check, h), append(revs, h.wrev)
 			}
 		}
+		w.mu.Unlock()
+	}
+	for len(check) > 0 {
+		n := min(len(check), checkBatch)
+		r.checkKeys(ctx, check[:n], revs[:n])
+		check, revs = check[n:], revs[n:]
+	}
+	w.mu.Lock()
+	select {
+	case <-w.ready:
+	default:
+		close(w.ready)
 	}
 	w.mu.Unlock()
-	for i, h := range check {
-		r.checkKey(ctx, h, revs[i])
+}
+
+// checkBatch is how many keys checkKeys reads in one transaction (etcd
+// refuses more than 128 operations in one by default).
+const checkBatch = 64
+
+// checkKeys reads the keys of hs in one transaction and reports the loss
+// of those gone (or made again: another create revision than revs').
+func (r *Resource) checkKeys(ctx context.Context, hs []*handle, revs []int64) {
+	ops := make([]clientv3.Op, len(hs))
+	for i, h := range hs {
+		ops[i] = clientv3.OpGet(h.key, clientv3.WithKeysOnly())
+	}
+	for {
+		resp, err := r.c.Txn(ctx).Then(ops...).Commit()
+		if err == nil {
+			w := &r.watch
+			w.mu.Lock()
+			for i, h := range hs {
+				kvs := resp.Responses[i].GetResponseRange().Kvs
+				switch {
+				case len(kvs) == 1 && kvs[0].CreateRevision == revs[i], w.keys[h.key] != h:
+				case h.wrel: // our release deleted it, unless it fails (see releasing)
+					h.wdel = max(h.wdel, resp.Header.Revision)
+				default:
+					r.lostLocked(h)
+				}
+			}
+			w.mu.Unlock()
+			return
+		}
+		if ctx.Err() != nil || r.clientClosed() {
+			return
+		}
+		if pause(ctx, nil) != nil {
+			return
+		}
 	}
 }
