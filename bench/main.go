@@ -40,6 +40,7 @@ func main() {
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Millisecond, "handoff: least pause between the waiter's first attempt (for etcd and ZooKeeper: its key queued) and the release")
 	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "handoff: random extra pause in [0, jitter) before the release, so that it falls at any phase of a waiter's retry timer")
 	flag.IntVar(&cfg.scaleLocks, "scale-locks", 10000, "scale: locks held at once by one process (the scale target: 100000)")
+	flag.IntVar(&cfg.scaleRounds, "scale-rounds", 1, "scale: rounds of the many-locks-held run; peers alternate order round by round, and the acquire ratio is the median over rounds")
 	flag.DurationVar(&cfg.scaleTTL, "scale-ttl", 6*time.Second, "scale: TTL of the held locks (auto-renew extends them every TTL/3)")
 	flag.DurationVar(&cfg.scaleWindow, "scale-window", 4*time.Second, "scale: how long the locks are held while the renewal load is counted")
 	flag.IntVar(&cfg.scaleGoroutines, "scale-goroutines", 1000, "scale: goroutines contending for one key with the hotspot handler")
@@ -103,8 +104,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-attempts-long %d, -attempts-short %d must be >= 0, -handoffs %d >= 1", c.longAttempts, c.shortAttempts, c.handoffs)
 	case c.ttl <= 0 || c.retry <= 0 || c.settle < 0 || c.jitter < 0:
 		return fmt.Errorf("-ttl %v and -retry %v must be > 0, -settle %v and -jitter %v >= 0", c.ttl, c.retry, c.settle, c.jitter)
-	case c.scaleLocks < 1 || c.scaleGoroutines < 1 || c.scaleTTL <= 0 || c.scaleWindow <= 0:
-		return fmt.Errorf("-scale-locks, -scale-goroutines, -scale-ttl and -scale-window must be > 0")
+	case c.scaleLocks < 1 || c.scaleRounds < 1 || c.scaleGoroutines < 1 || c.scaleTTL <= 0 || c.scaleWindow <= 0:
+		return fmt.Errorf("-scale-locks, -scale-rounds, -scale-goroutines, -scale-ttl and -scale-window must be > 0")
 	case c.cpu < 0 || c.cpu >= 1024:
 		return fmt.Errorf("-cpu %d out of range", c.cpu)
 	}
@@ -199,14 +200,7 @@ func run(cfg config) error {
 						log.printf("  postgres: no pg_stat_statements (%v): requests counted by the clients", err)
 					}
 				}
-				var held []heldResult
-				for _, p := range withoutHotspot(g) {
-					h := runHeld(work, cfg, s, p)
-					log.printf("  %s: %d locks held in %v, %.0f B/lock, %.1f requests/s while held, %d lost (err %v)",
-						p.name, h.n, h.acquire.Round(time.Millisecond), h.bytesPerLock, h.perSec(h.requests), h.lost, h.err)
-					held = append(held, h)
-				}
-				rep.held(g[0].store, held)
+				rep.held(g[0].store, runHeldRounds(work, cfg, s, withoutHotspot(g), log))
 				var hot []contendedResult
 				for _, p := range g {
 					if p.hotspot {

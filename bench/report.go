@@ -578,8 +578,12 @@ func (r *report) held(store string, rs []heldResult) {
 	}
 	s := r.section("scale", fmt.Sprintf("Scale: %s, %d locks held at once by one process", store, r.cfg.scaleLocks))
 	interval := r.cfg.scaleTTL / 3
-	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the requests to the store are counted, then releases them. Peers that keep locks alive do so with TTL %v (distlock's WithAutoRenew: a renewal every TTL/3 = %v); the others get a TTL that outlasts the hold. Heap: live heap after GC, less the heap before, per lock, with the library's handle of each lock (kept by the benchmark as a caller would). Requests while held: %s Per 500 per renewal: requests while held, per %v, per 500 locks (target: at most 1 on Redis and SQL). Lost: locks found gone at release.\n\n",
+	fmt.Fprintf(&s.b, "One instance acquires %d distinct keys (%d goroutines), holds them all for %v while the requests to the store are counted, then releases them. Peers that keep locks alive do so with TTL %v (distlock's WithAutoRenew: a renewal every TTL/3 = %v); the others get a TTL that outlasts the hold. Heap: live heap after GC, less the heap before, per lock, with the library's handle of each lock (kept by the benchmark as a caller would). Requests while held: %s Per 500 per renewal: requests while held, per %v, per 500 locks (target: at most 1 on Redis and SQL). Lost: locks found gone at release.",
 		r.cfg.scaleLocks, scaleHoldWorkers, r.cfg.scaleWindow, r.cfg.scaleTTL, interval, countNote[store], interval)
+	if r.cfg.scaleRounds > 1 {
+		fmt.Fprintf(&s.b, " %d rounds, the peers' order alternating round by round; each row is the peer's round of median acquire time, and \"vs\" the median over rounds of its acquire time over the reference's in the same round, with the rounds' range.", r.cfg.scaleRounds)
+	}
+	fmt.Fprintf(&s.b, "\n\n")
 	ref := rs[0]
 	for _, h := range rs {
 		if h.p.name == nativePeer[store] {
@@ -596,8 +600,12 @@ func (r *report) held(store string, rs []heldResult) {
 		if h.p.renewal != "" {
 			x500 = f2(requestsPer500(h, interval))
 		}
+		vs := f2(acquireRatio(h, ref))
+		if len(h.ratios) > 0 {
+			vs += " (" + spread(h.ratios) + ")"
+		}
 		row := fmt.Sprintf("| %s | %v | %s | %s | %s | %s | %s | %s | %s | %d | %v |", h.p.name, h.acquire.Round(10*time.Millisecond),
-			f2(h.acquire.Seconds()/ref.acquire.Seconds()), f0(float64(h.n)/h.acquire.Seconds()),
+			vs, f0(float64(h.n)/h.acquire.Seconds()),
 			f0(h.bytesPerLock), f1(h.perSec(h.requests)), x500, f1(h.perSec(h.other)), renewal, h.lost, h.release.Round(10*time.Millisecond))
 		if h.err != nil {
 			row += " error: " + oneLine(h.err.Error()) + " |"

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +23,9 @@ type heldResult struct {
 	other        int64         // the other count meanwhile: the server's (Redis) or the clients' (PostgreSQL)
 	lost         int           // locks found gone at release
 	release      time.Duration
+	// ratios are the peer's acquire time over the native peer's, one per
+	// round (runHeldRounds), when there were several.
+	ratios []float64
 }
 
 func (h heldResult) perSec(n int64) float64 {
@@ -108,6 +113,74 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 		res.err = err
 	}
 	return res
+}
+
+// runHeldRounds runs the many-locks-held workload cfg.scaleRounds times
+// over ps, in their order in even rounds and the reverse in odd ones, so
+// that neither the load nor what a peer leaves the server (deleted keys
+// not yet compacted, a warm page cache) favours one peer. Each peer's row
+// is its round of median acquire time; with several rounds, ratios holds
+// its acquire time over the native peer's round by round.
+func runHeldRounds(ctx context.Context, cfg config, s *servers, ps []*peer, log logger) []heldResult {
+	rounds := make([][]heldResult, len(ps))
+	for round := range cfg.scaleRounds {
+		order := make([]int, len(ps))
+		for i := range order {
+			order[i] = i
+			if round%2 == 1 {
+				order[i] = len(ps) - 1 - i
+			}
+		}
+		for _, i := range order {
+			if ctx.Err() != nil {
+				break
+			}
+			p := ps[i]
+			h := runHeld(ctx, cfg, s, p)
+			log.printf("  round %d, %s: %d locks held in %v, %.0f B/lock, %.1f requests/s while held, %d lost (err %v)",
+				round+1, p.name, h.n, h.acquire.Round(time.Millisecond), h.bytesPerLock, h.perSec(h.requests), h.lost, h.err)
+			rounds[i] = append(rounds[i], h)
+		}
+	}
+	native := -1
+	for i, p := range ps {
+		if p.name == nativePeer[p.store] {
+			native = i
+		}
+	}
+	out := make([]heldResult, 0, len(ps))
+	for _, rs := range rounds {
+		if len(rs) == 0 {
+			continue
+		}
+		byTime := slices.Clone(rs)
+		slices.SortStableFunc(byTime, func(a, b heldResult) int { return cmp.Compare(a.acquire, b.acquire) })
+		h := byTime[(len(byTime)-1)/2]
+		if cfg.scaleRounds > 1 && native >= 0 {
+			for j, r := range rs {
+				if j < len(rounds[native]) && r.err == nil && rounds[native][j].err == nil {
+					h.ratios = append(h.ratios, r.acquire.Seconds()/rounds[native][j].acquire.Seconds())
+				}
+			}
+		}
+		for _, r := range rs { // an error or a lost lock in any round shows
+			if h.err == nil && r.err != nil {
+				h.err = r.err
+			}
+			h.lost = max(h.lost, r.lost)
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// acquireRatio is h's acquire time over native's: the median over rounds
+// when there were several, else this run's.
+func acquireRatio(h, native heldResult) float64 {
+	if len(h.ratios) > 0 {
+		return median(h.ratios)
+	}
+	return h.acquire.Seconds() / native.acquire.Seconds()
 }
 
 // liveHeap returns the bytes of live heap objects, after two collections
@@ -222,10 +295,14 @@ func heldTargets(cfg config, store string, rs []heldResult) []scaleTarget {
 	ts = append(ts, scaleTarget{what: "heap per held lock <= 300 B",
 		got: f0(dl.bytesPerLock) + " B", ok: dl.bytesPerLock <= 300, known: dl.err == nil})
 	if native != nil {
-		x := dl.acquire.Seconds() / native.acquire.Seconds()
-		ts = append(ts, scaleTarget{what: fmt.Sprintf("acquiring 10,000 locks at least as fast as %s", native.p.name),
-			got: fmt.Sprintf("%v vs %v (%sx its time) for %d", dl.acquire.Round(10*time.Millisecond), native.acquire.Round(10*time.Millisecond), f2(x), dl.n),
-			ok:  x <= 1, known: dl.err == nil && native.err == nil})
+		x := acquireRatio(*dl, *native)
+		got := fmt.Sprintf("%v vs %v (%sx its time) for %d", dl.acquire.Round(10*time.Millisecond), native.acquire.Round(10*time.Millisecond), f2(x), dl.n)
+		if len(dl.ratios) > 0 {
+			got = fmt.Sprintf("%sx its time for %d, the median of %d alternating rounds (range %s; median times %v vs %v)",
+				f2(x), dl.n, len(dl.ratios), spread(dl.ratios), dl.acquire.Round(10*time.Millisecond), native.acquire.Round(10*time.Millisecond))
+		}
+		ts = append(ts, scaleTarget{what: fmt.Sprintf("acquiring %d locks at least as fast as %s", dl.n, native.p.name),
+			got: got, ok: x <= 1, known: dl.err == nil && native.err == nil})
 	}
 	return ts
 }

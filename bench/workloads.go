@@ -38,6 +38,7 @@ type config struct {
 	jitter        time.Duration // random extra before the release
 
 	scaleLocks      int
+	scaleRounds     int
 	scaleTTL        time.Duration
 	scaleWindow     time.Duration
 	scaleGoroutines int
