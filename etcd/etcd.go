@@ -471,8 +471,10 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 // and enqueueReads; else: our key, the fence key, and a key of another
 // limit before and after ours (otherLimitReads).
 func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)}
-	other := []clientv3.Op{clientv3.OpGet(h.key, clientv3.WithKeysOnly())}
+	cmps := make([]clientv3.Cmp, 1, 4)
+	cmps[0] = clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)
+	other := make([]clientv3.Op, 1, 4)
+	other[0] = clientv3.OpGet(h.key, clientv3.WithKeysOnly())
 	if s := h.sess; s != nil {
 		f := s.fenceKey(h.key)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))

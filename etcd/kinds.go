@@ -157,8 +157,12 @@ func enqueueReads(h *handle) []clientv3.Op {
 	case backend.KindRead:
 		return []clientv3.Op{clientv3.OpGet(h.dir()+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	}
-	return []clientv3.Op{clientv3.OpGet(h.dir(), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)}
+	return []clientv3.Op{clientv3.OpGet(h.dir(), firstKeyOnly...)}
 }
+
+// firstKeyOnly reads the key of a directory's oldest key, made once: the
+// options are funcs that only set fields.
+var firstKeyOnly = append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())
 
 // standingAfterPut tells from enqueueReads' responses (rs) whether h
 // holds: our key is the newest of its queue at that revision. (A
