@@ -214,20 +214,20 @@ type handle struct {
 	nsLen  int32        // key[:nsLen] the name space of its name: dir and tag (ns)
 	slot   int32        // its name's slot in the name space
 	kind   backend.Kind // the lock's kind
+	state  uint8        // held, released, expired (guarded by mu)
+	wcheck bool         // the key needs a read once its revision is known (guarded by the key watch's mutex)
+	wrel   bool         // our release is deleting the key (guarded by the key watch's mutex)
 	freed  atomic.Bool  // the name was given back
+	fired  atomic.Bool  // the key was seen deleted, or its shared lease lost (set under the key watch's mutex)
 
 	ttl time.Duration // the lease's granted TTL
 
 	// The loss signal (Lease.Lost: the handle is its backend.LossSignal),
 	// and what the Resource's key watch knows of the key (guarded by its
 	// mutex).
-	fired  atomic.Bool   // the key was seen deleted, or its shared lease lost (set under the watch's mutex)
-	lost   chan struct{} // made by the first Done (under lostMu), closed when fired
-	wrev   int64         // the key's create revision, once known
-	wdel   int64         // the latest deletion of the name seen before
-	wcheck bool          // the key needs a read once its revision is known
-	wrel   bool          // our release is deleting the key
-	state  uint8         // held, released, expired (guarded by mu)
+	lost chan struct{} // made by the first Done (under lostMu), closed when fired
+	wrev int64         // the key's create revision, once known
+	wdel int64         // the latest deletion of the name seen before
 
 	// Only for a lock on a shared lease: the lease, and, unless the lease
 	// alone keeps the lock alive (KeptAlive), the timer that expires it.
