@@ -244,6 +244,13 @@ func TestHeldTargets(t *testing.T) {
 			t.Errorf("%s: %s met; want missed", tg.what, tg.got)
 		}
 	}
+	// Over rounds (-scale-rounds), the acquire target is the median of
+	// the rounds' ratios, not the ratio of the rows' times.
+	rs[1].ratios = []float64{0.8, 1.5, 0.9}
+	ts = heldTargets(cfg, "redis", rs)
+	if tg := ts[len(ts)-1]; !tg.ok || !strings.Contains(tg.got, "0.90x") || !strings.Contains(tg.got, "0.80-1.50") {
+		t.Errorf("%s: %s, ok %v; want met at the median 0.90x, range 0.80-1.50", tg.what, tg.got, tg.ok)
+	}
 }
 
 // The guard counts a grant that breaks the rule: a permit over the
