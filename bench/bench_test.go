@@ -115,7 +115,7 @@ var goodKinds = kindsConfig{rounds: 3, slice: time.Second, hold: time.Millisecon
 func TestValidate(t *testing.T) {
 	good := config{workloads: []string{"uncontended"}, rounds: 3, contendedRounds: 1, slice: time.Second,
 		parallel: 16, instances: 3, workers: 4, handoffs: 10, ttl: time.Second, retry: time.Millisecond,
-		scaleLocks: 1, scaleGoroutines: 1, scaleTTL: time.Second, scaleWindow: time.Second}
+		scaleLocks: 1, scaleRounds: 1, scaleGoroutines: 1, scaleTTL: time.Second, scaleWindow: time.Second}
 	if err := good.validate(); err != nil {
 		t.Fatalf("good config: %v", err)
 	}
@@ -125,11 +125,12 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("good kinds config: %v", err)
 	}
 	for name, f := range map[string]func(*config){
-		"unknown workload": func(c *config) { c.workloads = []string{"nope"} },
-		"zero rounds":      func(c *config) { c.rounds = 0 },
-		"zero slice":       func(c *config) { c.slice = 0 },
-		"negative jitter":  func(c *config) { c.jitter = -1 },
-		"bad cpu":          func(c *config) { c.cpu = -1 },
+		"unknown workload":  func(c *config) { c.workloads = []string{"nope"} },
+		"zero rounds":       func(c *config) { c.rounds = 0 },
+		"zero scale rounds": func(c *config) { c.scaleRounds = 0 },
+		"zero slice":        func(c *config) { c.slice = 0 },
+		"negative jitter":   func(c *config) { c.jitter = -1 },
+		"bad cpu":           func(c *config) { c.cpu = -1 },
 		"semaphore, no kinds rounds": func(c *config) {
 			c.workloads, c.kinds = []string{wlSemaphore}, goodKinds
 			c.kinds.rounds = 0

@@ -124,14 +124,11 @@ func runHeld(ctx context.Context, cfg config, s *servers, p *peer) (res heldResu
 func runHeldRounds(ctx context.Context, cfg config, s *servers, ps []*peer, log logger) []heldResult {
 	rounds := make([][]heldResult, len(ps))
 	for round := range cfg.scaleRounds {
-		order := make([]int, len(ps))
-		for i := range order {
-			order[i] = i
-			if round%2 == 1 {
-				order[i] = len(ps) - 1 - i
-			}
+		idx := make([]int, len(ps))
+		for i := range idx {
+			idx[i] = i
 		}
-		for _, i := range order {
+		for _, i := range order(idx, round) {
 			if ctx.Err() != nil {
 				break
 			}
