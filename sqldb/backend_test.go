@@ -39,6 +39,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("TableSpellingsConcurrency", func(t *testing.T) { testSpellingsConcurrency(t, pg) })
 	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
 	t.Run("RefreshAllOneStatement", func(t *testing.T) { testRefreshAllOneStatement(t, pg) })
+	t.Run("QueueOrderMutex", func(t *testing.T) { testQueueOrder(t, pg, backend.KindMutex) })
+	t.Run("QueueOrderSemaphore", func(t *testing.T) { testQueueOrder(t, pg, backend.KindSemaphore) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

@@ -16,7 +16,10 @@ const listenIdle = time.Second
 
 // listener owns one dedicated LISTEN connection per [Postgres], open only
 // while the process has subscribers (plus listenIdle), and fans the
-// channel's notifications out to the subscribers of the key in the payload.
+// notifications out: those of the table's channel to the subscribers of
+// the key in the payload, those of its queue channel (the channel's name
+// and _q: a notice addressed to the head of a queue) to the subscriber of
+// the owner value in the payload.
 // The connection is taken from the pool and then removed from it
 // (hijacked), so it is made exactly as the pool makes its connections:
 // BeforeConnect (dynamic credentials), AfterConnect and the rest run for
@@ -24,12 +27,14 @@ const listenIdle = time.Second
 // closed, never returned: a connection that LISTENs would hand
 // notifications to whoever got it next.
 type listener struct {
-	pool    *pgxpool.Pool
-	channel string
-	idle    time.Duration
+	pool     *pgxpool.Pool
+	channel  string
+	qchannel string // channel + "_q"
+	idle     time.Duration
 
 	mu      sync.Mutex
-	subs    map[string]map[*chan struct{}]struct{}
+	subs    map[string]map[*chan struct{}]struct{} // by key
+	waiters map[string]map[*chan struct{}]struct{} // by owner value
 	n       int                // live subscriptions
 	stop    context.CancelFunc // non-nil while a listen goroutine runs
 	timer   *time.Timer        // pending idle stop
@@ -41,24 +46,40 @@ type listener struct {
 
 func newListener(pool *pgxpool.Pool, channel string) *listener {
 	return &listener{
-		pool:    pool,
-		channel: channel,
-		idle:    listenIdle,
-		subs:    make(map[string]map[*chan struct{}]struct{}),
+		pool:     pool,
+		channel:  channel,
+		qchannel: channel + "_q",
+		idle:     listenIdle,
+		subs:     make(map[string]map[*chan struct{}]struct{}),
+		waiters:  make(map[string]map[*chan struct{}]struct{}),
 	}
 }
 
+// subscribe asks for the notices of key (the table's channel).
 func (ln *listener) subscribe(key string) (<-chan struct{}, func()) {
+	return ln.add(func() map[string]map[*chan struct{}]struct{} { return ln.subs }, key)
+}
+
+// subscribeWaiter asks for the notices addressed to the waiter whose
+// owner value is owner (the queue channel).
+func (ln *listener) subscribeWaiter(owner string) (<-chan struct{}, func()) {
+	return ln.add(func() map[string]map[*chan struct{}]struct{} { return ln.waiters }, owner)
+}
+
+// add subscribes to name in the map m returns (under ln.mu: close
+// replaces the maps).
+func (ln *listener) add(m func() map[string]map[*chan struct{}]struct{}, name string) (<-chan struct{}, func()) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed {
 		return nil, func() {}
 	}
 	ch := make(chan struct{}, 1)
-	set := ln.subs[key]
+	subs := m()
+	set := subs[name]
 	if set == nil {
 		set = make(map[*chan struct{}]struct{})
-		ln.subs[key] = set
+		subs[name] = set
 	}
 	set[&ch] = struct{}{}
 	ln.n++
@@ -74,19 +95,20 @@ func (ln *listener) subscribe(key string) (<-chan struct{}, func()) {
 		go ln.run(ctx)
 	}
 	var once sync.Once
-	return ch, func() { once.Do(func() { ln.unsubscribe(key, &ch) }) }
+	return ch, func() { once.Do(func() { ln.unsubscribe(m, name, &ch) }) }
 }
 
-func (ln *listener) unsubscribe(key string, ch *chan struct{}) {
+func (ln *listener) unsubscribe(m func() map[string]map[*chan struct{}]struct{}, name string, ch *chan struct{}) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	set := ln.subs[key]
+	subs := m()
+	set := subs[name]
 	if _, ok := set[ch]; !ok {
 		return // dropped by close
 	}
 	delete(set, ch)
 	if len(set) == 0 {
-		delete(ln.subs, key)
+		delete(subs, name)
 	}
 	ln.n--
 	if ln.n == 0 && ln.stop != nil && !ln.closed {
@@ -118,6 +140,7 @@ func (ln *listener) close() {
 		ln.stop = nil
 	}
 	ln.subs = make(map[string]map[*chan struct{}]struct{})
+	ln.waiters = make(map[string]map[*chan struct{}]struct{})
 	ln.n = 0
 	ln.mu.Unlock()
 	ln.wg.Wait()
@@ -163,7 +186,7 @@ func (ln *listener) listen(ctx context.Context) bool {
 		defer cancel()
 		conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ln.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ln.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{ln.qchannel}.Sanitize()); err != nil {
 		return false
 	}
 	ln.mu.Lock()
@@ -177,8 +200,19 @@ func (ln *listener) listen(ctx context.Context) bool {
 		if err != nil {
 			return true
 		}
-		ln.wake(n.Payload)
+		if n.Channel == ln.qchannel {
+			ln.wakeWaiter(n.Payload)
+		} else {
+			ln.wake(n.Payload)
+		}
 	}
+}
+
+// wakeWaiter wakes the waiter whose owner value a queue notice names.
+func (ln *listener) wakeWaiter(owner string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	wakeSet(ln.waiters[owner])
 }
 
 // wake wakes the subscribers of the key a notice's payload names (both
@@ -193,8 +227,10 @@ func (ln *listener) wake(payload string) {
 	}
 }
 
-func (ln *listener) wakeLocked(key string) {
-	for ch := range ln.subs[key] {
+func (ln *listener) wakeLocked(key string) { wakeSet(ln.subs[key]) }
+
+func wakeSet(set map[*chan struct{}]struct{}) {
+	for ch := range set {
 		select {
 		case *ch <- struct{}{}:
 		default:
@@ -206,11 +242,9 @@ func (ln *listener) wakeAll() {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	for _, set := range ln.subs {
-		for ch := range set {
-			select {
-			case *ch <- struct{}{}:
-			default:
-			}
-		}
+		wakeSet(set)
+	}
+	for _, set := range ln.waiters {
+		wakeSet(set)
 	}
 }

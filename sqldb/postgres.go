@@ -35,7 +35,7 @@ type Postgres struct {
 	// invalid UTF-8).
 	main, odd pgMutexSQL
 	// Semaphores and read/write locks, on the kinds table.
-	kAcq, kRel, kWithdraw, kGone, kRef, kInspect string
+	kAcq, kRel, kWithdraw, kRelSem, kWdrSem, kGone, kRef, kInspect string
 	// tracer is the pool's: the statements sent through pgconn call it
 	// (see pgdirect.go).
 	tracer pgx.QueryTracer
@@ -43,7 +43,7 @@ type Postgres struct {
 
 // pgMutexSQL is the statements of mutexes in one table.
 type pgMutexSQL struct {
-	acq, relFast, rel, ref, refAll, inspect, relabel string
+	acq, relFast, rel, withdraw, gone, ref, refAll, inspect, relabel string
 	// the names acq and relFast are prepared under (see pgdirect.go)
 	acqName, relFastName string
 }
@@ -100,6 +100,11 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 // the clock of the times in a group's state.
 const nowMicros = `(extract(epoch FROM now()) * 1000000)::bigint`
 
+// maxPayload bounds a NOTIFY's payload (PostgreSQL refuses 8000 bytes and
+// more): a head whose owner value is longer is not woken, and finds the
+// lock free on its next attempt.
+const maxPayload = 8000
+
 // inTime is an acquire statement's server-side bound: $4 microseconds
 // from the start of its transaction (0: none).
 const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * interval '1 microsecond')`
@@ -107,44 +112,37 @@ const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * inte
 // pgMutexStmts returns the mutex statements of table q: the main table,
 // keyed by text, or (odd) the kinds table, keyed by bytes, in rows of
 // kind 0. Parameters: $1 key, $2 owner, $3 TTL in microseconds, $4 the
-// acquire's server-side bound in microseconds, $5 the label; a release
-// notifies on channel $3 with payload $4.
+// acquire's server-side bound in microseconds, $5 the label; a release or
+// withdrawal notifies on the queue channel $3.
+//
+// A mutex's waiters queue in its row (column queue in the main table,
+// state in the kinds table): a JSON array of intents, {"o": owner, "s":
+// arrival number, "e": expiry in microseconds since 1970 by the
+// database's clock}. The row lives while the lock is held or waited for.
 func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	cols, vals, conflict, where, hash := `lock_key`, `$1::text`, `(lock_key)`, `lock_key = $1::text`, `hashtext($1::text)`
 	if odd {
 		cols, vals, conflict, where = `lock_key, kind`, `$1::bytea, 0`, `(lock_key, kind)`, `lock_key = $1::bytea AND kind = 0`
 		hash = `hashtext('0:' || encode($1::bytea, 'hex'))`
 	}
+	qcol := `queue` // the column of the waiters' intents
+	if odd {
+		qcol = `state`
+	}
 	var m pgMutexSQL
 	// One statement: insert our row, or take over a row whose lease ran
-	// out by the server's clock. When a live owner holds the key, the
-	// first contender marks the row waited (so the release will notify)
-	// and learns the holder's remaining time; later contenders change
-	// nothing and get no row. SET expressions read the old row; RETURNING
-	// reads the new one, and owner values are unique per acquisition, so
-	// owner = $2 means we hold it.
+	// out by the server's clock (a released row that waiters kept is one:
+	// owner '' and expired), if no live intent of a waiter precedes ours
+	// (or, without an intent of ours, if none waits). Otherwise it records
+	// our intent in the row's queue, numbered by the token drawn for the
+	// attempt (arrival order), or renews it for $3 from now, keeping its
+	// number, and marks the row waited (so that its release takes the
+	// statement that wakes the head). Expired intents go. SET expressions
+	// read the old row; RETURNING reads the new one, and owner values are
+	// unique per acquisition, so owner = $2 means we hold it. Otherwise it
+	// returns the time until the first event that may let us in unwoken:
+	// the holder's expiry, or the lapse of an intent that precedes ours.
 	//
-	// The token is drawn under a transaction-scoped advisory lock on the
-	// key, held until the statement commits, so acquires of one key draw
-	// their tokens in the order they commit. Without it an acquire could
-	// draw a number, stall, and insert it after a later number's holder
-	// came and went: a smaller token for a later holder. The lock sits in
-	// its own key space (the two-int4 form, the first int4 the table's
-	// oid, the same however the table was named) and is never held
-	// across statements. CASE evaluates its WHENs in order and each
-	// before its THEN, so the lock comes first (pg_advisory_xact_lock
-	// returns void, which is not null).
-	//
-	// $4 bounds the statement on the server (0: no bound; see
-	// maxStatementTime): it writes only if it gets there within $4
-	// microseconds of its transaction's start, which is when the
-	// statement reached the server, whatever it waited for since (the
-	// table's lock, taken when the statement is bound; the advisory
-	// lock; a row lock). Past it the token is null: a new row fails its
-	// NOT NULL constraint (SQLSTATE 23502 on token) and the statement
-	// writes nothing; a conflicting row is neither taken over nor marked
-	// (the WHERE below). So an abandoned acquire that the server runs
-	// late, its connection long gone, takes no key.
 	m.acq = `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
 VALUES (` + vals + `, $2::text,
   CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, ` + hash + `) IS NULL THEN NULL
@@ -152,25 +150,78 @@ VALUES (` + vals + `, $2::text,
     THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
   now() + $3::bigint * interval '1 microsecond', $5::bytea)
 ON CONFLICT ` + conflict + ` DO UPDATE
-SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
-    token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
-    label      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.label ELSE l.label END,
-    waited     = l.expires_at > now(),
-    expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END
-WHERE (l.expires_at <= now() OR NOT l.waited) AND ` + inTime + `
-RETURNING l.owner = $2::text, l.token, (date_part('epoch', l.expires_at - now()) * 1000000)::bigint`
+SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
+  SELECT CASE WHEN s.ok THEN EXCLUDED.owner ELSE l.owner END,
+    CASE WHEN s.ok THEN EXCLUDED.token ELSE l.token END,
+    CASE WHEN s.ok THEN EXCLUDED.label ELSE l.label END,
+    CASE WHEN s.ok THEN EXCLUDED.expires_at ELSE l.expires_at END,
+    NOT s.ok OR s.io <> '[]'::jsonb,
+    CASE WHEN s.ok THEN s.io ELSE s.io || jsonb_build_array(jsonb_build_object('o', $2::text,
+      's', coalesce((s.own->>'s')::bigint, EXCLUDED.token), 'e', s.n + $3::bigint)) END
+  FROM (SELECT b.*, l.expires_at <= now()
+      AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE b.own IS NULL OR (x->>'s')::bigint < (b.own->>'s')::bigint) AS ok
+    FROM (SELECT a.n,
+        coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > a.n AND x->>'o' <> $2::text), '[]') AS io,
+        (SELECT x FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > a.n AND x->>'o' = $2::text LIMIT 1) AS own
+      FROM (SELECT ` + nowMicros + ` AS n) a) b) s)
+WHERE ` + inTime + `
+RETURNING l.owner = $2::text, l.token, CASE WHEN l.owner = $2::text THEN 0::bigint ELSE coalesce(least(
+    CASE WHEN l.expires_at > now() THEN (date_part('epoch', l.expires_at - now()) * 1000000)::bigint END,
+    (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements(l.` + qcol + `) x, jsonb_array_elements(l.` + qcol + `) y
+      WHERE y->>'o' = $2::text AND (x->>'s')::bigint < (y->>'s')::bigint) - ` + nowMicros + `), 0) END`
 	// The common release: our row, live, and no contender marked it
 	// waited. It returns no row and calls no function, which costs the
 	// server and the client markedly less than rel (about 6% of an
 	// uncontended cycle, pinned): when it deletes nothing, rel follows.
 	m.relFast = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2 AND expires_at > now() AND NOT waited`
-	// One statement: delete our row, live or expired (no stale rows left
-	// behind), tell whether it was still live, and, if a contender marked
-	// it waited, wake waiters when the transaction commits (payload $4:
-	// the key, see notifyPayload). An uncontended release pays no
-	// notification. RETURNING reads the deleted row.
-	m.rel = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2
-RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, $4) END`
+	// One statement: delete our row, live or expired, when no live
+	// intent waits in it (no stale rows left behind); otherwise free it
+	// (no owner, expired now) with the live intents, and wake the head,
+	// the intent that arrived first (payload: its owner value, on the
+	// queue channel $3). It tells whether our lease was still live, the
+	// head's notice, and whether the row it freed was left with no live
+	// intent after all (an intent that lapsed or left after the
+	// statement's snapshot: see groupRemove), which gone then deletes.
+	liveQ := func(a string) string {
+		return `coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(` + a + `) x WHERE (x->>'e')::bigint > ` + nowMicros + `), '[]')`
+	}
+	head := func(a string) string {
+		return `(SELECT x->>'o' FROM jsonb_array_elements(` + a + `) x WHERE (x->>'e')::bigint > ` + nowMicros + ` ORDER BY (x->>'s')::bigint LIMIT 1)`
+	}
+	noLive := `NOT EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > ` + nowMicros + `)`
+	m.rel = `WITH cur AS (
+  SELECT l.expires_at > now() AS live FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 FOR UPDATE
+), d AS (
+  DELETE FROM ` + q + ` AS l USING cur WHERE ` + where + ` AND l.owner = $2 AND ` + noLive + `
+  RETURNING cur.live, NULL::text AS head
+), u AS (
+  UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = now(), waited = true, ` + qcol + ` = ` + liveQ(`l.`+qcol) + `
+  FROM cur WHERE ` + where + ` AND l.owner = $2 AND NOT EXISTS (SELECT FROM d)
+  RETURNING cur.live, ` + head(`l.`+qcol) + ` AS head
+)
+SELECT r.live, CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head) END::text, r.u AND r.head IS NULL
+FROM (SELECT *, false AS u FROM d UNION ALL SELECT *, true FROM u) r`
+	// A waiter's withdrawal: our intent goes (with the row, when it is
+	// free or expired and no other live intent waits); when the lock is
+	// free, the new head is woken.
+	m.withdraw = `WITH d AS (
+  DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now()
+    AND EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text)
+    AND NOT EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND x->>'o' <> $2::text)
+  RETURNING NULL::text AS head, false AS empty
+), u AS (
+  UPDATE ` + q + ` AS l SET (` + qcol + `, waited) = (SELECT n.q, l.expires_at <= now() OR n.q <> '[]'::jsonb
+    FROM (SELECT coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(l.` + qcol + `) x
+      WHERE (x->>'e')::bigint > ` + nowMicros + ` AND x->>'o' <> $2::text), '[]') AS q) n)
+  WHERE ` + where + ` AND NOT EXISTS (SELECT FROM d)
+    AND EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text)
+  RETURNING CASE WHEN l.expires_at <= now() THEN ` + head(`l.`+qcol) + ` END AS head, l.expires_at <= now() AND l.` + qcol + ` = '[]'::jsonb AS empty
+)
+SELECT CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head) END::text, r.empty
+FROM (SELECT * FROM d UNION ALL SELECT * FROM u) r`
+	// A free or expired row with no live intent: deleted after a release
+	// or withdrawal that left it so.
+	m.gone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now() AND ` + noLive
 	m.ref = `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE ` + where + ` AND owner = $2 AND expires_at > now()`
@@ -239,11 +290,12 @@ SET (state, lim, token, expires_at, waited) = (
     g.waited OR NOT s.ok
   FROM (SELECT d.ok,
       CASE WHEN d.ok THEN d.h || jsonb_build_array(` + fmt.Sprintf(me, `EXCLUDED.token`, `d.n`) + `) ELSE d.h END AS nh,
-      CASE WHEN d.ok OR $6::text = 's' THEN d.io
+      CASE WHEN d.ok OR $6::text = 's' AND jsonb_array_length(d.h) > 0 AND g.lim <> $7::int THEN d.io
         ELSE d.io || jsonb_build_array(jsonb_build_object('o', $2::text, 'k', $6::text,
           's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $3::bigint)) END AS ni
     FROM (SELECT b.*, CASE $6::text
-        WHEN 's' THEN jsonb_array_length(b.h) < $7::int AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
+        WHEN 's' THEN jsonb_array_length(b.h) + (SELECT count(*) FROM jsonb_array_elements(b.io) x WHERE ` + precedes + `) < $7::int
+          AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
         WHEN 'r' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(b.h) x WHERE x->>'k' = 'w')
           AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE x->>'k' = 'w' AND ` + precedes + `)
         ELSE jsonb_array_length(b.h) = 0
@@ -256,10 +308,12 @@ SET (state, lim, token, expires_at, waited) = (
         FROM (SELECT ` + nowMicros + ` AS n) a) b) d) s)
 WHERE ` + inTime + `
 RETURNING (SELECT (x->>'t')::bigint FROM jsonb_array_elements(g.state->'h') x WHERE x->>'o' = $2::text LIMIT 1),
-  g.lim,
+  CASE WHEN jsonb_array_length(g.state->'h') > 0 THEN g.lim ELSE $7::int END,
   (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE x->>'o' <> $2::text) - ` + nowMicros
-	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
-	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
+	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`, false)
+	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`, false)
+	p.kRelSem = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`, true)
+	p.kWdrSem = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`, true)
 	p.kGone = `DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $2::smallint
   AND NOT EXISTS (SELECT FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE (x->>'e')::bigint > ` + nowMicros + `)`
 	p.kRef = `UPDATE ` + kq + ` AS g
@@ -300,7 +354,11 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // kGone is that DELETE of a row with no live entry, in a statement of
 // its own (its snapshot sees what the first one committed; a row changed
 // since is rechecked on its latest version).
-func groupRemove(kq, arr, mine string) string {
+//
+// A semaphore's (sem) notice is addressed: on the queue channel $5, one
+// per intent now within the free permits (its owner value; $6 unused),
+// in arrival order. A read/write lock's goes to the key's waiters.
+func groupRemove(kq, arr, mine string, sem bool) string {
 	mineH, mineI := `false`, `false`
 	if arr == "h" {
 		mineH = mine
@@ -311,6 +369,13 @@ func groupRemove(kq, arr, mine string) string {
 		return `coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'` + a + `') x
       WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + m + `)), '[]')`
 	}
+	notify := `CASE WHEN r.waited THEN pg_notify($5, $6) END::text`
+	if sem {
+		notify = `(SELECT count(pg_notify($5, t.x->>'o')) FROM (SELECT x FROM jsonb_array_elements(r.st->'i') x
+    WHERE (x->>'e')::bigint > ` + nowMicros + ` AND octet_length(x->>'o') < ` + strconv.Itoa(maxPayload) + `
+    ORDER BY (x->>'s')::bigint
+    LIMIT greatest(r.lim - (SELECT count(*) FROM jsonb_array_elements(r.st->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + `), 0)) t)::text`
+	}
 	return `WITH cur AS (
   SELECT (SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM jsonb_array_elements(o.state->'` + arr + `') x WHERE ` + mine + ` LIMIT 1) AS live
   FROM ` + kq + ` AS o WHERE o.lock_key = $1::bytea AND o.kind = $3::smallint
@@ -320,15 +385,15 @@ func groupRemove(kq, arr, mine string) string {
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineH + `))
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineI + `))
-  RETURNING g.waited, cur.live
+  RETURNING g.waited, cur.live, NULL::jsonb AS st, 0 AS lim
 ), u AS (
   UPDATE ` + kq + ` AS g SET state = jsonb_build_object('h', ` + keep("h", mineH) + `, 'i', ` + keep("i", mineI) + `)
   FROM cur
   WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint AND NOT EXISTS (SELECT FROM d)
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
-  RETURNING g.waited, cur.live, g.state = '{"h": [], "i": []}'::jsonb AS empty
+  RETURNING g.waited, cur.live, g.state, g.lim, g.state = '{"h": [], "i": []}'::jsonb AS empty
 )
-SELECT coalesce(r.live, false), CASE WHEN r.waited THEN pg_notify($5, $6) END::text, r.empty
+SELECT coalesce(r.live, false), ` + notify + `, r.empty
 FROM (SELECT *, false AS empty FROM d UNION ALL SELECT * FROM u) r`
 }
 
@@ -370,7 +435,8 @@ CREATE TABLE IF NOT EXISTS ` + q + ` (
   token      bigint NOT NULL,
   expires_at timestamptz NOT NULL,
   waited     boolean NOT NULL DEFAULT false,
-  label      bytea NOT NULL DEFAULT ''
+  label      bytea NOT NULL DEFAULT '',
+  queue      jsonb
 );
 ALTER SEQUENCE ` + seq + ` OWNED BY ` + q + `.token;
 CREATE TABLE IF NOT EXISTS ` + kq + ` (
@@ -690,8 +756,8 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	_, err := p.release(cctx, l)
-	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite) {
-		err = p.withdraw(cctx, l)
+	if err == nil {
+		err = p.withdraw(cctx, l) // every kind's attempt may have queued
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
@@ -735,7 +801,7 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
 	if l.Kind != backend.KindMutex {
-		return p.groupRemove(ctx, p.kRel, l)
+		return p.groupRemove(ctx, true, l)
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
@@ -745,10 +811,14 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 			return err
 		}
 		// Waited for, expired, or not ours: the full statement, which
-		// notifies the waiters or deletes our stale row.
-		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil)
+		// wakes the head of the queue or deletes our stale row.
+		var empty bool
+		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
+		}
+		if err == nil && empty {
+			_, err = p.pool.Exec(ctx, m.gone, keyArg(l.Key))
 		}
 		return err
 	})
@@ -769,16 +839,41 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 }
 
 func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
-	_, err := p.groupRemove(ctx, p.kWithdraw, l)
-	return err
+	if l.Kind != backend.KindMutex {
+		_, err := p.groupRemove(ctx, false, l)
+		return err
+	}
+	m := p.mutex(l.Key)
+	return retryConflicts(pgContention, func() error {
+		var empty bool
+		err := p.pool.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel).Scan(nil, &empty)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err == nil && empty {
+			_, err = p.pool.Exec(ctx, m.gone, keyArg(l.Key))
+		}
+		return err
+	})
 }
 
 // groupRemove runs a groupRemove statement for l, and deletes the row
 // if that left it empty. It reports whether l's entry was live.
-func (p *Postgres) groupRemove(ctx context.Context, stmt string, l *backend.Lease) (live bool, err error) {
+func (p *Postgres) groupRemove(ctx context.Context, release bool, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
-		err := p.pool.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		var row pgx.Row
+		switch {
+		case l.Kind == backend.KindSemaphore && release:
+			row = p.pool.QueryRow(ctx, p.kRelSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel)
+		case l.Kind == backend.KindSemaphore:
+			row = p.pool.QueryRow(ctx, p.kWdrSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel)
+		case release:
+			row = p.pool.QueryRow(ctx, p.kRel, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key))
+		default:
+			row = p.pool.QueryRow(ctx, p.kWithdraw, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key))
+		}
+		err := row.Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
