@@ -35,9 +35,9 @@ type listener struct {
 	mu      sync.Mutex
 	subs    map[string]map[*chan struct{}]struct{} // by key
 	waiters map[string]map[*chan struct{}]struct{} // by owner value
-	n       int                // live subscriptions
-	stop    context.CancelFunc // non-nil while a listen goroutine runs
-	timer   *time.Timer        // pending idle stop
+	n       int                                    // live subscriptions
+	stop    context.CancelFunc                     // non-nil while a listen goroutine runs
+	timer   *time.Timer                            // pending idle stop
 	closed  bool
 	wg      sync.WaitGroup
 	running int // listen goroutines not yet returned (tests)
