@@ -35,6 +35,11 @@ type listener struct {
 	mu      sync.Mutex
 	subs    map[string]map[*chan struct{}]struct{} // by key
 	waiters map[string]map[*chan struct{}]struct{} // by owner value
+	// unclaimed holds the notices addressed to an owner value nobody here
+	// subscribed as, with when they came, for unclaimedFor: its waiter
+	// may subscribe just after (its attempt queued it, and the release
+	// came before its subscription). At most maxUnclaimed.
+	unclaimed map[string]time.Time
 	n       int                                    // live subscriptions
 	stop    context.CancelFunc                     // non-nil while a listen goroutine runs
 	timer   *time.Timer                            // pending idle stop
@@ -57,31 +62,51 @@ func newListener(pool *pgxpool.Pool, channel string) *listener {
 
 // subscribe asks for the notices of key (the table's channel).
 func (ln *listener) subscribe(key string) (<-chan struct{}, func()) {
-	return ln.add(func() map[string]map[*chan struct{}]struct{} { return ln.subs }, key)
+	return ln.add(key, "", false)
 }
 
 // subscribeWaiter asks for the notices addressed to the waiter whose
 // owner value is owner (the queue channel).
 func (ln *listener) subscribeWaiter(owner string) (<-chan struct{}, func()) {
-	return ln.add(func() map[string]map[*chan struct{}]struct{} { return ln.waiters }, owner)
+	return ln.add("", owner, true)
 }
 
-// add subscribes to name in the map m returns (under ln.mu: close
-// replaces the maps).
-func (ln *listener) add(m func() map[string]map[*chan struct{}]struct{}, name string) (<-chan struct{}, func()) {
+// subscribeHead asks, on one channel, for the notices of key and those
+// addressed to owner; one addressed to owner that came within
+// unclaimedFor before is sent at once.
+func (ln *listener) subscribeHead(key, owner string) (<-chan struct{}, func()) {
+	return ln.add(key, owner, true)
+}
+
+// A notice addressed to a waiter that has not subscribed yet is kept for
+// unclaimedFor, and at most maxUnclaimed such notices are kept.
+const (
+	unclaimedFor = time.Second
+	maxUnclaimed = 1024
+)
+
+// add makes one subscription, to the notices of key (if not "") and to
+// those addressed to owner (if queued), and starts the listen goroutine if
+// none runs.
+func (ln *listener) add(key, owner string, queued bool) (<-chan struct{}, func()) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if ln.closed {
 		return nil, func() {}
 	}
 	ch := make(chan struct{}, 1)
-	subs := m()
-	set := subs[name]
-	if set == nil {
-		set = make(map[*chan struct{}]struct{})
-		subs[name] = set
+	if key != "" {
+		addTo(ln.subs, key, &ch)
 	}
-	set[&ch] = struct{}{}
+	if queued {
+		if at, ok := ln.unclaimed[owner]; ok {
+			delete(ln.unclaimed, owner)
+			if time.Since(at) < unclaimedFor {
+				ch <- struct{}{}
+			}
+		}
+		addTo(ln.waiters, owner, &ch)
+	}
 	ln.n++
 	if ln.timer != nil {
 		ln.timer.Stop()
@@ -95,20 +120,44 @@ func (ln *listener) add(m func() map[string]map[*chan struct{}]struct{}, name st
 		go ln.run(ctx)
 	}
 	var once sync.Once
-	return ch, func() { once.Do(func() { ln.unsubscribe(m, name, &ch) }) }
+	return ch, func() { once.Do(func() { ln.unsubscribe(key, owner, queued, &ch) }) }
 }
 
-func (ln *listener) unsubscribe(m func() map[string]map[*chan struct{}]struct{}, name string, ch *chan struct{}) {
-	ln.mu.Lock()
-	defer ln.mu.Unlock()
-	subs := m()
+func addTo(subs map[string]map[*chan struct{}]struct{}, name string, ch *chan struct{}) {
+	set := subs[name]
+	if set == nil {
+		set = make(map[*chan struct{}]struct{})
+		subs[name] = set
+	}
+	set[ch] = struct{}{}
+}
+
+// removeFrom removes ch from the subscribers of name and reports whether
+// it was there (close drops every subscription).
+func removeFrom(subs map[string]map[*chan struct{}]struct{}, name string, ch *chan struct{}) bool {
 	set := subs[name]
 	if _, ok := set[ch]; !ok {
-		return // dropped by close
+		return false
 	}
 	delete(set, ch)
 	if len(set) == 0 {
 		delete(subs, name)
+	}
+	return true
+}
+
+func (ln *listener) unsubscribe(key, owner string, queued bool, ch *chan struct{}) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	was := false
+	if key != "" {
+		was = removeFrom(ln.subs, key, ch)
+	}
+	if queued {
+		was = removeFrom(ln.waiters, owner, ch) || was
+	}
+	if !was {
+		return // dropped by close
 	}
 	ln.n--
 	if ln.n == 0 && ln.stop != nil && !ln.closed {
@@ -212,7 +261,26 @@ func (ln *listener) listen(ctx context.Context) bool {
 func (ln *listener) wakeWaiter(owner string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	wakeSet(ln.waiters[owner])
+	set := ln.waiters[owner]
+	if len(set) > 0 {
+		wakeSet(set)
+		return
+	}
+	now := time.Now()
+	if ln.unclaimed == nil {
+		ln.unclaimed = make(map[string]time.Time)
+	}
+	if len(ln.unclaimed) >= maxUnclaimed {
+		for v, at := range ln.unclaimed {
+			if now.Sub(at) >= unclaimedFor {
+				delete(ln.unclaimed, v)
+			}
+		}
+		if len(ln.unclaimed) >= maxUnclaimed {
+			return
+		}
+	}
+	ln.unclaimed[owner] = now
 }
 
 // wake wakes the subscribers of the key a notice's payload names (both

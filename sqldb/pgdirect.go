@@ -35,10 +35,10 @@ func stmtName(sql string) string {
 
 // Parameter formats of the direct statements (0 text, 1 binary): the
 // acquire's key (text, or bytea in binary), owner, TTL and bound (int8),
-// label (bytea); the release's key and owner.
+// label (bytea), waits (bool); the release's key and owner.
 var (
-	acqFormats    = []int16{0, 0, 1, 1, 1}
-	acqOddFormats = []int16{1, 0, 1, 1, 1}
+	acqFormats    = []int16{0, 0, 1, 1, 1, 1}
+	acqOddFormats = []int16{1, 0, 1, 1, 1, 1}
 	relFormats    = []int16{0, 0}
 	relOddFormats = []int16{1, 0}
 	binaryResults = []int16{1}
@@ -50,8 +50,8 @@ var (
 // allocation): TryAcquire cuts the statement off itself.
 type pgCall struct {
 	parent context.Context
-	params [5][]byte
-	ints   [16]byte
+	params [6][]byte
+	ints   [17]byte
 }
 
 func (c *pgCall) Deadline() (time.Time, bool) { return time.Time{}, false }
@@ -82,14 +82,18 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	}
 	if p.tracer != nil {
 		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.acq,
-			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label)}})
+			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits}})
 		defer func() {
 			p.tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: r.err})
 		}()
 	}
 	binary.BigEndian.PutUint64(call.ints[:8], uint64(micros(l.TTL)))
 	binary.BigEndian.PutUint64(call.ints[8:], uint64(bound))
-	call.params = [5][]byte{strBytes(l.Key), strBytes(l.Value), call.ints[:8], call.ints[8:], strBytes(l.Label)}
+	call.ints[16] = 0
+	if l.Waits {
+		call.ints[16] = 1
+	}
+	call.params = [6][]byte{strBytes(l.Key), strBytes(l.Value), call.ints[:8], call.ints[8:16], strBytes(l.Label), call.ints[16:]}
 	rr := conn.PgConn().ExecStatement(ctx, sd, call.params[:], formats, binaryResults)
 	rows := 0
 	for rr.NextRow() {

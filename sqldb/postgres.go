@@ -19,6 +19,9 @@ var (
 	_ backend.Spinner            = (*Postgres)(nil)
 	_ backend.Refresher          = (*Postgres)(nil)
 	_ backend.Notifier           = (*Postgres)(nil)
+	_ backend.HeadNotifier       = (*Postgres)(nil)
+	_ backend.Queuer             = (*Postgres)(nil)
+	_ backend.Withdrawer         = (*Postgres)(nil)
 	_ backend.KeyValidator       = (*Postgres)(nil)
 	_ interface{ Close() error } = (*Postgres)(nil)
 )
@@ -112,8 +115,11 @@ const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * inte
 // pgMutexStmts returns the mutex statements of table q: the main table,
 // keyed by text, or (odd) the kinds table, keyed by bytes, in rows of
 // kind 0. Parameters: $1 key, $2 owner, $3 TTL in microseconds, $4 the
-// acquire's server-side bound in microseconds, $5 the label; a release or
-// withdrawal notifies on the queue channel $3.
+// acquire's server-side bound in microseconds, $5 the label, $6 whether
+// the acquisition waits (backend.Lease.Waits: only then does a refused
+// attempt queue); a release or withdrawal notifies the head on the queue
+// channel $3, and a release with nobody queued the key's waiters on
+// channel $4 with payload $5.
 //
 // A mutex's waiters queue in its row (column queue in the main table,
 // state in the kinds table): a JSON array of intents, {"o": owner, "s":
@@ -156,7 +162,7 @@ SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
     CASE WHEN s.ok THEN EXCLUDED.label ELSE l.label END,
     CASE WHEN s.ok THEN EXCLUDED.expires_at ELSE l.expires_at END,
     NOT s.ok OR s.io <> '[]'::jsonb,
-    CASE WHEN s.ok THEN s.io ELSE s.io || jsonb_build_array(jsonb_build_object('o', $2::text,
+    CASE WHEN s.ok OR NOT $6::boolean THEN s.io ELSE s.io || jsonb_build_array(jsonb_build_object('o', $2::text,
       's', coalesce((s.own->>'s')::bigint, EXCLUDED.token), 'e', s.n + $3::bigint)) END
   FROM (SELECT b.*, l.expires_at <= now()
       AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE b.own IS NULL OR (x->>'s')::bigint < (b.own->>'s')::bigint) AS ok
@@ -175,10 +181,12 @@ RETURNING l.owner = $2::text, l.token, CASE WHEN l.owner = $2::text THEN 0::bigi
 	// uncontended cycle, pinned): when it deletes nothing, rel follows.
 	m.relFast = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2 AND expires_at > now() AND NOT waited`
 	// One statement: delete our row, live or expired, when no live
-	// intent waits in it (no stale rows left behind); otherwise free it
-	// (no owner, expired now) with the live intents, and wake the head,
-	// the intent that arrived first (payload: its owner value, on the
-	// queue channel $3). It tells whether our lease was still live, the
+	// intent waits in it (no stale rows left behind; and if a contender
+	// marked it, wake the key's waiters: a notice to nobody in
+	// particular); otherwise free it (no owner, expired for ever:
+	// '-infinity', before any statement's now()) with the live intents,
+	// and wake the head, the intent that arrived first (payload: its
+	// owner value, on the queue channel $3). It tells whether our lease was still live, the
 	// head's notice, and whether the row it freed was left with no live
 	// intent after all (an intent that lapsed or left after the
 	// statement's snapshot: see groupRemove), which gone then deletes.
@@ -193,13 +201,14 @@ RETURNING l.owner = $2::text, l.token, CASE WHEN l.owner = $2::text THEN 0::bigi
   SELECT l.expires_at > now() AS live FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 FOR UPDATE
 ), d AS (
   DELETE FROM ` + q + ` AS l USING cur WHERE ` + where + ` AND l.owner = $2 AND ` + noLive + `
-  RETURNING cur.live, NULL::text AS head
+  RETURNING cur.live, NULL::text AS head, l.waited
 ), u AS (
-  UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = now(), waited = true, ` + qcol + ` = ` + liveQ(`l.`+qcol) + `
+  UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = '-infinity', waited = true, ` + qcol + ` = ` + liveQ(`l.`+qcol) + `
   FROM cur WHERE ` + where + ` AND l.owner = $2 AND NOT EXISTS (SELECT FROM d)
-  RETURNING cur.live, ` + head(`l.`+qcol) + ` AS head
+  RETURNING cur.live, ` + head(`l.`+qcol) + ` AS head, false
 )
-SELECT r.live, CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head) END::text, r.u AND r.head IS NULL
+SELECT r.live, CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head)
+    WHEN r.waited THEN pg_notify($4, $5) END::text, r.u AND r.head IS NULL
 FROM (SELECT *, false AS u FROM d UNION ALL SELECT *, true FROM u) r`
 	// A waiter's withdrawal: our intent goes (with the row, when it is
 	// free or expired and no other live intent waits); when the lock is
@@ -255,7 +264,9 @@ WHERE ` + where + ` AND expires_at > now()`
 func (p *Postgres) kindStmts(kq, seq string, class int32) {
 	// Parameters: $1 key, $2 owner, $3 TTL (µs), $4 bound (µs), $5 the
 	// row's kind, $6 the grant's mode ("s", "r", "w"), $7 the limit (0
-	// for a read/write lock), $8 the label.
+	// for a read/write lock), $8 the label, $9 whether a semaphore's
+	// acquisition waits (backend.Lease.Waits: only then does a refused
+	// attempt queue; a read or write attempt always does).
 	//
 	// One statement. The row is locked by the upsert (ON CONFLICT DO
 	// UPDATE reads its latest version, whatever the statement's
@@ -290,7 +301,7 @@ SET (state, lim, token, expires_at, waited) = (
     g.waited OR NOT s.ok
   FROM (SELECT d.ok,
       CASE WHEN d.ok THEN d.h || jsonb_build_array(` + fmt.Sprintf(me, `EXCLUDED.token`, `d.n`) + `) ELSE d.h END AS nh,
-      CASE WHEN d.ok OR $6::text = 's' AND jsonb_array_length(d.h) > 0 AND g.lim <> $7::int THEN d.io
+      CASE WHEN d.ok OR $6::text = 's' AND (NOT $9::boolean OR jsonb_array_length(d.h) > 0 AND g.lim <> $7::int) THEN d.io
         ELSE d.io || jsonb_build_array(jsonb_build_object('o', $2::text, 'k', $6::text,
           's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $3::bigint)) END AS ni
     FROM (SELECT b.*, CASE $6::text
@@ -356,8 +367,10 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // since is rechecked on its latest version).
 //
 // A semaphore's (sem) notice is addressed: on the queue channel $5, one
-// per intent now within the free permits (its owner value; $6 unused),
-// in arrival order. A read/write lock's goes to the key's waiters.
+// per intent now within the free permits (its owner value), in arrival
+// order; with no live intent, to the key's waiters if a contender marked
+// the row (channel $6, payload $7). A read/write lock's goes to the key's
+// waiters.
 func groupRemove(kq, arr, mine string, sem bool) string {
 	mineH, mineI := `false`, `false`
 	if arr == "h" {
@@ -371,10 +384,12 @@ func groupRemove(kq, arr, mine string, sem bool) string {
 	}
 	notify := `CASE WHEN r.waited THEN pg_notify($5, $6) END::text`
 	if sem {
-		notify = `(SELECT count(pg_notify($5, t.x->>'o')) FROM (SELECT x FROM jsonb_array_elements(r.st->'i') x
+		notify = `CASE WHEN EXISTS (SELECT FROM jsonb_array_elements(r.st->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + `)
+  THEN (SELECT count(pg_notify($5, t.x->>'o')) FROM (SELECT x FROM jsonb_array_elements(r.st->'i') x
     WHERE (x->>'e')::bigint > ` + nowMicros + ` AND octet_length(x->>'o') < ` + strconv.Itoa(maxPayload) + `
     ORDER BY (x->>'s')::bigint
-    LIMIT greatest(r.lim - (SELECT count(*) FROM jsonb_array_elements(r.st->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + `), 0)) t)::text`
+    LIMIT greatest(r.lim - (SELECT count(*) FROM jsonb_array_elements(r.st->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + `), 0)) t)::text
+  WHEN r.waited THEN pg_notify($6, $7)::text END`
 	}
 	return `WITH cur AS (
   SELECT (SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM jsonb_array_elements(o.state->'` + arr + `') x WHERE ` + mine + ` LIMIT 1) AS live
@@ -708,7 +723,7 @@ func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn,
 // destinations escape).
 func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
 	var tok, left *int64
-	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label)).Scan(&tok, &r.lim, &left)
+	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label), l.Waits).Scan(&tok, &r.lim, &left)
 	if tok != nil {
 		r.ours, r.token = true, *tok
 	}
@@ -813,7 +828,7 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 		// Waited for, expired, or not ours: the full statement, which
 		// wakes the head of the queue or deletes our stale row.
 		var empty bool
-		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel).Scan(&live, nil, &empty)
+		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
@@ -865,9 +880,9 @@ func (p *Postgres) groupRemove(ctx context.Context, release bool, l *backend.Lea
 		var row pgx.Row
 		switch {
 		case l.Kind == backend.KindSemaphore && release:
-			row = p.pool.QueryRow(ctx, p.kRelSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel)
+			row = p.pool.QueryRow(ctx, p.kRelSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel, p.channel, notifyPayload(l.Key))
 		case l.Kind == backend.KindSemaphore:
-			row = p.pool.QueryRow(ctx, p.kWdrSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel)
+			row = p.pool.QueryRow(ctx, p.kWdrSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel, p.channel, notifyPayload(l.Key))
 		case release:
 			row = p.pool.QueryRow(ctx, p.kRel, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key))
 		default:
@@ -924,6 +939,20 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 func (p *Postgres) Subscribe(key string) (ch <-chan struct{}, cancel func()) {
 	return p.ln.subscribe(key)
 }
+
+// SubscribeHead implements [backend.HeadNotifier]: ch receives the
+// release notices of key addressed to the queued waiter value (its turn:
+// the lock is free and kept for it, or a permit is), those of key
+// addressed to nobody in particular (a release with nobody queued), and
+// at once one addressed to value that came within the last second,
+// before the subscription. Subscribe's rules hold otherwise.
+func (p *Postgres) SubscribeHead(key, value string) (ch <-chan struct{}, cancel func()) {
+	return p.ln.subscribeHead(key, value)
+}
+
+// Queues implements [backend.Queuer]: PostgreSQL queues the waiters of
+// mutexes and semaphores (and of read/write locks) in arrival order.
+func (p *Postgres) Queues(backend.Kind) bool { return true }
 
 // Close stops the LISTEN connection and its goroutine, if any, and waits
 // for them. It does not close the pool. Subscribe returns a nil channel

@@ -122,9 +122,9 @@ func testNoClientTime(t *testing.T, pg *pgFixture) {
 		for _, s := range stmts {
 			for i, a := range s.args {
 				switch a.(type) {
-				case string, int64, bytesArg:
+				case string, int64, bytesArg, bool:
 				default:
-					t.Errorf("%s: argument $%d is %T (%v); want only strings, byte strings and integers", op.name, i+1, a, a)
+					t.Errorf("%s: argument $%d is %T (%v); want only strings, byte strings, integers and booleans", op.name, i+1, a, a)
 				}
 			}
 			if !strings.Contains(s.sql, "now()") && !strings.HasSuffix(op.name, "release") {
