@@ -40,13 +40,13 @@ type listener struct {
 	// may subscribe just after (its attempt queued it, and the release
 	// came before its subscription). At most maxUnclaimed.
 	unclaimed map[string]time.Time
-	n       int                                    // live subscriptions
-	stop    context.CancelFunc                     // non-nil while a listen goroutine runs
-	timer   *time.Timer                            // pending idle stop
-	closed  bool
-	wg      sync.WaitGroup
-	running int // listen goroutines not yet returned (tests)
-	conns   int // successful LISTENs so far (tests)
+	n         int                // live subscriptions
+	stop      context.CancelFunc // non-nil while a listen goroutine runs
+	timer     *time.Timer        // pending idle stop
+	closed    bool
+	wg        sync.WaitGroup
+	running   int // listen goroutines not yet returned (tests)
+	conns     int // successful LISTENs so far (tests)
 }
 
 func newListener(pool *pgxpool.Pool, channel string) *listener {
