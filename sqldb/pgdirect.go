@@ -99,9 +99,9 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	for rr.NextRow() {
 		v := rr.Values()
 		if len(v) == 3 && len(v[0]) == 1 && len(v[1]) == 8 && len(v[2]) == 8 {
-			r.ours = v[0][0] != 0
 			r.token = int64(binary.BigEndian.Uint64(v[1]))
 			r.left = int64(binary.BigEndian.Uint64(v[2]))
+			r.ours, r.waited = r.left == -1, v[0][0] != 0
 			rows++
 		}
 	}

@@ -145,9 +145,11 @@ func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	// number, and marks the row waited (so that its release takes the
 	// statement that wakes the head). Expired intents go. SET expressions
 	// read the old row; RETURNING reads the new one, and owner values are
-	// unique per acquisition, so owner = $2 means we hold it. Otherwise it
-	// returns the time until the first event that may let us in unwoken:
-	// the holder's expiry, or the lapse of an intent that precedes ours.
+	// unique per acquisition, so owner = $2 means we hold it: then the
+	// third column is -1, and the first tells whether others still wait
+	// (the release then goes straight to rel). Otherwise it returns the
+	// time until the first event that may let us in unwoken: the holder's
+	// expiry, or the lapse of an intent that precedes ours.
 	//
 	m.acq = `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
 VALUES (` + vals + `, $2::text,
@@ -171,7 +173,7 @@ SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
         (SELECT x FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > a.n AND x->>'o' = $2::text LIMIT 1) AS own
       FROM (SELECT ` + nowMicros + ` AS n) a) b) s)
 WHERE ` + inTime + `
-RETURNING l.owner = $2::text, l.token, CASE WHEN l.owner = $2::text THEN 0::bigint ELSE coalesce(least(
+RETURNING l.owner = $2::text AND l.waited, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint ELSE coalesce(least(
     CASE WHEN l.expires_at > now() THEN (date_part('epoch', l.expires_at - now()) * 1000000)::bigint END,
     (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements(l.` + qcol + `) x, jsonb_array_elements(l.` + qcol + `) y
       WHERE y->>'o' = $2::text AND (x->>'s')::bigint < (y->>'s')::bigint) - ` + nowMicros + `), 0) END`
@@ -700,6 +702,7 @@ const settlePoll = 10 * time.Millisecond
 // pgReply is an acquire statement's reply.
 type pgReply struct {
 	ours        bool
+	waited      bool // a mutex taken with others waiting behind
 	token, left int64
 	lim         int32 // a semaphore's limit, as its holders took it
 	err         error
@@ -744,6 +747,9 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 		}
 	case r.err == nil && r.ours:
 		l.Token = uint64(r.token)
+		if r.waited {
+			l.Handle = waitedFor
+		}
 		return true, 0, nil
 	case r.err == nil && l.Kind == backend.KindSemaphore && int(r.lim) != l.Limit:
 		return false, 0, errLimitMismatch(l.Key, l.Limit, int(r.lim))
@@ -792,6 +798,11 @@ func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error 
 	return err
 }
 
+// waitedFor is a mutex lease's Handle when others waited behind it as it
+// was granted: its release takes the statement that wakes the next at
+// once, without trying the plain DELETE first.
+var waitedFor any = new(struct{ byte })
+
 // Release deletes l's row if l.Value still owns l.Key: in one statement
 // when the lock is live and no contender tried to acquire it meanwhile;
 // otherwise a second statement deletes the row, live or expired, and
@@ -820,10 +831,12 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
-		n, err := p.relFastDirect(ctx, m, l)
-		if err != nil || n == 1 {
-			live = err == nil
-			return err
+		if l.Handle != waitedFor { // nobody waited when we took it
+			n, err := p.relFastDirect(ctx, m, l)
+			if err != nil || n == 1 {
+				live = err == nil
+				return err
+			}
 		}
 		// Waited for, expired, or not ours: the full statement, which
 		// wakes the head of the queue or deletes our stale row.

@@ -1,9 +1,12 @@
 package sqldb
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/testsuite"
 )
@@ -151,6 +154,136 @@ func testQueueOrder(t *testing.T, pg *pgFixture, kind backend.Kind) {
 	}
 	for _, l := range releasers[len(ws):] {
 		mustRelease(t, owner[l], l)
+	}
+	wantRows(t, pg.fixture(), key)
+}
+
+// queued returns how many live intents wait in the row of key's mutex.
+func (f *pgFixture) queued(t *testing.T, key string) int {
+	t.Helper()
+	var n int
+	err := f.admin.QueryRow(t.Context(), `SELECT count(*) FROM distlock_locks l, jsonb_array_elements(l.queue) x
+WHERE l.lock_key = $1 AND (x->>'e')::bigint > (extract(epoch FROM now()) * 1000000)::bigint`, key).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitQueued polls until n intents wait for key's mutex.
+func (f *pgFixture) waitQueued(t *testing.T, key string, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, fmt.Sprintf("%d waiters queued", n), func() (bool, error) { return f.queued(t, key) == n, nil })
+}
+
+// waitFor makes a TryLock of key on d with a wait of 30s in a goroutine,
+// and sends when it got the lock (the zero time if it failed, failing t)
+// once it unlocked it. The test waits for it before it ends.
+func waitFor(t *testing.T, d *distlock.DistributeLock, key string) <-chan time.Time {
+	got := make(chan time.Time, 1)
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		lk, err := d.TryLock(ctx, key, 30*time.Second)
+		if err != nil {
+			got <- time.Time{}
+			done <- err
+			return
+		}
+		at := time.Now()
+		err = lk.Unlock(context.Background())
+		got <- at
+		done <- err
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	})
+	return got
+}
+
+// testDeadHeadPassedOver: the head of the queue died (it queued, and
+// never comes back): the lock kept for it after the release goes to the
+// next waiter, through the facade, once the dead head's intent lapses,
+// and no later: well before backend.HeadPoll, the longest a waiter
+// sleeps unwoken.
+func testDeadHeadPassedOver(t *testing.T, pg *pgFixture) {
+	const deadTTL = 300 * time.Millisecond
+	key := testsuite.Key(t)
+	a := pg.resource(t, pg.pool(t, nil))
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	dead := newLease(t, key, time.Minute) // until the waiter queued
+	dead.Waits = true
+	if ok, _ := attempt(t, a, dead); ok {
+		t.Fatal("the dead head acquired a held lock")
+	}
+	d, err := distlock.New(pg.resource(t, pg.pool(t, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := waitFor(t, d, key)
+	pg.waitQueued(t, key, 2)
+	// Renew the dead head's intent once more, for deadTTL, then leave
+	// it: it lapses deadTTL from now.
+	dead.TTL = deadTTL
+	if ok, _ := attempt(t, a, dead); ok {
+		t.Fatal("the dead head acquired a held lock")
+	}
+	lapse := time.Now().Add(deadTTL)
+	mustRelease(t, a, holder)
+	// A newcomer is refused the lock kept for the head, and told to come
+	// back when the head's intent lapses, not the holder's TTL later.
+	probe := newLease(t, key, time.Minute)
+	probe.Waits = true
+	if ok, left := attempt(t, a, probe); ok || left <= 0 || left > deadTTL {
+		t.Errorf("a newcomer's attempt = %v, time left %v; want refused, come back within the head's %v", ok, left, deadTTL)
+	}
+	if err := a.Withdraw(t.Context(), probe); err != nil {
+		t.Fatal(err)
+	}
+	at := <-got
+	switch {
+	case at.IsZero():
+	case at.Before(lapse):
+		t.Errorf("the waiter behind the head got the lock %v before the head's intent lapsed", lapse.Sub(at))
+	case at.Sub(lapse) > time.Second:
+		t.Errorf("the waiter got the lock %v after the dead head's intent lapsed; want within a second (a waiter sleeps at most %v unwoken)", at.Sub(lapse), backend.HeadPoll)
+	}
+	wantRows(t, pg.fixture(), key)
+}
+
+// testHeadWithdraws: the head of the queue, kept the lock by a release,
+// gives up (the facade withdraws its intent): the next waiter is woken at
+// once, not when the head's intent would have lapsed nor at HeadPoll.
+func testHeadWithdraws(t *testing.T, pg *pgFixture) {
+	key := testsuite.Key(t)
+	a := pg.resource(t, pg.pool(t, nil))
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	head := newLease(t, key, time.Minute)
+	head.Waits = true
+	if ok, _ := attempt(t, a, head); ok {
+		t.Fatal("the head acquired a held lock")
+	}
+	d, err := distlock.New(pg.resource(t, pg.pool(t, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := waitFor(t, d, key)
+	pg.waitQueued(t, key, 2)
+	mustRelease(t, a, holder) // kept for the head
+	if ok, _ := attempt(t, pg.resource(t, pg.pool(t, nil)), newLease(t, key, time.Minute)); ok {
+		t.Fatal("a newcomer took the lock kept for the head")
+	}
+	t0 := time.Now()
+	if err := a.Withdraw(t.Context(), head); err != nil {
+		t.Fatal(err)
+	}
+	if at := <-got; !at.IsZero() && at.Sub(t0) > time.Second {
+		t.Errorf("the next waiter got the lock %v after the head withdrew; want within a second (HeadPoll %v)", at.Sub(t0), backend.HeadPoll)
 	}
 	wantRows(t, pg.fixture(), key)
 }
