@@ -5,7 +5,10 @@
 // backend.Spinner, backend.Refresher, backend.BatchRefresher,
 // backend.KindChecker (mutexes, semaphores and read/write locks),
 // backend.Withdrawer, backend.Inspector, backend.Relabeler (an election's
-// Proclaim) and backend.KeyValidator, and are used through distlock.New:
+// Proclaim) and backend.KeyValidator, and are used through distlock.New.
+// [Postgres] also queues the waiters of mutexes and semaphores in arrival
+// order and wakes the head of the queue only (backend.Queuer,
+// backend.HeadNotifier; see "Waiting in line"):
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
 //	res, err := sqldb.NewPostgres(ctx, pool)
@@ -31,7 +34,8 @@
 //	  token      bigint NOT NULL,
 //	  expires_at timestamptz NOT NULL,
 //	  waited     boolean NOT NULL DEFAULT false, -- a contender tried: notify on release
-//	  label      bytea NOT NULL DEFAULT ''       -- distlock.WithLabel, shown by Inspect
+//	  label      bytea NOT NULL DEFAULT '',      -- distlock.WithLabel, shown by Inspect
+//	  queue      jsonb                           -- the waiters' intents (see Waiting in line)
 //	);
 //	ALTER SEQUENCE distlock_locks_token_seq OWNED BY distlock_locks.token;
 //	CREATE TABLE distlock_locks_kinds (
@@ -43,7 +47,7 @@
 //	  waited     boolean NOT NULL DEFAULT false,
 //	  label      bytea NOT NULL DEFAULT '',
 //	  lim        integer NOT NULL DEFAULT 0, -- a semaphore's limit
-//	  state      jsonb,                 -- a group's holders and intents
+//	  state      jsonb,                 -- a group's holders and intents; a mutex's intents
 //	  PRIMARY KEY (lock_key, kind)
 //	);
 //
@@ -91,9 +95,10 @@
 //   - Acquire inserts the row, or takes over a row whose expires_at is
 //     past, and returns the new token. PostgreSQL:
 //     INSERT .. ON CONFLICT (lock_key) DO UPDATE .. WHERE expires_at <= now()
-//     .. RETURNING token; when the key is held, the first contender sets
-//     waited on the holder's row and gets the holder's remaining time back
-//     (later contenders change nothing). MySQL: a two-row
+//     .. RETURNING token; when the key is held (or kept for the head of
+//     its queue), a contender marks the row waited, records or renews its
+//     intent if it waits, and gets back the time until the holder's expiry
+//     or the lapse of an intent ahead of its own. MySQL: a two-row
 //     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the key's
 //     counter into LAST_INSERT_ID() and whose second row takes the lock
 //     guarded by expiry; the outcome travels back in the OK packet's insert id, with
@@ -103,10 +108,12 @@
 //     ours is deleted too, and Release then returns backend.ErrNotHeld (on
 //     MySQL that case takes a second statement). PostgreSQL: a plain
 //     DELETE of our live row that nobody waited for, then, if it deleted
-//     nothing, a second DELETE .. RETURNING that also calls pg_notify when
-//     waited is set (one statement naming pg_notify and returning a row
-//     costs about 6% of an uncontended cycle, pinned, even when the
-//     function is not called).
+//     nothing, a second statement that deletes the row, or, when waiters
+//     are queued in it, keeps it for the head of the queue and notifies
+//     the head (one statement naming pg_notify and returning a row costs
+//     about 6% of an uncontended cycle, pinned, even when the function is
+//     not called). A mutex granted while others waited behind it releases
+//     with the second statement alone.
 //
 //   - Refresh sets expires_at anew where key and owner match and the lease
 //     has not run out.
@@ -197,7 +204,9 @@
 //   - a writer holds when nobody holds and no intent precedes its own (or,
 //     without one, when there is none); a reader when no writer holds and
 //     no writer's intent precedes its own (or none at all);
-//   - a read or write attempt that cannot hold records its intent, or
+//   - a read or write attempt that cannot hold (on PostgreSQL, a
+//     semaphore's too, when it waits: see Waiting in line) records its
+//     intent, or
 //     renews it (for another TTL from the attempt: the facade's spin
 //     makes the next attempt well within it), numbered by the token drawn
 //     for the attempt, which orders arrivals; a grant drops it;
@@ -224,6 +233,41 @@
 // deletes the row if it still has no live entry. A release or withdrawal
 // on PostgreSQL notifies the key's waiters, of every kind, when a
 // contender marked the row.
+//
+// # Waiting in line
+//
+// On PostgreSQL the waiters of a mutex or a semaphore queue in the lock's
+// row, in arrival order, as a read/write lock's requests do (see
+// backend.Queuer). An attempt of an acquisition that waits
+// (backend.Lease.Waits) and cannot hold records an intent {owner, arrival
+// number, expiry}: the arrival number is the token drawn for the attempt,
+// under the key's advisory lock, so numbers follow the order in which the
+// attempts committed; the expiry is l.TTL from the attempt, and each next
+// attempt of the acquisition renews it, keeping its number. A mutex is
+// granted when it is free and no live intent precedes the attempt's own
+// (or, without an intent of its own, when none waits); a semaphore permit
+// when the holders and the live intents ahead of the attempt's own are
+// fewer than the limit. A single attempt (a wait of 0) records nothing.
+//
+// A release with live intents keeps the row for the head of the queue
+// (an empty owner, expiry -infinity) and notifies it: a NOTIFY on the table's
+// queue channel (the channel's name and _q) whose payload is the head's
+// owner value, which each process's listener passes to that waiter only
+// ([Postgres.SubscribeHead]). A semaphore's release notifies the intents
+// now within the free permits. A newcomer is refused the kept lock and
+// queues; a head that never comes (it died, or never heard its notice) is
+// passed over when its intent lapses, at most l.TTL after its last
+// attempt, and the waiter behind it is told, in its refused attempt's
+// reply, to come back then. A waiter whose wait ends withdraws its intent
+// (Withdraw), and, when the lock was kept for it, the next in line is
+// notified. An owner value of 8000 bytes or more cannot be a NOTIFY's
+// payload: such a head is not woken and comes on its own, within
+// backend.HeadPoll.
+//
+// [MySQL] keeps no queue of mutex or semaphore waiters (it has no
+// notifications to wake a head with): whichever waiter tries first after
+// a release takes the lock, in no particular order. Its read/write locks
+// keep their order of arrival.
 //
 // # Contention and errors
 //
@@ -289,13 +333,17 @@
 //
 // # Wake-up
 //
-// [Postgres] implements backend.Notifier: while this process has waiters
-// it keeps one dedicated connection that LISTENs on the table's channel,
-// distlock_ followed by the table's oid (one channel however the table is
-// spelled); Release (and Withdraw) notifies when a contender tried the
-// lock while it was held, with the key as payload, or, for a key that is
-// not text, `\x` and its bytes in hex (a listener wakes the waiters of
-// both readings). A notice wakes the key's waiters of every kind. The connection is taken from the pool,
+// [Postgres] implements backend.Notifier and backend.HeadNotifier: while
+// this process has waiters it keeps one dedicated connection that LISTENs
+// on the table's channel, distlock_ followed by the table's oid (one
+// channel however the table is spelled), and on its queue channel (the
+// same and _q). A release of a mutex or semaphore with queued waiters
+// notifies the head on the queue channel (see Waiting in line). Otherwise
+// Release (and Withdraw) notifies when a contender tried the lock while
+// it was held, with the key as payload, or, for a key that is not text,
+// `\x` and its bytes in hex (a listener wakes the waiters of both
+// readings); such a notice wakes the key's waiters of every kind. The
+// connection is taken from the pool,
 // so the pool's hooks (BeforeConnect with dynamic credentials,
 // AfterConnect) ran for it, and then removed from it (it no longer counts
 // against MaxConns); it closes about a second after the last waiter
@@ -335,5 +383,7 @@
 //	DELETE FROM distlock_locks WHERE expires_at < UTC_TIMESTAMP(6);        -- MySQL
 //	DELETE FROM distlock_locks_kinds WHERE expires_at < UTC_TIMESTAMP(6);
 //
-// (The MySQL counter rows expire in year 9999: the statements keep them.)
+// (The MySQL counter rows expire in year 9999: the statements keep them.
+// A PostgreSQL row kept for the head of its queue is expired too: deleting
+// it costs its waiters their places in line, never a lock.)
 package sqldb
