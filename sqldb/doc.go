@@ -6,8 +6,8 @@
 // backend.KindChecker (mutexes, semaphores and read/write locks),
 // backend.Withdrawer, backend.Inspector, backend.Relabeler (an election's
 // Proclaim) and backend.KeyValidator, and are used through distlock.New.
-// [Postgres] also queues the waiters of mutexes and semaphores in arrival
-// order and wakes the head of the queue only (backend.Queuer,
+// [Postgres] also queues the waiters of mutexes in arrival order and wakes
+// the head of the queue only (backend.Queuer,
 // backend.HeadNotifier; see "Waiting in line"):
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
@@ -204,9 +204,7 @@
 //   - a writer holds when nobody holds and no intent precedes its own (or,
 //     without one, when there is none); a reader when no writer holds and
 //     no writer's intent precedes its own (or none at all);
-//   - a read or write attempt that cannot hold (on PostgreSQL, a
-//     semaphore's too, when it waits: see Waiting in line) records its
-//     intent, or
+//   - a read or write attempt that cannot hold records its intent, or
 //     renews it (for another TTL from the attempt: the facade's spin
 //     makes the next attempt well within it), numbered by the token drawn
 //     for the attempt, which orders arrivals; a grant drops it;
@@ -236,8 +234,8 @@
 //
 // # Waiting in line
 //
-// On PostgreSQL the waiters of a mutex or a semaphore queue in the lock's
-// row, in arrival order, as a read/write lock's requests do (see
+// On PostgreSQL the waiters of a mutex queue in the lock's row, in
+// arrival order, as a read/write lock's requests do (see
 // backend.Queuer). An attempt of an acquisition that waits
 // (backend.Lease.Waits) and cannot hold records an intent {owner, arrival
 // number, expiry}: the arrival number is the token drawn for the attempt,
@@ -245,16 +243,14 @@
 // attempts committed; the expiry is l.TTL from the attempt, and each next
 // attempt of the acquisition renews it, keeping its number. A mutex is
 // granted when it is free and no live intent precedes the attempt's own
-// (or, without an intent of its own, when none waits); a semaphore permit
-// when the holders and the live intents ahead of the attempt's own are
-// fewer than the limit. A single attempt (a wait of 0) records nothing.
+// (or, without an intent of its own, when none waits). A single attempt
+// (a wait of 0) records nothing.
 //
 // A release with live intents keeps the row for the head of the queue
 // (an empty owner, expiry -infinity) and notifies it: a NOTIFY on the table's
 // queue channel (the channel's name and _q) whose payload is the head's
 // owner value, which each process's listener passes to that waiter only
-// ([Postgres.SubscribeHead]). A semaphore's release notifies the intents
-// now within the free permits. A newcomer is refused the kept lock and
+// ([Postgres.SubscribeHead]). A newcomer is refused the kept lock and
 // queues; a head that never comes (it died, or never heard its notice) is
 // passed over when its intent lapses, at most l.TTL after its last
 // attempt, and the waiter behind it is told, in its refused attempt's
@@ -264,10 +260,10 @@
 // payload: such a head is not woken and comes on its own, within
 // backend.HeadPoll.
 //
-// [MySQL] keeps no queue of mutex or semaphore waiters (it has no
-// notifications to wake a head with): whichever waiter tries first after
-// a release takes the lock, in no particular order. Its read/write locks
-// keep their order of arrival.
+// Semaphores keep no queue on either store, nor do [MySQL]'s mutexes (it
+// has no notifications to wake a head with): whichever waiter tries first
+// after a release takes the lock or permit, in no particular order.
+// Read/write locks keep their order of arrival on both.
 //
 // # Contention and errors
 //
@@ -337,7 +333,7 @@
 // this process has waiters it keeps one dedicated connection that LISTENs
 // on the table's channel, distlock_ followed by the table's oid (one
 // channel however the table is spelled), and on its queue channel (the
-// same and _q). A release of a mutex or semaphore with queued waiters
+// same and _q). A release of a mutex with queued waiters
 // notifies the head on the queue channel (see Waiting in line). Otherwise
 // Release (and Withdraw) notifies when a contender tried the lock while
 // it was held, with the key as payload, or, for a key that is not text,

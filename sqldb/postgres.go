@@ -38,7 +38,7 @@ type Postgres struct {
 	// invalid UTF-8).
 	main, odd pgMutexSQL
 	// Semaphores and read/write locks, on the kinds table.
-	kAcq, kRel, kWithdraw, kRelSem, kWdrSem, kGone, kRef, kInspect string
+	kAcq, kRel, kWithdraw, kGone, kRef, kInspect string
 	// tracer is the pool's: the statements sent through pgconn call it
 	// (see pgdirect.go).
 	tracer pgx.QueryTracer
@@ -266,9 +266,7 @@ WHERE ` + where + ` AND expires_at > now()`
 func (p *Postgres) kindStmts(kq, seq string, class int32) {
 	// Parameters: $1 key, $2 owner, $3 TTL (µs), $4 bound (µs), $5 the
 	// row's kind, $6 the grant's mode ("s", "r", "w"), $7 the limit (0
-	// for a read/write lock), $8 the label, $9 whether a semaphore's
-	// acquisition waits (backend.Lease.Waits: only then does a refused
-	// attempt queue; a read or write attempt always does).
+	// for a read/write lock), $8 the label.
 	//
 	// One statement. The row is locked by the upsert (ON CONFLICT DO
 	// UPDATE reads its latest version, whatever the statement's
@@ -303,12 +301,11 @@ SET (state, lim, token, expires_at, waited) = (
     g.waited OR NOT s.ok
   FROM (SELECT d.ok,
       CASE WHEN d.ok THEN d.h || jsonb_build_array(` + fmt.Sprintf(me, `EXCLUDED.token`, `d.n`) + `) ELSE d.h END AS nh,
-      CASE WHEN d.ok OR $6::text = 's' AND (NOT $9::boolean OR jsonb_array_length(d.h) > 0 AND g.lim <> $7::int) THEN d.io
+      CASE WHEN d.ok OR $6::text = 's' THEN d.io
         ELSE d.io || jsonb_build_array(jsonb_build_object('o', $2::text, 'k', $6::text,
           's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $3::bigint)) END AS ni
     FROM (SELECT b.*, CASE $6::text
-        WHEN 's' THEN jsonb_array_length(b.h) + (SELECT count(*) FROM jsonb_array_elements(b.io) x WHERE ` + precedes + `) < $7::int
-          AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
+        WHEN 's' THEN jsonb_array_length(b.h) < $7::int AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
         WHEN 'r' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(b.h) x WHERE x->>'k' = 'w')
           AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE x->>'k' = 'w' AND ` + precedes + `)
         ELSE jsonb_array_length(b.h) = 0
@@ -321,12 +318,10 @@ SET (state, lim, token, expires_at, waited) = (
         FROM (SELECT ` + nowMicros + ` AS n) a) b) d) s)
 WHERE ` + inTime + `
 RETURNING (SELECT (x->>'t')::bigint FROM jsonb_array_elements(g.state->'h') x WHERE x->>'o' = $2::text LIMIT 1),
-  CASE WHEN jsonb_array_length(g.state->'h') > 0 THEN g.lim ELSE $7::int END,
+  g.lim,
   (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE x->>'o' <> $2::text) - ` + nowMicros
-	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`, false)
-	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`, false)
-	p.kRelSem = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`, true)
-	p.kWdrSem = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`, true)
+	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
+	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
 	p.kGone = `DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $2::smallint
   AND NOT EXISTS (SELECT FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE (x->>'e')::bigint > ` + nowMicros + `)`
 	p.kRef = `UPDATE ` + kq + ` AS g
@@ -367,13 +362,7 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // kGone is that DELETE of a row with no live entry, in a statement of
 // its own (its snapshot sees what the first one committed; a row changed
 // since is rechecked on its latest version).
-//
-// A semaphore's (sem) notice is addressed: on the queue channel $5, one
-// per intent now within the free permits (its owner value), in arrival
-// order; with no live intent, to the key's waiters if a contender marked
-// the row (channel $6, payload $7). A read/write lock's goes to the key's
-// waiters.
-func groupRemove(kq, arr, mine string, sem bool) string {
+func groupRemove(kq, arr, mine string) string {
 	mineH, mineI := `false`, `false`
 	if arr == "h" {
 		mineH = mine
@@ -384,15 +373,6 @@ func groupRemove(kq, arr, mine string, sem bool) string {
 		return `coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(g.state->'` + a + `') x
       WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + m + `)), '[]')`
 	}
-	notify := `CASE WHEN r.waited THEN pg_notify($5, $6) END::text`
-	if sem {
-		notify = `CASE WHEN EXISTS (SELECT FROM jsonb_array_elements(r.st->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + `)
-  THEN (SELECT count(pg_notify($5, t.x->>'o')) FROM (SELECT x FROM jsonb_array_elements(r.st->'i') x
-    WHERE (x->>'e')::bigint > ` + nowMicros + ` AND octet_length(x->>'o') < ` + strconv.Itoa(maxPayload) + `
-    ORDER BY (x->>'s')::bigint
-    LIMIT greatest(r.lim - (SELECT count(*) FROM jsonb_array_elements(r.st->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + `), 0)) t)::text
-  WHEN r.waited THEN pg_notify($6, $7)::text END`
-	}
 	return `WITH cur AS (
   SELECT (SELECT (x->>'e')::bigint > ` + nowMicros + ` FROM jsonb_array_elements(o.state->'` + arr + `') x WHERE ` + mine + ` LIMIT 1) AS live
   FROM ` + kq + ` AS o WHERE o.lock_key = $1::bytea AND o.kind = $3::smallint
@@ -402,15 +382,15 @@ func groupRemove(kq, arr, mine string, sem bool) string {
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'h') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineH + `))
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND NOT (` + mineI + `))
-  RETURNING g.waited, cur.live, NULL::jsonb AS st, 0 AS lim
+  RETURNING g.waited, cur.live
 ), u AS (
   UPDATE ` + kq + ` AS g SET state = jsonb_build_object('h', ` + keep("h", mineH) + `, 'i', ` + keep("i", mineI) + `)
   FROM cur
   WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint AND NOT EXISTS (SELECT FROM d)
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
-  RETURNING g.waited, cur.live, g.state, g.lim, g.state = '{"h": [], "i": []}'::jsonb AS empty
+  RETURNING g.waited, cur.live, g.state = '{"h": [], "i": []}'::jsonb AS empty
 )
-SELECT coalesce(r.live, false), ` + notify + `, r.empty
+SELECT coalesce(r.live, false), CASE WHEN r.waited THEN pg_notify($5, $6) END::text, r.empty
 FROM (SELECT *, false AS empty FROM d UNION ALL SELECT * FROM u) r`
 }
 
@@ -726,7 +706,7 @@ func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn,
 // destinations escape).
 func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
 	var tok, left *int64
-	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label), l.Waits).Scan(&tok, &r.lim, &left)
+	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label)).Scan(&tok, &r.lim, &left)
 	if tok != nil {
 		r.ours, r.token = true, *tok
 	}
@@ -777,8 +757,8 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	_, err := p.release(cctx, l)
-	if err == nil {
-		err = p.withdraw(cctx, l) // every kind's attempt may have queued
+	if err == nil && l.Kind != backend.KindSemaphore {
+		err = p.withdraw(cctx, l) // a mutex's or read/write lock's attempt may have queued
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
@@ -827,7 +807,7 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 
 func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
 	if l.Kind != backend.KindMutex {
-		return p.groupRemove(ctx, true, l)
+		return p.groupRemove(ctx, p.kRel, l)
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
@@ -860,6 +840,9 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
 	}
+	if l.Kind == backend.KindSemaphore {
+		return nil // not queued: nothing to withdraw
+	}
 	if err := p.withdraw(ctx, l); err != nil {
 		return fmt.Errorf("sqldb: postgres: withdraw %q: %w", l.Key, err)
 	}
@@ -868,7 +851,7 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 
 func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
 	if l.Kind != backend.KindMutex {
-		_, err := p.groupRemove(ctx, false, l)
+		_, err := p.groupRemove(ctx, p.kWithdraw, l)
 		return err
 	}
 	m := p.mutex(l.Key)
@@ -887,21 +870,10 @@ func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
 
 // groupRemove runs a groupRemove statement for l, and deletes the row
 // if that left it empty. It reports whether l's entry was live.
-func (p *Postgres) groupRemove(ctx context.Context, release bool, l *backend.Lease) (live bool, err error) {
+func (p *Postgres) groupRemove(ctx context.Context, stmt string, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
-		var row pgx.Row
-		switch {
-		case l.Kind == backend.KindSemaphore && release:
-			row = p.pool.QueryRow(ctx, p.kRelSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel, p.channel, notifyPayload(l.Key))
-		case l.Kind == backend.KindSemaphore:
-			row = p.pool.QueryRow(ctx, p.kWdrSem, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.ln.qchannel, p.channel, notifyPayload(l.Key))
-		case release:
-			row = p.pool.QueryRow(ctx, p.kRel, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key))
-		default:
-			row = p.pool.QueryRow(ctx, p.kWithdraw, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key))
-		}
-		err := row.Scan(&live, nil, &empty)
+		err := p.pool.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
@@ -955,7 +927,7 @@ func (p *Postgres) Subscribe(key string) (ch <-chan struct{}, cancel func()) {
 
 // SubscribeHead implements [backend.HeadNotifier]: ch receives the
 // release notices of key addressed to the queued waiter value (its turn:
-// the lock is free and kept for it, or a permit is), those of key
+// the lock is free and kept for it), those of key
 // addressed to nobody in particular (a release with nobody queued), and
 // at once one addressed to value that came within the last second,
 // before the subscription. Subscribe's rules hold otherwise.
@@ -964,8 +936,9 @@ func (p *Postgres) SubscribeHead(key, value string) (ch <-chan struct{}, cancel 
 }
 
 // Queues implements [backend.Queuer]: PostgreSQL queues the waiters of
-// mutexes and semaphores (and of read/write locks) in arrival order.
-func (p *Postgres) Queues(backend.Kind) bool { return true }
+// mutexes (and the requests of read/write locks) in arrival order, not
+// those of semaphores: their waiters race for a freed permit.
+func (p *Postgres) Queues(k backend.Kind) bool { return k == backend.KindMutex }
 
 // Close stops the LISTEN connection and its goroutine, if any, and waits
 // for them. It does not close the pool. Subscribe returns a nil channel

@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"github.com/distlock/distlock/testsuite"
 )
 
-// The queue of a mutex's or semaphore's waiters, on the store's own calls
+// The queue of a mutex's waiters, on the store's own calls
 // (the facade's use of them is the conformance suite's).
 
 // attempt makes one TryAcquire of l and reports whether it held.
@@ -77,7 +78,8 @@ func noticeBarrier(t *testing.T, p *Postgres) {
 	noticed(t, ch, "the fence")
 }
 
-// testQueueOrder: the waiters of a mutex or a semaphore (limit 2), from
+// testQueueOrder: the waiters of a mutex (or, given KindSemaphore, of a
+// semaphore of limit 2, which the facade does not queue yet), from
 // different resources as from processes, are granted in the order they
 // first tried, whatever order they try again in; a release wakes only the
 // waiter it lets in, in whichever process it waits.
@@ -286,4 +288,24 @@ func testHeadWithdraws(t *testing.T, pg *pgFixture) {
 		t.Errorf("the next waiter got the lock %v after the head withdrew; want within a second (HeadPoll %v)", at.Sub(t0), backend.HeadPoll)
 	}
 	wantRows(t, pg.fixture(), key)
+}
+
+// requests counts the requests PostgreSQL keeps for key's lock of kind:
+// its live holders and its queued waiters' live intents (the conformance
+// suite's ArrivalOrder case); semaphores keep no queue.
+func (f *pgFixture) requests(ctx context.Context, key string, kind backend.Kind) (int, error) {
+	live := `(x->>'e')::bigint > (extract(epoch FROM now()) * 1000000)::bigint`
+	var n int
+	var err error
+	switch {
+	case kind == backend.KindMutex && textKey(key):
+		err = f.admin.QueryRow(ctx, `SELECT coalesce(sum((expires_at > now())::int
+  + (SELECT count(*) FROM jsonb_array_elements(queue) x WHERE `+live+`)), 0)::int FROM distlock_locks WHERE lock_key = $1`, key).Scan(&n)
+	case kind == backend.KindMutex:
+		err = f.admin.QueryRow(ctx, `SELECT coalesce(sum((expires_at > now())::int
+  + (SELECT count(*) FROM jsonb_array_elements(state) x WHERE `+live+`)), 0)::int FROM distlock_locks_kinds WHERE lock_key = $1 AND kind = 0`, []byte(key)).Scan(&n)
+	default:
+		return 0, fmt.Errorf("requests of a %v: %w", kind, errors.ErrUnsupported)
+	}
+	return n, err
 }
