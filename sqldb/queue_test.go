@@ -115,6 +115,11 @@ func testQueueOrder(t *testing.T, pg *pgFixture, kind backend.Kind) {
 			t.Fatalf("waiter %d: acquired %v, time left %v; want false and a time left", i, ok, left)
 		}
 	}
+	if kind == backend.KindMutex {
+		if n, err := pg.requests(t.Context(), key, kind); err != nil || n != 1+len(ws) {
+			t.Fatalf("requests kept = %d, %v; want the holder and %d waiters", n, err, len(ws))
+		}
+	}
 	for _, p := range res {
 		listening(t, p)
 	}
