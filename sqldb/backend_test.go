@@ -42,6 +42,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("QueueOrderMutex", func(t *testing.T) { testQueueOrder(t, pg, backend.KindMutex) })
 	t.Run("DeadHeadPassedOver", func(t *testing.T) { testDeadHeadPassedOver(t, pg) })
 	t.Run("HeadWithdraws", func(t *testing.T) { testHeadWithdraws(t, pg) })
+	t.Run("IntentLapsesWithWait", func(t *testing.T) { testIntentLapsesWithWait(t, pg) })
+	t.Run("ShortHoldsAllAtOnce", func(t *testing.T) { testShortHoldsAllAtOnce(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

@@ -240,8 +240,13 @@
 // (backend.Lease.Waits) and cannot hold records an intent {owner, arrival
 // number, expiry}: the arrival number is the token drawn for the attempt,
 // under the key's advisory lock, so numbers follow the order in which the
-// attempts committed; the expiry is l.TTL from the attempt, and each next
-// attempt of the acquisition renews it, keeping its number. A mutex is
+// attempts committed; the expiry is l.TTL from the attempt, but no later
+// than the end of the acquisition's context (its wait, plus the facade's
+// grace for the last attempt), and each next attempt of the acquisition
+// renews it, keeping its number. So a waiter that left holds up nobody
+// past the end of its wait, even when its withdrawal comes late (its last
+// attempt, abandoned at the wait's end, may commit after it) or never
+// (the process died). A mutex is
 // granted when it is free and no live intent precedes the attempt's own
 // (or, without an intent of its own, when none waits). A single attempt
 // (a wait of 0) records nothing.
@@ -253,7 +258,7 @@
 // ([Postgres.SubscribeHead]). A newcomer is refused the kept lock and
 // queues; a head that never comes (it died, or never heard its notice) is
 // passed over when its intent lapses, at most l.TTL after its last
-// attempt, and the waiter behind it is told, in its refused attempt's
+// attempt (and no later than the end of its wait), and the waiter behind it is told, in its refused attempt's
 // reply, to come back then. A waiter whose wait ends withdraws its intent
 // (Withdraw), and, when the lock was kept for it, the next in line is
 // notified. An owner value of 8000 bytes or more cannot be a NOTIFY's

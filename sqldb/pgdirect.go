@@ -35,10 +35,11 @@ func stmtName(sql string) string {
 
 // Parameter formats of the direct statements (0 text, 1 binary): the
 // acquire's key (text, or bytea in binary), owner, TTL and bound (int8),
-// label (bytea), waits (bool); the release's key and owner.
+// label (bytea), waits (bool), an intent's life (int8); the release's key
+// and owner.
 var (
-	acqFormats    = []int16{0, 0, 1, 1, 1, 1}
-	acqOddFormats = []int16{1, 0, 1, 1, 1, 1}
+	acqFormats    = []int16{0, 0, 1, 1, 1, 1, 1}
+	acqOddFormats = []int16{1, 0, 1, 1, 1, 1, 1}
 	relFormats    = []int16{0, 0}
 	relOddFormats = []int16{1, 0}
 	binaryResults = []int16{1}
@@ -50,8 +51,9 @@ var (
 // allocation): TryAcquire cuts the statement off itself.
 type pgCall struct {
 	parent context.Context
-	params [6][]byte
-	ints   [17]byte
+	life   time.Duration // an intent's life (see intentLife)
+	params [7][]byte
+	ints   [25]byte
 }
 
 func (c *pgCall) Deadline() (time.Time, bool) { return time.Time{}, false }
@@ -82,7 +84,7 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	}
 	if p.tracer != nil {
 		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.acq,
-			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits}})
+			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits, micros(call.life)}})
 		defer func() {
 			p.tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: r.err})
 		}()
@@ -93,7 +95,8 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	if l.Waits {
 		call.ints[16] = 1
 	}
-	call.params = [6][]byte{strBytes(l.Key), strBytes(l.Value), call.ints[:8], call.ints[8:16], strBytes(l.Label), call.ints[16:]}
+	binary.BigEndian.PutUint64(call.ints[17:], uint64(micros(call.life)))
+	call.params = [7][]byte{strBytes(l.Key), strBytes(l.Value), call.ints[:8], call.ints[8:16], strBytes(l.Label), call.ints[16:17], call.ints[17:]}
 	rr := conn.PgConn().ExecStatement(ctx, sd, call.params[:], formats, binaryResults)
 	rows := 0
 	for rr.NextRow() {

@@ -117,7 +117,8 @@ const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * inte
 // kind 0. Parameters: $1 key, $2 owner, $3 TTL in microseconds, $4 the
 // acquire's server-side bound in microseconds, $5 the label, $6 whether
 // the acquisition waits (backend.Lease.Waits: only then does a refused
-// attempt queue); a release or withdrawal notifies the head on the queue
+// attempt queue), $7 the life of the intent it records (see intentLife);
+// a release or withdrawal notifies the head on the queue
 // channel $3, and a release with nobody queued the key's waiters on
 // channel $4 with payload $5.
 //
@@ -141,7 +142,7 @@ func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	// owner '' and expired), if no live intent of a waiter precedes ours
 	// (or, without an intent of ours, if none waits). Otherwise it records
 	// our intent in the row's queue, numbered by the token drawn for the
-	// attempt (arrival order), or renews it for $3 from now, keeping its
+	// attempt (arrival order), or renews it for $7 from now, keeping its
 	// number, and marks the row waited (so that its release takes the
 	// statement that wakes the head). Expired intents go. SET expressions
 	// read the old row; RETURNING reads the new one, and owner values are
@@ -165,7 +166,7 @@ SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
     CASE WHEN s.ok THEN EXCLUDED.expires_at ELSE l.expires_at END,
     NOT s.ok OR s.io <> '[]'::jsonb,
     CASE WHEN s.ok OR NOT $6::boolean THEN s.io ELSE s.io || jsonb_build_array(jsonb_build_object('o', $2::text,
-      's', coalesce((s.own->>'s')::bigint, EXCLUDED.token), 'e', s.n + $3::bigint)) END
+      's', coalesce((s.own->>'s')::bigint, EXCLUDED.token), 'e', s.n + $7::bigint)) END
   FROM (SELECT b.*, l.expires_at <= now()
       AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE b.own IS NULL OR (x->>'s')::bigint < (b.own->>'s')::bigint) AS ok
     FROM (SELECT a.n,
@@ -557,7 +558,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return p.acquireUntilBound(bc, c, l)
 	}
 	if ctx.Done() == nil { // nothing can end the call: no bound
-		var call pgCall
+		call := pgCall{life: intentLife(ctx, l.TTL)}
 		r := p.acquireOn(ctx, &call, c, l, 0)
 		c.Release()
 		return p.outcome(ctx, l, r, 0)
@@ -570,7 +571,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	// ctx's Done was made to wait for the connection.
 	bound := statementBound(ctx)
 	pc := c.Conn().PgConn()
-	call := &pgCall{parent: ctx}
+	call := &pgCall{parent: ctx, life: intentLife(ctx, l.TTL)}
 	cut := make(chan struct{}) // closed once the deadline was set: the statement was cut off
 	sent := time.Now()
 	stop := context.AfterFunc(ctx, func() {
@@ -714,6 +715,21 @@ func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend
 		r.left = *left
 	}
 	return r
+}
+
+// intentLife is the life of the intent a refused attempt of a waiting
+// mutex acquisition records: the lease's TTL, but no longer than the
+// acquisition's context has left (its wait and the facade's grace), so
+// that the intent of a waiter that left lapses when its wait ends even
+// if its withdrawal comes late or never: an attempt cut off at the end
+// of the wait may commit after the withdrawal and renew the intent, and
+// a lock kept for a head that left would stall the queue behind it for
+// the TTL.
+func intentLife(ctx context.Context, ttl time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(min(ttl, time.Until(dl)), time.Microsecond)
+	}
+	return ttl
 }
 
 // outcome turns an acquire statement's reply into TryAcquire's result.

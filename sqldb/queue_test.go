@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -313,4 +315,95 @@ func (f *pgFixture) requests(ctx context.Context, key string, kind backend.Kind)
 		return 0, fmt.Errorf("requests of a %v: %w", kind, errors.ErrUnsupported)
 	}
 	return n, err
+}
+
+// testIntentLapsesWithWait: a waiter's intent lasts no longer than its
+// acquisition's context has left, whatever its TTL: a waiter that left
+// without withdrawing (or whose last attempt, abandoned at the end of its
+// wait, committed after its withdrawal) does not hold up the queue behind
+// it for its TTL.
+func testIntentLapsesWithWait(t *testing.T, pg *pgFixture) {
+	key := testsuite.Key(t)
+	a := pg.resource(t, pg.pool(t, nil))
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	t.Cleanup(func() { _ = a.Release(context.Background(), holder) })
+	w := newLease(t, key, time.Minute)
+	w.Waits = true
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	ok, _, err := a.TryAcquire(ctx, w)
+	if err != nil || ok {
+		t.Fatalf("a waiter's attempt on a held lock = %v, %v; want refused", ok, err)
+	}
+	if n := pg.queued(t, key); n != 1 {
+		t.Fatalf("%d intents queued after the attempt; want 1", n)
+	}
+	// The waiter never withdraws: its intent lapses when its context ends.
+	pg.waitQueued(t, key, 0)
+}
+
+// testShortHoldsAllAtOnce: 3 resources (as processes) x 4 goroutines, all
+// released at once, contend for one key through the facade, each holding
+// 1ms and waiting 200ms. The queue must keep handing the lock on: a stall
+// (a lock kept for a head that left) refuses nearly every request.
+func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
+	const procs, workers, rounds = 3, 4, 50
+	key := testsuite.Key(t)
+	var ds []*distlock.DistributeLock
+	for range procs {
+		d, err := distlock.New(pg.resource(t, pg.pool(t, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		ds = append(ds, d)
+	}
+	var (
+		granted, refused, unanswered, holders atomic.Int64
+		wg                                    sync.WaitGroup
+		start                                 = make(chan struct{})
+	)
+	errs := make(chan error, procs*workers*rounds)
+	for _, d := range ds {
+		for range workers {
+			wg.Go(func() {
+				<-start
+				for range rounds {
+					lk, err := d.TryLock(context.Background(), key, 200*time.Millisecond)
+					switch {
+					case errors.Is(err, distlock.ErrNotAcquired):
+						refused.Add(1)
+						continue
+					case errors.Is(err, context.DeadlineExceeded):
+						unanswered.Add(1) // no answer within the wait: a loaded machine
+						continue
+					case err != nil:
+						errs <- err
+						continue
+					}
+					granted.Add(1)
+					if holders.Add(1) != 1 {
+						errs <- errors.New("two holders at once")
+					}
+					time.Sleep(time.Millisecond) // the hold
+					holders.Add(-1)
+					if err := lk.Unlock(context.Background()); err != nil {
+						errs <- err
+					}
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	total := int64(procs * workers * rounds)
+	t.Logf("granted %d of %d, refused %d, unanswered %d", granted.Load(), total, refused.Load(), unanswered.Load())
+	if granted.Load() < total/2 {
+		t.Errorf("granted %d of %d; want at least half", granted.Load(), total)
+	}
 }
