@@ -601,6 +601,13 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
 		Cleanup: func(ctx context.Context) error {
+			// The statement has usually committed already: give back
+			// what it took at once (a lock granted to it, or kept
+			// for it, stalls every waiter of the key until then),
+			// and again once it can no longer write.
+			if err := p.cleanup(ctx, l); err != nil {
+				return err
+			}
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}

@@ -346,7 +346,9 @@ func testIntentLapsesWithWait(t *testing.T, pg *pgFixture) {
 // testShortHoldsAllAtOnce: 3 resources (as processes) x 4 goroutines, all
 // released at once, contend for one key through the facade, each holding
 // 1ms and waiting 200ms. The queue must keep handing the lock on: a stall
-// (a lock kept for a head that left) refuses nearly every request.
+// (a lock kept for a head that left, or taken by an attempt cut off at
+// the end of its wait and held until its clean-up) refuses nearly every
+// request.
 func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
 	const procs, workers, rounds = 3, 4, 50
 	key := testsuite.Key(t)
@@ -403,7 +405,9 @@ func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
 	}
 	total := int64(procs * workers * rounds)
 	t.Logf("granted %d of %d, refused %d, unanswered %d", granted.Load(), total, refused.Load(), unanswered.Load())
-	if granted.Load() < total/2 {
-		t.Errorf("granted %d of %d; want at least half", granted.Load(), total)
+	// A stall grants a handful (1 to 23 of 600 were seen); a loaded
+	// machine with 2 cores, under -race, still grants over a third.
+	if granted.Load() < total/10 {
+		t.Errorf("granted %d of %d; want at least a tenth", granted.Load(), total)
 	}
 }
