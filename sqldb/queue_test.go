@@ -405,9 +405,12 @@ func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
 	}
 	total := int64(procs * workers * rounds)
 	t.Logf("granted %d of %d, refused %d, unanswered %d", granted.Load(), total, refused.Load(), unanswered.Load())
-	// A stall grants a handful (1 to 23 of 600 were seen); a loaded
-	// machine with 2 cores, under -race, still grants over a third.
-	if granted.Load() < total/10 {
-		t.Errorf("granted %d of %d; want at least a tenth", granted.Load(), total)
+	// A stall grants a handful and refuses the rest (1 to 23 of 600
+	// were seen). A loaded machine leaves requests unanswered within
+	// 200ms (the store is slow, not the queue stuck): of the requests
+	// the store answered, a fifth and more were granted on a loaded
+	// 2-core machine under -race.
+	if answered := granted.Load() + refused.Load(); granted.Load()*10 < answered {
+		t.Errorf("granted %d of %d answered requests; want at least a tenth", granted.Load(), answered)
 	}
 }
