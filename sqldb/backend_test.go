@@ -68,6 +68,7 @@ func harness(f fixture) testsuite.Harness {
 		// all.
 		Leftovers: f.rows,
 		Evict:     f.evict,
+		Requests:  f.requests,
 		MaxKeyLen: MaxKeyLen, // the suite's keys are ASCII: characters = bytes
 		// A pool or *sql.DB the application closed under the resource.
 		NewClosedResource: func(t *testing.T) backend.RemoteResource { return f.closed(t) },

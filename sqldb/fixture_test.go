@@ -38,6 +38,9 @@ type fixture struct {
 	rows func(ctx context.Context, key string) ([]string, error)
 	// evict deletes key's row behind its owner's back.
 	evict func(ctx context.Context, key string) error
+	// requests counts the holders and live queued intents of key (nil:
+	// the store keeps no queue; see testsuite.Harness.Requests).
+	requests func(ctx context.Context, key string, kind backend.Kind) (int, error)
 	// remaining is the time key's row has left by the server's clock
 	// (negative once expired).
 	remaining func(ctx context.Context, key string) (time.Duration, error)
@@ -176,7 +179,8 @@ func (f *pgFixture) resource(t testing.TB, pool *pgxpool.Pool, opts ...Option) *
 
 func (f *pgFixture) fixture() fixture {
 	return fixture{
-		name: "postgres",
+		name:     "postgres",
+		requests: f.requests,
 		newResource: func(t testing.TB) resource {
 			return f.resource(t, f.pool(t, nil))
 		},
