@@ -212,10 +212,9 @@
 //   - expired entries are dropped by whichever statement next writes the
 //     row.
 //
-// Mutex and semaphore waiters keep no line here (the store is not a
-// backend.Queuer): after a release, whichever waiter tries first gets the
-// lock, as with Redlock; read and write requests are served in order of
-// arrival as above.
+// Semaphore waiters keep no line (see Waiting in line for mutexes):
+// after a release, whichever waiter tries first gets the freed permit;
+// read and write requests are served in order of arrival as above.
 //
 // Tokens of a lock's grants (permits; read and write grants) increase,
 // ordered by commit as a mutex's are: drawn under the advisory lock of
