@@ -289,3 +289,31 @@ func TestQueuedWaiterWokenByItsNotice(t *testing.T) {
 		t.Errorf("subscriptions: addressed %q, plain %d; want one addressed to the waiter's value", store.heads, store.plain.Load())
 	}
 }
+
+// TestQueuedWaiterNoLastAttempt: a queued waiter behind the head (no
+// notice addressed to it comes) sleeps to the end of its wait and makes
+// no attempt there: it is not the head, so the attempt would find the
+// lock held or kept for another. (Every waiter behind the head made one
+// as its wait ended, each with only the facade's grace to be answered
+// in; on a loaded PostgreSQL those were cut off, each cut-off closed its
+// pooled connection, and the line stalled waiting for new ones.)
+func TestQueuedWaiterNoLastAttempt(t *testing.T) {
+	store := &deafQueue{newQueueing()}
+	d, err := distlock.New(store, distlock.WithSpin(longSpin, 0), distlock.WithDefaultTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	holder, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock(context.Background())
+	skip := holderValue(t, store.queueing)
+	if _, err := d.TryLock(t.Context(), "k", 300*time.Millisecond); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("waiter: %v; want ErrNotAcquired", err)
+	}
+	if got := store.attempts(skip); len(got) != 1 {
+		t.Errorf("the waiter made %d attempts; want 1: the first, none at the end of its wait", len(got))
+	}
+}

@@ -66,7 +66,9 @@ const (
 	// HeadOnly: Queued, and the notifier is a backend.HeadNotifier: the
 	// waiter subscribes to the notices addressed to l.Value, and,
 	// subscribed, sleeps up to a third of l.TTL, at most
-	// backend.HeadPoll, instead of the policy's draw.
+	// backend.HeadPoll, instead of the policy's draw; a sleep that
+	// reaches the deadline unwoken ends the wait without a last
+	// attempt.
 	HeadOnly
 )
 
@@ -78,7 +80,8 @@ type Stats struct {
 
 // Acquire calls s.TryAcquire until it acquires l, the deadline passes, or
 // ctx ends. A zero deadline means exactly one attempt. It never sleeps past
-// the deadline: the last attempt is made at the deadline. Between attempts
+// the deadline: the last attempt is made at the deadline (but by a
+// HeadOnly waiter that no notice woke). Between attempts
 // it sleeps as p says, and wakes at once on a release notice when n is not
 // nil (subscribing after the first failed attempt, so an uncontended
 // acquire costs one call, and again when the key a WaitKeyer names
@@ -88,7 +91,9 @@ type Stats struct {
 // backend.KindChecker and backend.Queuer), sleeps at most a third of
 // l.TTL, so that its intent never lapses while it waits; with q ==
 // HeadOnly, subscribed, it sleeps that long (at most backend.HeadPoll,
-// and not past the holder's time left): a notice tells it its turn.
+// and not past the holder's time left): a notice tells it its turn, and
+// when its sleep reaches the deadline unwoken it makes no last attempt
+// (it is not the head).
 //
 // It returns the start of the successful attempt. On contention it returns
 // backend.ErrNotAcquired; when ctx ends between attempts, ctx.Err(); a
@@ -147,12 +152,13 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		}
 		left := deadline.Sub(now)
 		d := p.next(holderTTL, left, wake != nil)
+		headOnly := q == HeadOnly && wake != nil
 		if q != Unqueued || l.Kind == backend.KindRead || l.Kind == backend.KindWrite {
 			// The attempt recorded an intent that lasts l.TTL and
 			// the next attempt renews: come back well before it
 			// lapses, or the wait loses its place in line.
 			keep := max(l.TTL/3, time.Millisecond)
-			if q == HeadOnly && wake != nil {
+			if headOnly {
 				// Only a notice addressed to this waiter wakes
 				// it: it sleeps until then, but to keep its
 				// intent (and for a lost notice).
@@ -170,6 +176,15 @@ func Acquire(ctx context.Context, s backend.Spinner, n backend.Notifier, p Polic
 		}
 		select {
 		case <-timer.C:
+			if headOnly && d == left {
+				// Slept to the deadline unwoken: not the head
+				// (the head is told), so a last attempt would
+				// find the lock held or kept for another.
+				// Skipped: every waiter behind the head would
+				// make one as its wait ends, each with only
+				// the facade's grace to be answered in.
+				return time.Time{}, backend.ErrNotAcquired
+			}
 		case <-wake:
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
