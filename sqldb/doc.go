@@ -98,7 +98,7 @@
 //     .. RETURNING token; when the key is held (or kept for the head of
 //     its queue), a contender marks the row waited, records or renews its
 //     intent if it waits, and gets back the time until the holder's expiry
-//     or the lapse of an intent ahead of its own. MySQL: a two-row
+//     or the lapse of the intents ahead of its own. MySQL: a two-row
 //     INSERT .. ON DUPLICATE KEY UPDATE whose first row bumps the key's
 //     counter into LAST_INSERT_ID() and whose second row takes the lock
 //     guarded by expiry; the outcome travels back in the OK packet's insert id, with
@@ -240,15 +240,19 @@
 // number, expiry}: the arrival number is the token drawn for the attempt,
 // under the key's advisory lock, so numbers follow the order in which the
 // attempts committed; the expiry is l.TTL from the attempt, but no later
-// than the end of the acquisition's context (its wait, plus the facade's
-// grace for the last attempt), and each next attempt of the acquisition
-// renews it, keeping its number. So a waiter that left holds up nobody
-// past the end of its wait, even when its withdrawal comes late (its last
-// attempt, abandoned at the wait's end, may commit after it) or never
-// (the process died). A mutex is
-// granted when it is free and no live intent precedes the attempt's own
-// (or, without an intent of its own, when none waits). A single attempt
-// (a wait of 0) records nothing.
+// than 50ms before the end of the acquisition's context (its wait, plus
+// the facade's grace for the last attempt), and each next attempt of the
+// acquisition renews it, keeping its number. So a waiter that left holds
+// up nobody past the end of its wait, even when its withdrawal comes late
+// (its last attempt, abandoned at the wait's end, may commit after it) or
+// never (the process died), and the lock is never kept for a head with
+// less than 50ms of its wait left: a release's notice and the head's
+// attempt take a few milliseconds, tens under load, and a lock kept for a
+// head that cannot take it in time waits for that head's withdrawal. A
+// mutex is granted when it is free and no live intent precedes the
+// attempt's own (or, without an intent of its own, when none waits). A
+// single attempt (a wait of 0), or one with less than 50ms of its wait
+// left, records nothing.
 //
 // A release with live intents keeps the row for the head of the queue
 // (an empty owner, expiry -infinity) and notifies it: a NOTIFY on the table's
@@ -257,8 +261,9 @@
 // ([Postgres.SubscribeHead]). A newcomer is refused the kept lock and
 // queues; a head that never comes (it died, or never heard its notice) is
 // passed over when its intent lapses, at most l.TTL after its last
-// attempt (and no later than the end of its wait), and the waiter behind it is told, in its refused attempt's
-// reply, to come back then. A waiter whose wait ends withdraws its intent
+// attempt (and before the end of its wait), and the waiter behind it is
+// told, in its refused attempt's reply, to come back then (a waiter
+// further back, when every intent ahead of its own will have lapsed). A waiter whose wait ends withdraws its intent
 // (Withdraw), and, when the lock was kept for it, the next in line is
 // notified. An owner value of 8000 bytes or more cannot be a NOTIFY's
 // payload: such a head is not woken and comes on its own, within

@@ -84,7 +84,7 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	}
 	if p.tracer != nil {
 		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.acq,
-			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits, micros(call.life)}})
+			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits && call.life > 0, micros(call.life)}})
 		defer func() {
 			p.tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: r.err})
 		}()
@@ -92,7 +92,7 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	binary.BigEndian.PutUint64(call.ints[:8], uint64(micros(l.TTL)))
 	binary.BigEndian.PutUint64(call.ints[8:], uint64(bound))
 	call.ints[16] = 0
-	if l.Waits {
+	if l.Waits && call.life > 0 { // a wait too near its end does not queue (intentLife)
 		call.ints[16] = 1
 	}
 	binary.BigEndian.PutUint64(call.ints[17:], uint64(micros(call.life)))

@@ -243,12 +243,12 @@ func testDeadHeadPassedOver(t *testing.T, pg *pgFixture) {
 	}
 	lapse := time.Now().Add(deadTTL)
 	mustRelease(t, a, holder)
-	// A newcomer is refused the lock kept for the head, and told to come
-	// back when the head's intent lapses, not the holder's TTL later.
+	// A newcomer is refused the lock kept for the head, and queues
+	// behind the waiter (which will wake it).
 	probe := newLease(t, key, time.Minute)
 	probe.Waits = true
-	if ok, left := attempt(t, a, probe); ok || left <= 0 || left > deadTTL {
-		t.Errorf("a newcomer's attempt = %v, time left %v; want refused, come back within the head's %v", ok, left, deadTTL)
+	if ok, left := attempt(t, a, probe); ok || left <= 0 {
+		t.Errorf("a newcomer's attempt = %v, time left %v; want refused, and a time to come back", ok, left)
 	}
 	if err := a.Withdraw(t.Context(), probe); err != nil {
 		t.Fatal(err)
@@ -412,5 +412,43 @@ func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
 	// 2-core machine under -race.
 	if answered := granted.Load() + refused.Load(); granted.Load()*10 < answered {
 		t.Errorf("granted %d of %d answered requests; want at least a tenth", granted.Load(), answered)
+	}
+}
+
+// testHintLastLapseAhead: a refused waiter is told to come back when
+// every intent ahead of its own will have lapsed (or the holder's lease
+// ends), not at the first lapse ahead: while one ahead lives, its release
+// or withdrawal wakes the next. Waking at each lapse ahead, every waiter
+// tried again as each waiter ahead of it reached the end of its wait.
+// The second in line is still told the head's lapse (a dead head is
+// passed over then).
+func testHintLastLapseAhead(t *testing.T, pg *pgFixture) {
+	key := testsuite.Key(t)
+	a := pg.resource(t, pg.pool(t, nil))
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	t.Cleanup(func() { _ = a.Release(context.Background(), holder) })
+	queue := func(l *backend.Lease, ctx context.Context) time.Duration {
+		t.Helper()
+		l.Waits = true
+		ok, left, err := a.TryAcquire(ctx, l)
+		if ok || err != nil {
+			t.Fatalf("a waiter's attempt on a held lock = %v, %v; want refused", ok, err)
+		}
+		t.Cleanup(func() { _ = a.Withdraw(context.Background(), l) })
+		return left
+	}
+	short, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	first := newLease(t, key, time.Minute)
+	queue(first, short) // its intent lapses within 5s
+	second := newLease(t, key, time.Minute)
+	queue(second, t.Context()) // a minute
+	third := newLease(t, key, time.Minute)
+	if left := queue(third, t.Context()); left < 30*time.Second {
+		t.Errorf("the third in line is told to come back in %v; want about a minute: the second's intent lives that long", left)
+	}
+	if left := queue(second, t.Context()); left > 5*time.Second || left <= 0 {
+		t.Errorf("the second in line is told to come back in %v; want within 5s, when the head's intent lapses", left)
 	}
 }

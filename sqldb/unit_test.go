@@ -438,3 +438,27 @@ func TestNotifyPayload(t *testing.T) {
 		t.Errorf(`payloadKeys("\\x00") = %q, %q, %v; want both readings`, k, alt, two)
 	}
 }
+
+// TestIntentLife: a waiter's intent lasts the lease's TTL, but ends
+// headMargin before its acquisition's context does, and a waiter with
+// less than headMargin left records none (0): a lock kept for a head
+// with no time left to take it is lost to the whole line.
+func TestIntentLife(t *testing.T) {
+	within := func(ctxLeft time.Duration) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), ctxLeft)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	if got := intentLife(context.Background(), time.Minute); got != time.Minute {
+		t.Errorf("no deadline: %v; want the TTL, 1m", got)
+	}
+	if got := intentLife(within(time.Hour), time.Minute); got != time.Minute {
+		t.Errorf("an hour left: %v; want the TTL, 1m", got)
+	}
+	if got := intentLife(within(time.Second), time.Minute); got > 950*time.Millisecond || got < 850*time.Millisecond {
+		t.Errorf("1s left: %v; want 1s less the margin, 50ms", got)
+	}
+	if got := intentLife(within(25*time.Millisecond), time.Minute); got != 0 {
+		t.Errorf("25ms left: %v; want 0, no intent (under the margin, 50ms)", got)
+	}
+}
