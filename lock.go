@@ -29,8 +29,9 @@ type DistributeLock struct {
 	validator  backend.KeyValidator
 	kinds      backend.KindChecker
 	withdraw   backend.Withdrawer
-	queuer     backend.Queuer       // nil: the store queues no mutex or semaphore waiter
-	heads      backend.HeadNotifier // notices addressed to a queued waiter
+	queuer     backend.Queuer         // nil: the store queues no mutex or semaphore waiter
+	heads      backend.HeadNotifier   // notices addressed to a queued waiter
+	minQueue   backend.MinQueueWaiter // nil: every wait queues
 	cfg        config
 	policy     spin.Policy
 	chain      *chain
@@ -120,6 +121,7 @@ func New(r backend.RemoteResource, opts ...Option) (*DistributeLock, error) {
 	if q, ok := r.(backend.Queuer); ok && d.spinner != nil && d.withdraw != nil {
 		d.queuer = q
 		d.heads, _ = r.(backend.HeadNotifier)
+		d.minQueue, _ = r.(backend.MinQueueWaiter)
 	}
 	if cfg.autoRenew && d.refresher == nil {
 		return nil, fmt.Errorf("%w: WithAutoRenew: %T cannot extend locks", ErrInvalid, r)
@@ -515,7 +517,8 @@ func (d *DistributeLock) spin(ctx context.Context, r *Request, g *grant) (time.T
 	if rw {
 		n = d.notifyEach
 	}
-	if !rw && d.queuer != nil && d.queuer.Queues(g.lease.Kind) {
+	if !rw && d.queuer != nil && d.queuer.Queues(g.lease.Kind) &&
+		(d.minQueue == nil || r.Wait >= d.minQueue.MinQueueWait(g.lease.Kind)) {
 		q, g.lease.Waits = spin.Queued, !r.Deadline.IsZero()
 		if d.heads != nil && g.lease.Waits {
 			// Notices come addressed to this waiter: no sharing.

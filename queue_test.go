@@ -317,3 +317,51 @@ func TestQueuedWaiterNoLastAttempt(t *testing.T) {
 		t.Errorf("the waiter made %d attempts; want 1: the first, none at the end of its wait", len(got))
 	}
 }
+
+// shortLine is queueing whose line serves only waits of a second or more
+// (backend.MinQueueWaiter).
+type shortLine struct{ *queueing }
+
+func (s *shortLine) MinQueueWait(backend.Kind) time.Duration { return time.Second }
+
+// TestShortWaitDoesNotQueue: on a store whose line serves only waits of
+// at least MinQueueWait, a shorter wait is served as on a store without
+// a line: no Lease.Waits on its attempts, no withdrawal, the key's
+// notices; a wait that long queues.
+func TestShortWaitDoesNotQueue(t *testing.T) {
+	store := &shortLine{newQueueing()}
+	d, err := distlock.New(store, distlock.WithSpin(5*time.Millisecond, 5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	holder, err := d.TryLock(t.Context(), "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock(context.Background())
+	skip := holderValue(t, store.queueing)
+	if _, err := d.TryLock(t.Context(), "k", 100*time.Millisecond); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("short waiter: %v; want ErrNotAcquired", err)
+	}
+	store.mu.Lock()
+	withdrawn, heads := len(store.withdrawn), len(store.heads)
+	store.mu.Unlock()
+	for _, w := range store.attempts(skip) {
+		if w {
+			t.Fatal("an attempt of a 100ms wait carried Lease.Waits; want none below MinQueueWait (1s)")
+		}
+	}
+	if withdrawn != 0 || heads != 0 || store.plain.Load() == 0 {
+		t.Errorf("a 100ms wait withdrew %d times and subscribed %d times addressed, %d plain; want 0, 0 and the key's notices", withdrawn, heads, store.plain.Load())
+	}
+	if _, err := d.TryLock(t.Context(), "k", 1100*time.Millisecond); !errors.Is(err, distlock.ErrNotAcquired) {
+		t.Fatalf("long waiter: %v; want ErrNotAcquired", err)
+	}
+	store.mu.Lock()
+	withdrawn, heads = len(store.withdrawn), len(store.heads)
+	store.mu.Unlock()
+	if withdrawn != 1 || heads != 1 {
+		t.Errorf("a 1.1s wait withdrew %d times and subscribed %d times addressed; want once each: it queues", withdrawn, heads)
+	}
+}

@@ -508,13 +508,27 @@ type Withdrawer interface {
 // when the store is a [HeadNotifier], subscribes each waiter to the
 // notices addressed to it and otherwise sleeps up to a third of l.TTL (at
 // most [HeadPoll]): a waiter behind the head makes no request until it
-// is the head, but to keep its intent.
+// is the head, but to keep its intent. A store that is a [MinQueueWaiter]
+// queues only the acquisitions that wait at least as long as it says.
 //
 // A store without a queue for a kind (Redlock, whose nodes keep no common
 // order) grants it to whichever attempt comes first after a release:
 // arrival order is not kept.
 type Queuer interface {
 	Queues(k Kind) bool
+}
+
+// MinQueueWaiter is implemented by a [Queuer] whose line serves only
+// the acquisitions that wait at least MinQueueWait(k): the facade treats
+// a shorter wait as on a store that does not queue kind k (its attempts
+// carry no [Lease].Waits, it withdraws nothing, it subscribes to the
+// key's notices), and such a waiter gets the lock only while nobody
+// waits in line. A line hands the lock on one waiter at a time, each
+// handoff a notice and an attempt: a wait shorter than the handoffs
+// ahead of it ends at the head of the line, and the lock kept for it is
+// lost to everyone behind.
+type MinQueueWaiter interface {
+	MinQueueWait(k Kind) time.Duration
 }
 
 // HeadPoll is the longest a queued waiter subscribed to notices addressed
