@@ -73,7 +73,14 @@ func strBytes(s string) []byte {
 func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.Conn, l *backend.Lease, bound int64) (r pgReply) {
 	m := p.mutex(l.Key)
 	conn := c.Conn()
-	sd, err := conn.Prepare(ctx, m.acqName, m.acq)
+	// An attempt queues only when its acquisition waits and has time
+	// left for it (intentLife); otherwise the smaller acqAlone.
+	queues := l.Waits && call.life > 0
+	sql, name, n := m.acqAlone, m.acqAloneName, 5
+	if queues {
+		sql, name, n = m.acq, m.acqName, 7
+	}
+	sd, err := conn.Prepare(ctx, name, sql)
 	if err != nil {
 		r.err = err
 		return r
@@ -83,21 +90,18 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 		formats = acqOddFormats
 	}
 	if p.tracer != nil {
-		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.acq,
-			Args: []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), l.Waits && call.life > 0, micros(call.life)}})
+		args := []any{keyArg(l.Key), l.Value, micros(l.TTL), bound, bytesArg(l.Label), true, micros(call.life)}
+		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: sql, Args: args[:n]})
 		defer func() {
 			p.tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: r.err})
 		}()
 	}
 	binary.BigEndian.PutUint64(call.ints[:8], uint64(micros(l.TTL)))
 	binary.BigEndian.PutUint64(call.ints[8:], uint64(bound))
-	call.ints[16] = 0
-	if l.Waits && call.life > 0 { // a wait too near its end does not queue (intentLife)
-		call.ints[16] = 1
-	}
+	call.ints[16] = 1
 	binary.BigEndian.PutUint64(call.ints[17:], uint64(micros(call.life)))
 	call.params = [7][]byte{strBytes(l.Key), strBytes(l.Value), call.ints[:8], call.ints[8:16], strBytes(l.Label), call.ints[16:17], call.ints[17:]}
-	rr := conn.PgConn().ExecStatement(ctx, sd, call.params[:], formats, binaryResults)
+	rr := conn.PgConn().ExecStatement(ctx, sd, call.params[:n], formats[:n], binaryResults)
 	rows := 0
 	for rr.NextRow() {
 		v := rr.Values()
