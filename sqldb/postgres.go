@@ -642,13 +642,6 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
 		Cleanup: func(ctx context.Context) error {
-			// The statement has usually committed already: give back
-			// what it took at once (a lock granted to it, or kept
-			// for it, stalls every waiter of the key until then),
-			// and again once it can no longer write.
-			if err := p.cleanup(ctx, l); err != nil {
-				return err
-			}
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}
@@ -835,8 +828,8 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	_, err := p.release(cctx, l)
-	if err == nil && l.Kind != backend.KindSemaphore {
-		err = p.withdraw(cctx, l) // a mutex's or read/write lock's attempt may have queued
+	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindMutex && l.Waits) {
+		err = p.withdraw(cctx, l) // the attempt may have queued
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
