@@ -345,10 +345,10 @@ func testIntentLapsesWithWait(t *testing.T, pg *pgFixture) {
 
 // testShortHoldsAllAtOnce: 3 resources (as processes) x 4 goroutines, all
 // released at once, contend for one key through the facade, each holding
-// 1ms and waiting 200ms. The queue must keep handing the lock on: a stall
-// (a lock kept for a head that left, or taken by an attempt cut off at
-// the end of its wait and held until its clean-up) refuses nearly every
-// request.
+// 1ms and waiting 200ms (shorter than MinQueueWait: they do not line
+// up). A stall (a lock kept for a head that left, taken by an attempt cut
+// off at the end of its wait and held until its clean-up, or a pool
+// emptied by cut-off connections) refuses nearly every request.
 func testShortHoldsAllAtOnce(t *testing.T, pg *pgFixture) {
 	const procs, workers, rounds = 3, 4, 50
 	key := testsuite.Key(t)
