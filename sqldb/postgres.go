@@ -127,6 +127,14 @@ const inTime = `($4::bigint = 0 OR clock_timestamp() < now() + $4::bigint * inte
 // state in the kinds table): a JSON array of intents, {"o": owner, "s":
 // arrival number, "e": expiry in microseconds since 1970 by the
 // database's clock}. The row lives while the lock is held or waited for.
+//
+// Column gone holds the markers of waiters that left while an attempt of
+// theirs may still be on its way to the server (see [Postgres.Withdraw]):
+// a JSON object, owner value to expiry in microseconds. While an owner
+// value's marker lives, the acquire statements neither take the lock for
+// it nor queue it, and the row is not deleted (the marker would go with
+// it); the waiter's clean-up, once its attempt has settled, removes the
+// marker (and the row, when nothing else is left in it).
 func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	cols, vals, conflict, where, hash := `lock_key`, `$1::text`, `(lock_key)`, `lock_key = $1::text`, `hashtext($1::text)`
 	if odd {
@@ -138,6 +146,10 @@ func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 		qcol = `state`
 	}
 	var m pgMutexSQL
+	// notGone: the row holds no live marker of $2; noMark: no live
+	// marker of anybody.
+	notGone := `(l.gone IS NULL OR coalesce((l.gone->>$2::text)::bigint, 0) <= ` + nowMicros + `)`
+	noMark := `(l.gone IS NULL OR NOT EXISTS (SELECT FROM jsonb_each_text(l.gone) g WHERE g.value::bigint > ` + nowMicros + `))`
 	// One statement: insert our row, or take over a row whose lease ran
 	// out by the server's clock (a released row that waiters kept is one:
 	// owner '' and expired), if no live intent of a waiter precedes ours
@@ -177,7 +189,7 @@ SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
         coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > a.n AND x->>'o' <> $2::text), '[]') AS io,
         (SELECT x FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > a.n AND x->>'o' = $2::text LIMIT 1) AS own
       FROM (SELECT ` + nowMicros + ` AS n) a) b) s)
-WHERE (l.expires_at <= now() OR NOT l.waited OR $6::boolean) AND ` + inTime + `
+WHERE (l.expires_at <= now() OR NOT l.waited OR $6::boolean) AND ` + inTime + ` AND ` + notGone + `
 RETURNING l.owner = $2::text AND l.waited, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint ELSE coalesce(least(
     CASE WHEN l.expires_at > now() THEN (date_part('epoch', l.expires_at - now()) * 1000000)::bigint END,
     (SELECT max((x->>'e')::bigint) FROM jsonb_array_elements(l.` + qcol + `) x, jsonb_array_elements(l.` + qcol + `) y
@@ -207,7 +219,7 @@ SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owne
     waited     = l.expires_at > now(),
     expires_at = CASE WHEN l.expires_at <= now() THEN EXCLUDED.expires_at ELSE l.expires_at END,
     ` + qcol + ` = CASE WHEN l.expires_at <= now() THEN NULL ELSE l.` + qcol + ` END
-WHERE (l.expires_at <= now() OR NOT l.waited) AND ` + inTime + `
+WHERE (l.expires_at <= now() OR NOT l.waited) AND ` + inTime + ` AND ` + notGone + `
   AND (l.` + qcol + ` IS NULL OR l.` + qcol + ` = '[]'::jsonb
     OR NOT EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > ` + nowMicros + `))
 RETURNING false, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint
@@ -217,12 +229,13 @@ RETURNING false, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint
 	// server and the client markedly less than rel (about 6% of an
 	// uncontended cycle, pinned): when it deletes nothing, rel follows.
 	m.relFast = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2 AND expires_at > now() AND NOT waited`
-	// Our row, live or expired, that no waiter ever queued in: deleted,
+	// Our row, live or expired, that no waiter ever queued in (nor left
+	// a marker in, which keeps the row): deleted,
 	// and if a contender marked it, the key's waiters woken (payload $4,
 	// the key, on channel $3). The release of a lock that nobody waited
 	// for in line, in a statement as small as the bare delete; when it
 	// deletes nothing, rel follows.
-	m.relAlone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 AND (l.` + qcol + ` IS NULL OR l.` + qcol + ` = '[]'::jsonb)
+	m.relAlone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 AND (l.` + qcol + ` IS NULL OR l.` + qcol + ` = '[]'::jsonb) AND l.gone IS NULL
 RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, $4) END::text, false`
 	// One statement: delete our row, live or expired, when no live
 	// intent waits in it (no stale rows left behind; and if a contender
@@ -244,7 +257,7 @@ RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, $4) END::text,
 	m.rel = `WITH cur AS (
   SELECT l.expires_at > now() AS live FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 FOR UPDATE
 ), d AS (
-  DELETE FROM ` + q + ` AS l USING cur WHERE ` + where + ` AND l.owner = $2 AND ` + noLive + `
+  DELETE FROM ` + q + ` AS l USING cur WHERE ` + where + ` AND l.owner = $2 AND ` + noLive + ` AND ` + noMark + `
   RETURNING cur.live, NULL::text AS head, l.waited
 ), u AS (
   UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = '-infinity', waited = true, ` + qcol + ` = ` + liveQ(`l.`+qcol) + `
@@ -255,26 +268,35 @@ SELECT r.live, CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + `
     WHEN r.waited THEN pg_notify($4, $5) END::text, r.u AND r.head IS NULL
 FROM (SELECT *, false AS u FROM d UNION ALL SELECT *, true FROM u) r`
 	// A waiter's withdrawal: our intent goes (with the row, when it is
-	// free or expired and no other live intent waits); when the lock is
-	// free, the new head is woken.
+	// free or expired and no other live intent or marker is left in it);
+	// when the lock is free, the new head is woken. With $4 > 0 it leaves
+	// our marker for $4 microseconds instead of deleting the row (an
+	// attempt of ours may be in flight); with $4 = 0 it removes our
+	// marker too (the clean-up, once that attempt has settled).
+	otherMarks := `coalesce((SELECT jsonb_object_agg(g.key, g.value) FROM jsonb_each(l.gone) g
+      WHERE g.key <> $2::text AND g.value::bigint > ` + nowMicros + `), '{}')`
 	m.withdraw = `WITH d AS (
-  DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now()
-    AND EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text)
+  DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now() AND $4::bigint = 0
+    AND (EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text) OR l.gone->$2::text IS NOT NULL)
     AND NOT EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > ` + nowMicros + ` AND x->>'o' <> $2::text)
+    AND ` + otherMarks + ` = '{}'
   RETURNING NULL::text AS head, false AS empty
 ), u AS (
-  UPDATE ` + q + ` AS l SET (` + qcol + `, waited) = (SELECT n.q, l.expires_at <= now() OR n.q <> '[]'::jsonb
+  UPDATE ` + q + ` AS l SET (` + qcol + `, waited, gone) = (SELECT n.q, l.expires_at <= now() OR n.q <> '[]'::jsonb OR $4::bigint > 0 OR n.g <> '{}',
+      CASE WHEN $4::bigint > 0 THEN n.g || jsonb_build_object($2::text, ` + nowMicros + ` + $4::bigint) ELSE nullif(n.g, '{}') END
     FROM (SELECT coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(l.` + qcol + `) x
-      WHERE (x->>'e')::bigint > ` + nowMicros + ` AND x->>'o' <> $2::text), '[]') AS q) n)
+      WHERE (x->>'e')::bigint > ` + nowMicros + ` AND x->>'o' <> $2::text), '[]') AS q, ` + otherMarks + ` AS g) n)
   WHERE ` + where + ` AND NOT EXISTS (SELECT FROM d)
-    AND EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text)
-  RETURNING CASE WHEN l.expires_at <= now() THEN ` + head(`l.`+qcol) + ` END AS head, l.expires_at <= now() AND l.` + qcol + ` = '[]'::jsonb AS empty
+    AND ($4::bigint > 0 OR l.gone->$2::text IS NOT NULL
+      OR EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE x->>'o' = $2::text))
+  RETURNING CASE WHEN l.expires_at <= now() THEN ` + head(`l.`+qcol) + ` END AS head,
+    l.expires_at <= now() AND l.` + qcol + ` = '[]'::jsonb AND l.gone IS NULL AS empty
 )
 SELECT CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head) END::text, r.empty
 FROM (SELECT * FROM d UNION ALL SELECT * FROM u) r`
 	// A free or expired row with no live intent: deleted after a release
 	// or withdrawal that left it so.
-	m.gone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now() AND ` + noLive
+	m.gone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.expires_at <= now() AND ` + noLive + ` AND ` + noMark
 	m.ref = `UPDATE ` + q + `
 SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE ` + where + ` AND owner = $2 AND expires_at > now()`
@@ -475,7 +497,8 @@ CREATE TABLE IF NOT EXISTS ` + q + ` (
   expires_at timestamptz NOT NULL,
   waited     boolean NOT NULL DEFAULT false,
   label      bytea NOT NULL DEFAULT '',
-  queue      jsonb
+  queue      jsonb,
+  gone       jsonb
 );
 ALTER SEQUENCE ` + seq + ` OWNED BY ` + q + `.token;
 CREATE TABLE IF NOT EXISTS ` + kq + ` (
@@ -488,6 +511,7 @@ CREATE TABLE IF NOT EXISTS ` + kq + ` (
   label      bytea NOT NULL DEFAULT '',
   lim        integer NOT NULL DEFAULT 0,
   state      jsonb,
+  gone       jsonb,
   PRIMARY KEY (lock_key, kind)
 )`
 	check := func() (main, kinds tableID, ready bool, err error) {
@@ -638,7 +662,9 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if !pgAmbiguous(r.err) { // nothing was sent
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w: %w", l.Key, ctx.Err(), r.err)
 	}
-	// The statement's outcome is unknown.
+	// The statement's outcome is unknown, and it may still be on its
+	// way: a withdrawal leaves a marker.
+	l.Handle = inFlight
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
 		Cleanup: func(ctx context.Context) error {
@@ -815,6 +841,7 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 	case ctx.Done() == nil:
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, p.undo(ctx, l, r.err))
 	}
+	l.Handle = inFlight // the statement may still be on its way
 	return false, 0, &backend.AbandonedError{
 		Err:     fmt.Errorf("sqldb: postgres: acquire %q: outcome unknown: %w", l.Key, r.err),
 		Cleanup: func(ctx context.Context) error { return p.cleanup(ctx, l) },
@@ -829,7 +856,7 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 	defer cancel()
 	_, err := p.release(cctx, l)
 	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindMutex && l.Waits) {
-		err = p.withdraw(cctx, l) // the attempt may have queued
+		err = p.withdraw(cctx, l, 0) // the attempt may have queued; a marker goes
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
@@ -848,6 +875,10 @@ func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error 
 	}
 	return err
 }
+
+// inFlight is a lease's Handle after an attempt abandoned with its
+// statement in flight: its withdrawal leaves a marker (see Withdraw).
+var inFlight any = new(struct{ byte })
 
 // waitedFor is a mutex lease's Handle when others waited behind it as it
 // was granted: its release takes the statement that wakes the next at
@@ -913,8 +944,20 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 }
 
 // Withdraw implements backend.Withdrawer: it deletes l.Value's intent in
-// l.Key's read/write lock, if any, with the row when nothing else is
-// left in it, and notifies the waiters when one tried meanwhile.
+// l.Key's mutex or read/write lock, if any, with the row when nothing
+// else is left in it, and notifies the waiters when one tried meanwhile
+// (for a mutex, the new head when the lock was kept for l.Value).
+//
+// When the last attempt of l was abandoned with its statement in flight
+// (TryAcquire returned a [backend.AbandonedError] for it), that statement
+// may still reach the server after the withdrawal and queue l.Value
+// again, or take the lock. So the withdrawal of a mutex's waiter then
+// leaves a marker of l.Value in the row, for l.TTL at most (the life of
+// any intent the statement could record), which the acquire statements
+// honour: they neither queue l.Value nor take the lock for it while it
+// lives. The row is kept while a marker lives; the AbandonedError's
+// Cleanup, which runs once the statement can no longer write, removes
+// the marker and deletes the row if nothing else is left in it.
 func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
@@ -922,13 +965,20 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if l.Kind == backend.KindSemaphore {
 		return nil // not queued: nothing to withdraw
 	}
-	if err := p.withdraw(ctx, l); err != nil {
+	var mark time.Duration
+	if l.Handle == inFlight {
+		mark = l.TTL
+	}
+	if err := p.withdraw(ctx, l, mark); err != nil {
 		return fmt.Errorf("sqldb: postgres: withdraw %q: %w", l.Key, err)
 	}
 	return nil
 }
 
-func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
+// withdraw deletes l.Value's intent; for a mutex, it leaves l.Value's
+// marker for mark instead of deleting the row (mark > 0), or removes
+// the marker too (mark == 0).
+func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease, mark time.Duration) error {
 	if l.Kind != backend.KindMutex {
 		_, err := p.groupRemove(ctx, p.kWithdraw, l)
 		return err
@@ -936,7 +986,11 @@ func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease) error {
 	m := p.mutex(l.Key)
 	return retryConflicts(pgContention, func() error {
 		var empty bool
-		err := p.pool.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel).Scan(nil, &empty)
+		var life int64 // no marker
+		if mark > 0 {
+			life = micros(mark)
+		}
+		err := p.pool.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel, life).Scan(nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}

@@ -1,16 +1,22 @@
 package sqldb
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/distlock/distlock"
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -450,5 +456,135 @@ func testHintLastLapseAhead(t *testing.T, pg *pgFixture) {
 	}
 	if left := queue(second, t.Context()); left > 5*time.Second || left <= 0 {
 		t.Errorf("the second in line is told to come back in %v; want within 5s, when the head's intent lapses", left)
+	}
+}
+
+// testWithdrawnInFlight: a waiter's attempt is abandoned with its
+// statement in flight (held on the way to the server by a proxy), the
+// waiter withdraws, and only then does the statement reach the server:
+// it must neither queue the waiter again (Held: the lock held) nor take
+// the lock (Freed: the holder released meanwhile), and the clean-up,
+// once the statement settled, leaves no row of the waiter behind.
+func testWithdrawnInFlight(t *testing.T, pg *pgFixture) {
+	for _, freed := range []bool{false, true} {
+		name := "Held"
+		if freed {
+			name = "Freed"
+		}
+		t.Run(name, func(t *testing.T) { withdrawnInFlight(t, pg, freed) })
+	}
+}
+
+func withdrawnInFlight(t *testing.T, pg *pgFixture, freed bool) {
+	cfg, err := pgxpool.ParseConfig(pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr)
+	r := pg.resource(t, pg.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host = "127.0.0.1"
+		p, _ := strconv.Atoi(port)
+		c.ConnConfig.Port = uint16(p)
+		c.ConnConfig.Fallbacks = nil
+		c.MinConns, c.MaxConns = 1, 1
+	}))
+	a := pg.resource(t, pg.pool(t, nil))
+	key := testsuite.Key(t)
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	t.Cleanup(func() { _ = a.Release(context.Background(), holder) })
+	w := newLease(t, key, time.Minute)
+	w.Waits = true
+	if ok, _ := attempt(t, r, w); ok {
+		t.Fatal("the waiter acquired a held lock")
+	}
+	requests := func() int {
+		t.Helper()
+		n, err := pg.requests(t.Context(), key, backend.KindMutex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := requests(); n != 2 {
+		t.Fatalf("the store keeps %d requests after the waiter queued; want 2", n)
+	}
+	// The server process of the one connection: gone once it has run
+	// whatever reached it and read the connection's end.
+	c, err := r.pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := c.Conn().PgConn().PID()
+	c.Release()
+
+	// The next attempt is held on its way and abandoned.
+	held := px.Hold(proxy.Up, func(b []byte) bool { return bytes.Contains(b, []byte(w.Value)) })
+	defer held.Release()
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		select {
+		case <-held.Seen():
+		case <-time.After(10 * time.Second):
+		}
+		cancel()
+	}()
+	_, _, err = r.TryAcquire(ctx, w)
+	var ab *backend.AbandonedError
+	if !errors.As(err, &ab) {
+		t.Fatalf("TryAcquire with its statement held = %v; want an AbandonedError", err)
+	}
+	select {
+	case <-held.Seen():
+	default:
+		t.Fatal("the attempt's statement never reached the proxy")
+	}
+	// The facade withdraws the waiter before the statement arrives (on
+	// another connection: the pool's one is closing, and pgx drains it
+	// until the server closes its end, which waits for the held bytes).
+	if err := a.Withdraw(t.Context(), w); err != nil {
+		t.Fatal(err)
+	}
+	want := 1
+	if freed {
+		mustRelease(t, a, holder)
+		want = 0
+	}
+	if n := requests(); n != want {
+		t.Fatalf("the store keeps %d requests after the withdrawal; want %d", n, want)
+	}
+	// Now the statement arrives and runs.
+	held.Release()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive bool
+		if err := pg.admin.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive); err != nil {
+			t.Fatal(err)
+		}
+		if !alive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the abandoned statement's server process still runs after 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := requests(); n != want {
+		t.Fatalf("the store keeps %d requests after the withdrawn waiter's statement ran; want %d (the withdrawal's %d)", n, want, want)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	if err := ab.Cleanup(cctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if freed {
+		wantRows(t, pg.fixture(), key)
+	} else {
+		wantRows(t, pg.fixture(), key, holder.Value)
 	}
 }
