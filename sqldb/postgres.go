@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -663,14 +664,16 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w: %w", l.Key, ctx.Err(), r.err)
 	}
 	// The statement's outcome is unknown, and it may still be on its
-	// way: a withdrawal leaves a marker.
-	l.Handle = inFlight
+	// way: until it has settled, a withdrawal leaves a marker.
+	f := new(pgFlight)
+	l.Handle = f
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
 		Cleanup: func(ctx context.Context) error {
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}
+			f.settle()
 			return p.cleanup(ctx, l)
 		},
 	}
@@ -841,10 +844,14 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 	case ctx.Done() == nil:
 		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, p.undo(ctx, l, r.err))
 	}
-	l.Handle = inFlight // the statement may still be on its way
+	f := new(pgFlight) // the statement may still be on its way
+	l.Handle = f
 	return false, 0, &backend.AbandonedError{
-		Err:     fmt.Errorf("sqldb: postgres: acquire %q: outcome unknown: %w", l.Key, r.err),
-		Cleanup: func(ctx context.Context) error { return p.cleanup(ctx, l) },
+		Err: fmt.Errorf("sqldb: postgres: acquire %q: outcome unknown: %w", l.Key, r.err),
+		Cleanup: func(ctx context.Context) error {
+			f.settle()
+			return p.cleanup(ctx, l)
+		},
 	}
 }
 
@@ -876,9 +883,24 @@ func (p *Postgres) undo(ctx context.Context, l *backend.Lease, err error) error 
 	return err
 }
 
-// inFlight is a lease's Handle after an attempt abandoned with its
-// statement in flight: its withdrawal leaves a marker (see Withdraw).
-var inFlight any = new(struct{ byte })
+// pgFlight is a lease's Handle after an attempt abandoned with its
+// statement in flight, shared by the copies of the lease: a withdrawal
+// leaves a marker until the AbandonedError's Cleanup has found the
+// statement settled (see Withdraw). The two are serialized by mu, so
+// that a marker is never written after the Cleanup removed markers: a
+// withdrawal slower than the facade waits for may come after it.
+type pgFlight struct {
+	mu      sync.Mutex
+	settled bool
+}
+
+// settle records that the statement can no longer write, after any
+// withdrawal under way.
+func (f *pgFlight) settle() {
+	f.mu.Lock()
+	f.settled = true
+	f.mu.Unlock()
+}
 
 // waitedFor is a mutex lease's Handle when others waited behind it as it
 // was granted: its release takes the statement that wakes the next at
@@ -957,7 +979,8 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 // honour: they neither queue l.Value nor take the lock for it while it
 // lives. The row is kept while a marker lives; the AbandonedError's
 // Cleanup, which runs once the statement can no longer write, removes
-// the marker and deletes the row if nothing else is left in it.
+// the marker and deletes the row if nothing else is left in it (a
+// withdrawal after that Cleanup leaves no marker).
 func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
@@ -966,8 +989,12 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 		return nil // not queued: nothing to withdraw
 	}
 	var mark time.Duration
-	if l.Handle == inFlight {
-		mark = l.TTL
+	if f, ok := l.Handle.(*pgFlight); ok {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.settled {
+			mark = l.TTL
+		}
 	}
 	if err := p.withdraw(ctx, l, mark); err != nil {
 		return fmt.Errorf("sqldb: postgres: withdraw %q: %w", l.Key, err)
