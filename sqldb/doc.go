@@ -35,7 +35,8 @@
 //	  expires_at timestamptz NOT NULL,
 //	  waited     boolean NOT NULL DEFAULT false, -- a contender tried: notify on release
 //	  label      bytea NOT NULL DEFAULT '',      -- distlock.WithLabel, shown by Inspect
-//	  queue      jsonb                           -- the waiters' intents (see Waiting in line)
+//	  queue      jsonb,                          -- the waiters' intents (see Waiting in line)
+//	  gone       jsonb                           -- markers of waiters that left (see Waiting in line)
 //	);
 //	ALTER SEQUENCE distlock_locks_token_seq OWNED BY distlock_locks.token;
 //	CREATE TABLE distlock_locks_kinds (
@@ -48,6 +49,7 @@
 //	  label      bytea NOT NULL DEFAULT '',
 //	  lim        integer NOT NULL DEFAULT 0, -- a semaphore's limit
 //	  state      jsonb,                 -- a group's holders and intents; a mutex's intents
+//	  gone       jsonb,                 -- a mutex's markers (see Waiting in line)
 //	  PRIMARY KEY (lock_key, kind)
 //	);
 //
@@ -277,7 +279,14 @@
 // told, in its refused attempt's reply, to come back then (a waiter
 // further back, when every intent ahead of its own will have lapsed). A waiter whose wait ends withdraws its intent
 // (Withdraw), and, when the lock was kept for it, the next in line is
-// notified. An owner value of 8000 bytes or more cannot be a NOTIFY's
+// notified. When the waiter's last attempt was abandoned with its
+// statement in flight, that statement may reach the server after the
+// withdrawal: the withdrawal then leaves a marker of the owner value in
+// the row (column gone, for l.TTL at most), under which the acquire
+// statements neither queue that value again nor take the lock for it;
+// the row stays while a marker lives, and the attempt's clean-up, once
+// the statement has settled, removes the marker (and the row, when
+// nothing else is left in it). An owner value of 8000 bytes or more cannot be a NOTIFY's
 // payload: such a head is not woken and comes on its own, within
 // backend.HeadPoll.
 //
