@@ -112,14 +112,13 @@
 //     ours is deleted too, and Release then returns backend.ErrNotHeld (on
 //     MySQL that case takes a second statement). PostgreSQL: a plain
 //     DELETE of our live row that nobody waited for, then, if it deleted
-//     nothing, a DELETE .. RETURNING that also calls pg_notify when
-//     waited is set and nobody queued in the row (one statement naming
+//     nothing, one statement that deletes the row and calls pg_notify
+//     when waited is set, or, when waiters are queued in it, keeps it for
+//     the head of the line and notifies the head (a statement naming
 //     pg_notify and returning a row costs about 6% of an uncontended
-//     cycle, pinned, even when the function is not called), and, if that
-//     deleted nothing either, one that deletes the row, or, when waiters
-//     are queued in it, keeps it for the head of the line and notifies
-//     the head. A mutex granted while others waited in line behind it
-//     releases with the last statement alone.
+//     cycle, pinned, even when the function is not called: hence the
+//     plain DELETE first). A mutex granted while others waited in line
+//     behind it releases with the second statement alone.
 //
 //   - Refresh sets expires_at anew where key and owner match and the lease
 //     has not run out.
@@ -286,9 +285,9 @@
 // statements neither queue that value again nor take the lock for it;
 // the row stays while a marker lives, and the attempt's clean-up, once
 // the statement has settled, removes the marker (and the row, when
-// nothing else is left in it). An owner value of 8000 bytes or more cannot be a NOTIFY's
-// payload: such a head is not woken and comes on its own, within
-// backend.HeadPoll.
+// nothing else is left in it). An owner value of 8000 bytes or more
+// cannot be a NOTIFY's payload: such a head is not woken and comes on
+// its own, within backend.HeadPoll.
 //
 // Semaphores keep no queue on either store, nor do [MySQL]'s mutexes (it
 // has no notifications to wake a head with): whichever waiter tries first

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -596,4 +597,44 @@ func withdrawnInFlight(t *testing.T, pg *pgFixture, freed, late bool) {
 	} else {
 		wantRows(t, pg.fixture(), key, holder.Value)
 	}
+}
+
+// testHandoffStatements counts the statements of a handoff through the
+// line: the release of a lock granted with nobody waiting, once a waiter
+// has queued behind it, makes two (the common delete, then the one that
+// frees the row and wakes the head), as a release with waiters makes on
+// a store without a line; the head's attempt makes one and takes the
+// lock; its release, nobody left behind, makes one.
+func testHandoffStatements(t *testing.T, pg *pgFixture) {
+	tr := &tracer{}
+	p := pg.resource(t, pg.pool(t, tracedPool(tr, nil)))
+	key := testsuite.Key(t)
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, p, holder)
+	head := newLease(t, key, time.Minute)
+	head.Waits = true
+	if ok, _ := attempt(t, p, head); ok {
+		t.Fatal("the waiter acquired a held lock")
+	}
+	count := func(what string, want int) {
+		t.Helper()
+		if got := tr.reset(); len(got) != want {
+			var sqls []string
+			for _, s := range got {
+				q := strings.Join(strings.Fields(s.sql), " ")
+				sqls = append(sqls, q[:min(len(q), 60)])
+			}
+			t.Errorf("%s made %d statements; want %d: %q", what, len(got), want, sqls)
+		}
+	}
+	tr.reset()
+	mustRelease(t, p, holder)
+	count("the release with a waiter queued", 2)
+	if ok, _ := attempt(t, p, head); !ok {
+		t.Fatal("the head did not get the lock kept for it")
+	}
+	count("the head's attempt", 1)
+	mustRelease(t, p, head)
+	count("the head's release", 1)
+	wantRows(t, pg.fixture(), key)
 }
