@@ -240,28 +240,31 @@ RETURNING false, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint
 	// notice to nobody in particular); otherwise free it (no owner,
 	// expired for ever: '-infinity', before any statement's now()) and
 	// wake the head, the live intent that arrived first (payload: its
-	// owner value, on the queue channel $3). cur locks the row and so
-	// reads its latest version (see groupRemove): whether our lease was
-	// live, and whether the row must stay, decided once, for d and u,
-	// which nobody can change the row between. It tells whether our
-	// lease was still live, the notice, and whether it freed a row that
-	// only a marker keeps (gone then deletes it if the marker lapsed).
+	// owner value, on the queue channel $3). It tells whether our lease
+	// was still live, the notice, and whether it freed a row left with no
+	// live intent after all (one that lapsed or left after the
+	// statement's snapshot: see groupRemove), which gone then deletes.
 	// The queue is left as it is: the acquire statements drop lapsed
 	// intents.
+	//
+	// Whether our lease was live is read from the latest version of the
+	// row, the one the DELETE or the UPDATE acts on (a refresh may have
+	// committed a longer life after the statement's snapshot): DELETE
+	// returns it; the UPDATE, whose RETURNING sees only the new row, keeps
+	// it in waited, which the acquire statements never read in a freed
+	// row (it has expired) and set anew when they take it. (A CTE that
+	// locked the row first to read it cost a fifth more.)
 	head := func(a string) string {
 		return `(SELECT x->>'o' FROM jsonb_array_elements(` + a + `) x WHERE (x->>'e')::bigint > ` + nowMicros + ` ORDER BY (x->>'s')::bigint LIMIT 1)`
 	}
 	noLive := `NOT EXISTS (SELECT FROM jsonb_array_elements(l.` + qcol + `) x WHERE (x->>'e')::bigint > ` + nowMicros + `)`
-	m.rel = `WITH cur AS (
-  SELECT l.expires_at > now() AS live, NOT (` + noLive + ` AND ` + noMark + `) AS keep
-  FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 FOR UPDATE
-), d AS (
-  DELETE FROM ` + q + ` AS l USING cur WHERE ` + where + ` AND l.owner = $2 AND NOT cur.keep
-  RETURNING cur.live, NULL::text AS head, l.waited
+	m.rel = `WITH d AS (
+  DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND l.owner = $2 AND ` + noLive + ` AND ` + noMark + `
+  RETURNING l.expires_at > now() AS live, NULL::text AS head, l.waited
 ), u AS (
-  UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = '-infinity', waited = true
-  FROM cur WHERE ` + where + ` AND l.owner = $2 AND cur.keep
-  RETURNING cur.live, ` + head(`l.`+qcol) + ` AS head, false
+  UPDATE ` + q + ` AS l SET owner = '', label = '', expires_at = '-infinity', waited = l.expires_at > now()
+  WHERE ` + where + ` AND l.owner = $2 AND NOT EXISTS (SELECT FROM d)
+  RETURNING l.waited, ` + head(`l.`+qcol) + ` AS head, false
 )
 SELECT r.live, CASE WHEN octet_length(r.head) < ` + strconv.Itoa(maxPayload) + ` THEN pg_notify($3, r.head)
     WHEN r.waited THEN pg_notify($4, $5) END::text, r.u AND r.head IS NULL
