@@ -646,15 +646,19 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		close(cut)
 	})
 	r := p.acquireOn(call, call, c, l, bound)
+	if afterAttempt != nil {
+		afterAttempt()
+	}
 	if stop() {
 		c.Release()
 		return p.outcome(ctx, l, r, bound)
 	}
 	<-cut
-	if pe := (*pgconn.PgError)(nil); r.err == nil || errors.As(r.err, &pe) {
-		// The reply came before the deadline took effect: its outcome
-		// is known. The connection's deadline goes, as pgx's
-		// HandleUnwatchAfterCancel does.
+	if !pc.IsClosed() {
+		// The reply came before the deadline took effect (a row, no
+		// row, or the server's error): its outcome is known. The
+		// connection's deadline goes, as pgx's HandleUnwatchAfterCancel
+		// does, before it goes back to the pool.
 		_ = pc.Conn().SetDeadline(time.Time{})
 		c.Release()
 		return p.outcome(ctx, l, r, bound)
@@ -717,6 +721,10 @@ func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn
 		},
 	}
 }
+
+// afterAttempt, when not nil, runs between an attempt's reply and the
+// check for its context's end (tests: a context that ends just then).
+var afterAttempt func()
 
 // settled returns once the statement abandoned on pc can no longer write:
 // the server process that ran it is gone (it had read the whole closed

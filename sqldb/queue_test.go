@@ -638,3 +638,33 @@ func testHandoffStatements(t *testing.T, pg *pgFixture) {
 	count("the head's release", 1)
 	wantRows(t, pg.fixture(), key)
 }
+
+// testEndAfterReply: an attempt's context ends after its reply came but
+// before TryAcquire looked (afterAttempt), and the reply was no row (a
+// later contender for a held lock): the outcome is known, contention, and
+// the connection goes back to the pool without the deadline that ctx's
+// end set on it, so the next statement on it works. (That deadline was
+// left on connections whose attempt got no row: their next statement
+// failed at once with "timeout: write failed", and ShortHoldsAllAtOnce
+// stalled.)
+func testEndAfterReply(t *testing.T, pg *pgFixture) {
+	a := pg.resource(t, pg.pool(t, nil))
+	r := pg.resource(t, pg.pool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 1, 1 }))
+	key := testsuite.Key(t)
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	t.Cleanup(func() { _ = a.Release(context.Background(), holder) })
+	if ok, _ := attempt(t, a, newLease(t, key, time.Minute)); ok {
+		t.Fatal("a contender took a held lock")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	afterAttempt = cancel
+	ok, _, err := r.TryAcquire(ctx, newLease(t, key, time.Minute))
+	afterAttempt = nil
+	if ok || err != nil {
+		t.Fatalf("TryAcquire of a held lock whose context ended after the reply = %v, %v; want false, nil (contention)", ok, err)
+	}
+	if ok, _, err := r.TryAcquire(t.Context(), newLease(t, key, time.Minute)); ok || err != nil {
+		t.Fatalf("the next TryAcquire on the same connection = %v, %v; want false, nil", ok, err)
+	}
+}
