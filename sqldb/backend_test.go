@@ -45,6 +45,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("WithdrawnInFlight", func(t *testing.T) { testWithdrawnInFlight(t, pg) })
 	t.Run("HandoffStatements", func(t *testing.T) { testHandoffStatements(t, pg) })
 	t.Run("EndAfterReply", func(t *testing.T) { testEndAfterReply(t, pg) })
+	t.Run("UncancellableWaiterQueues", func(t *testing.T) { testUncancellableWaiterQueues(t, pg) })
 	t.Run("IntentLapsesWithWait", func(t *testing.T) { testIntentLapsesWithWait(t, pg) })
 	t.Run("HintLastLapseAhead", func(t *testing.T) { testHintLastLapseAhead(t, pg) })
 	t.Run("ShortHoldsAllAtOnce", func(t *testing.T) { testShortHoldsAllAtOnce(t, pg) })

@@ -698,7 +698,7 @@ func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn
 	pc := c.Conn().PgConn()
 	sent := time.Now()
 	_ = pc.Conn().SetDeadline(sent.Add(bound))
-	call := pgCall{parent: ctx}
+	call := pgCall{parent: ctx, life: intentLife(ctx, l.TTL)}
 	r := p.acquireOn(&call, &call, c, l, bound)
 	if r.err == nil || errors.Is(r.err, pgx.ErrNoRows) || !pgAmbiguous(r.err) {
 		// A reply, or nothing sent: the outcome is known.
@@ -711,12 +711,16 @@ func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn
 	if ctx.Err() != nil {
 		err = fmt.Errorf("gave up with the statement in flight: %w", ctx.Err())
 	}
+	// Until the statement has settled, a withdrawal leaves a marker.
+	f := new(pgFlight)
+	l.Handle = f
 	return false, 0, &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err),
 		Cleanup: func(ctx context.Context) error {
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
 				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
 			}
+			f.settle()
 			return p.cleanup(ctx, l)
 		},
 	}

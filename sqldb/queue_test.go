@@ -668,3 +668,33 @@ func testEndAfterReply(t *testing.T, pg *pgFixture) {
 		t.Fatalf("the next TryAcquire on the same connection = %v, %v; want false, nil", ok, err)
 	}
 }
+
+// testUncancellableWaiterQueues: a waiter whose caller cannot cancel it
+// (context.Background(): the facade hands the store a bounded context
+// without cancellation, and the connection's deadline carries the bound)
+// joins the line as any waiter of a second or more does.
+func testUncancellableWaiterQueues(t *testing.T, pg *pgFixture) {
+	key := testsuite.Key(t)
+	a := pg.resource(t, pg.pool(t, nil))
+	holder := newLease(t, key, time.Minute)
+	mustAcquire(t, a, holder)
+	d, err := distlock.New(pg.resource(t, pg.pool(t, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	got := make(chan error, 1)
+	go func() {
+		lk, err := d.TryLock(context.Background(), key, 30*time.Second)
+		if err == nil {
+			err = lk.Unlock(context.Background())
+		}
+		got <- err
+	}()
+	pg.waitQueued(t, key, 1)
+	mustRelease(t, a, holder)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, pg.fixture(), key)
+}
