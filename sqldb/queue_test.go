@@ -243,12 +243,14 @@ func testDeadHeadPassedOver(t *testing.T, pg *pgFixture) {
 	got := waitFor(t, d, key)
 	pg.waitQueued(t, key, 2)
 	// Renew the dead head's intent once more, for deadTTL, then leave
-	// it: it lapses deadTTL from now.
+	// it: it lapses deadTTL from the statement's start by the server's
+	// clock, which is after sent (same machine's clock).
 	dead.TTL = deadTTL
+	sent := time.Now()
 	if ok, _ := attempt(t, a, dead); ok {
 		t.Fatal("the dead head acquired a held lock")
 	}
-	lapse := time.Now().Add(deadTTL)
+	lapse := sent.Add(deadTTL)
 	mustRelease(t, a, holder)
 	// A newcomer is refused the lock kept for the head, and queues
 	// behind the waiter (which will wake it).
