@@ -48,7 +48,7 @@ type Postgres struct {
 
 // pgMutexSQL is the statements of mutexes in one table.
 type pgMutexSQL struct {
-	acq, acqAlone, relFast, rel, withdraw, gone, ref, refAll, inspect, relabel string
+	acq, acqAlone, relFast, relAlone, rel, withdraw, gone, ref, refAll, inspect, relabel string
 	// the names acq, acqAlone and relFast are prepared under (see pgdirect.go)
 	acqName, acqAloneName, relFastName string
 }
@@ -234,6 +234,16 @@ RETURNING false, l.token, CASE WHEN l.owner = $2::text THEN -1::bigint
 	// server and the client markedly less than rel (about 6% of an
 	// uncontended cycle, pinned): when it deletes nothing, rel follows.
 	m.relFast = `DELETE FROM ` + q + ` WHERE ` + where + ` AND owner = $2 AND expires_at > now() AND NOT waited`
+	// Our row, live or expired, that no waiter queued in (nor left a
+	// marker in, which keeps the row): deleted, and if a contender marked
+	// it, the key's waiters woken (payload $4, the key, on channel $3).
+	// The release of a lock taken by an acquisition that did not wait in
+	// line, in a statement as small as the bare delete (with 1ms holds
+	// and 200ms waits, none queued, 3 processes x 4 goroutines: rel in
+	// its place granted 518-525 of 600 against main's 565-589, this one
+	// 573-588 against 488-585); when it deletes nothing, rel follows.
+	m.relAlone = `DELETE FROM ` + q + ` AS l WHERE ` + where + ` AND owner = $2 AND (l.` + qcol + ` IS NULL OR l.` + qcol + ` = '[]'::jsonb) AND l.gone IS NULL
+RETURNING expires_at > now(), CASE WHEN waited THEN pg_notify($3, $4) END::text, false`
 	// One statement: delete our row, live or expired, when no live
 	// intent waits in it and no live marker keeps it (no stale rows left
 	// behind; and if a contender marked it, wake the key's waiters: a
@@ -957,9 +967,19 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 		}
 		// Waited for, expired, or not ours: a statement that wakes
 		// the waiters or the head of the line, or deletes our stale
-		// row.
+		// row. A lock taken by an acquisition that did not wait in
+		// line is most often contended by others that do not either:
+		// the smaller relAlone first, then rel if it deleted nothing.
+		// One taken by an acquisition that waits in line (l.Waits)
+		// goes to rel at once: a waiter in line behind it is likely.
 		var empty bool
-		err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		err = pgx.ErrNoRows
+		if l.Handle != waitedFor && !l.Waits {
+			err = p.pool.QueryRow(ctx, m.relAlone, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}

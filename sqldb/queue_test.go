@@ -602,16 +602,18 @@ func withdrawnInFlight(t *testing.T, pg *pgFixture, freed, late bool) {
 }
 
 // testHandoffStatements counts the statements of a handoff through the
-// line: the release of a lock granted with nobody waiting, once a waiter
-// has queued behind it, makes two (the common delete, then the one that
-// frees the row and wakes the head), as a release with waiters makes on
-// a store without a line; the head's attempt makes one and takes the
-// lock; its release, nobody left behind, makes one.
+// line: the release of a lock granted with nobody waiting to an
+// acquisition that waits in line (Waits), once a waiter has queued
+// behind it, makes two (the common delete, then the one that frees the
+// row and wakes the head), as a release with waiters makes on a store
+// without a line; the head's attempt makes one and takes the lock; its
+// release, nobody left behind, makes one.
 func testHandoffStatements(t *testing.T, pg *pgFixture) {
 	tr := &tracer{}
 	p := pg.resource(t, pg.pool(t, tracedPool(tr, nil)))
 	key := testsuite.Key(t)
 	holder := newLease(t, key, time.Minute)
+	holder.Waits = true
 	mustAcquire(t, p, holder)
 	head := newLease(t, key, time.Minute)
 	head.Waits = true
