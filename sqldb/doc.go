@@ -117,8 +117,11 @@
 //     the head of the line and notifies the head (a statement naming
 //     pg_notify and returning a row costs about 6% of an uncontended
 //     cycle, pinned, even when the function is not called: hence the
-//     plain DELETE first). A mutex granted while others waited in line
-//     behind it releases with the second statement alone.
+//     plain DELETE first). A mutex whose acquisition did not wait in line
+//     tries, between the two, a DELETE .. RETURNING that notifies when
+//     waited is set and nobody queued in the row, smaller than the last
+//     one. A mutex granted while others waited in line behind it
+//     releases with the last statement alone.
 //
 //   - Refresh sets expires_at anew where key and owner match and the lease
 //     has not run out.
