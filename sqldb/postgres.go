@@ -151,6 +151,17 @@ func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	// marker of anybody.
 	notGone := `(l.gone IS NULL OR coalesce((l.gone->>$2::text)::bigint, 0) <= ` + nowMicros + `)`
 	noMark := `(l.gone IS NULL OR NOT EXISTS (SELECT FROM jsonb_each_text(l.gone) g WHERE g.value::bigint > ` + nowMicros + `))`
+	// insert begins acq and acqAlone: our row, with a token drawn under
+	// the key's advisory lock while the attempt is in time, or, on
+	// conflict, the update that follows it.
+	insert := `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
+VALUES (` + vals + `, $2::text,
+  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, ` + hash + `) IS NULL THEN NULL
+    WHEN ` + inTime + `
+    THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
+  now() + $3::bigint * interval '1 microsecond', $5::bytea)
+ON CONFLICT ` + conflict + ` DO UPDATE
+`
 	// One statement: insert our row, or take over a row whose lease ran
 	// out by the server's clock (a released row that waiters kept is one:
 	// owner '' and expired), if no live intent of a waiter precedes ours
@@ -175,14 +186,7 @@ func pgMutexStmts(q, seq string, class int32, odd bool) pgMutexSQL {
 	// planner ran once per use, cost 155us of execution per attempt
 	// against 28-35us for this one (EXPLAIN ANALYZE and
 	// pg_stat_statements, one queued waiter).
-	m.acq = `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
-VALUES (` + vals + `, $2::text,
-  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, ` + hash + `) IS NULL THEN NULL
-    WHEN ` + inTime + `
-    THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
-  now() + $3::bigint * interval '1 microsecond', $5::bytea)
-ON CONFLICT ` + conflict + ` DO UPDATE
-SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
+	m.acq = insert + `SET (owner, token, label, expires_at, waited, ` + qcol + `) = (
   SELECT CASE WHEN s.ok THEN EXCLUDED.owner ELSE l.owner END,
     CASE WHEN s.ok THEN EXCLUDED.token ELSE l.token END,
     CASE WHEN s.ok THEN EXCLUDED.label ELSE l.label END,
@@ -211,14 +215,7 @@ RETURNING l.owner = $2::text AND l.waited, l.token, CASE WHEN l.owner = $2::text
 	// earlier form cost a fifth of the grants of 3 processes x 4
 	// goroutines with 200ms waits, none queued: 417-533 of 600 against
 	// 576-590 in the same sitting; this one 541-587 against 572-590.)
-	m.acqAlone = `INSERT INTO ` + q + ` AS l (` + cols + `, owner, token, expires_at, label)
-VALUES (` + vals + `, $2::text,
-  CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, ` + hash + `) IS NULL THEN NULL
-    WHEN ` + inTime + `
-    THEN nextval('` + strings.ReplaceAll(seq, "'", "''") + `') END,
-  now() + $3::bigint * interval '1 microsecond', $5::bytea)
-ON CONFLICT ` + conflict + ` DO UPDATE
-SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
+	m.acqAlone = insert + `SET owner      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner ELSE l.owner END,
     token      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.token ELSE l.token END,
     label      = CASE WHEN l.expires_at <= now() THEN EXCLUDED.label ELSE l.label END,
     waited     = l.expires_at > now(),
@@ -675,23 +672,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	}
 	// Cut off: pgconn closed the connection.
 	c.Release()
-	if !pgAmbiguous(r.err) { // nothing was sent
-		return false, 0, fmt.Errorf("sqldb: postgres: acquire %q: %w: %w", l.Key, ctx.Err(), r.err)
-	}
-	// The statement's outcome is unknown, and it may still be on its
-	// way: until it has settled, a withdrawal leaves a marker.
-	f := new(pgFlight)
-	l.Handle = f
-	return false, 0, &backend.AbandonedError{
-		Err: fmt.Errorf("sqldb: postgres: acquire %q: gave up with the statement in flight: %w", l.Key, ctx.Err()),
-		Cleanup: func(ctx context.Context) error {
-			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
-				return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
-			}
-			f.settle()
-			return p.cleanup(ctx, l)
-		},
-	}
+	return false, 0, p.cutOff(ctx, l, r, pc, sent, bound)
 }
 
 // acquireUntilBound runs TryAcquire's statement on c for an acquisition
@@ -710,21 +691,37 @@ func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn
 	_ = pc.Conn().SetDeadline(sent.Add(bound))
 	call := pgCall{parent: ctx, life: intentLife(ctx, l.TTL)}
 	r := p.acquireOn(&call, &call, c, l, bound)
-	if r.err == nil || errors.Is(r.err, pgx.ErrNoRows) || !pgAmbiguous(r.err) {
-		// A reply, or nothing sent: the outcome is known.
+	if !pc.IsClosed() {
+		// A reply (a row, no row, or the server's error): the outcome is
+		// known.
 		_ = pc.Conn().SetDeadline(time.Time{})
 		c.Release()
 		return p.outcome(ctx, l, r, bound)
 	}
+	// Cut off by the deadline, or the connection failed: pgconn closed it.
 	c.Release()
-	err := r.err
+	return false, 0, p.cutOff(ctx, l, r, pc, sent, bound)
+}
+
+// cutOff is TryAcquire's error for a statement, sent at sent with bound,
+// whose connection pc closed before its reply: the error itself when
+// nothing was sent; otherwise an AbandonedError, as the statement may
+// still be on its way: until it has settled a withdrawal leaves a marker,
+// and its Cleanup waits for it to settle before deleting l.Value's row.
+func (p *Postgres) cutOff(ctx context.Context, l *backend.Lease, r pgReply, pc *pgconn.PgConn, sent time.Time, bound time.Duration) error {
+	if !pgAmbiguous(r.err) { // nothing was sent
+		if ctx.Err() != nil {
+			return fmt.Errorf("sqldb: postgres: acquire %q: %w: %w", l.Key, ctx.Err(), r.err)
+		}
+		return fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, r.err)
+	}
+	err := fmt.Errorf("outcome unknown: %w", r.err)
 	if ctx.Err() != nil {
 		err = fmt.Errorf("gave up with the statement in flight: %w", ctx.Err())
 	}
-	// Until the statement has settled, a withdrawal leaves a marker.
 	f := new(pgFlight)
 	l.Handle = f
-	return false, 0, &backend.AbandonedError{
+	return &backend.AbandonedError{
 		Err: fmt.Errorf("sqldb: postgres: acquire %q: %w", l.Key, err),
 		Cleanup: func(ctx context.Context) error {
 			if err := p.settled(ctx, pc, sent.Add(bound+replyGrace)); err != nil {
