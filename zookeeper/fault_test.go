@@ -26,6 +26,7 @@ func TestFaults(t *testing.T) {
 		{"SessionChangeIsLoss", testSessionChangeIsLoss},
 		{"DisconnectionIsLossByDefault", testDisconnectionIsLossByDefault},
 		{"ShortDisconnectionRidden", testShortDisconnectionRidden},
+		{"ReleaseDuringReconnection", testReleaseDuringReconnection},
 		{"SilentPartition", testSilentPartition},
 	})
 }
@@ -463,5 +464,52 @@ func TestHandoffAfterLongWait(t *testing.T) {
 				t.Errorf("Release = %v; want nil", err)
 			}
 		})
+	}
+}
+
+// testReleaseDuringReconnection releases a lock while the client cannot
+// reach the server but its session lives on: go-zookeeper fails the
+// unsent delete with ErrNoServer after a round of refused dials, and
+// Release must send it again once the client has its session back,
+// within its context, instead of failing with the lock still held.
+func testReleaseDuringReconnection(t *testing.T, addrs []string) {
+	const timeout = 20 * time.Second // the session outlives the fault
+	fd := &faultDialer{}
+	conn := connectWith(t, addrs, connOpts{dialer: fd.dial, timeout: timeout})
+	if got := negotiated(t, conn); got < timeout/2 {
+		t.Fatalf("negotiated session timeout %v; the test needs about %v", got, timeout)
+	}
+	r := mustNew(t, conn, WithSessionTimeout(timeout))
+	t.Cleanup(func() { _ = r.Close() })
+	_, admin := newResource(t, addrs)
+	key := uniqueKey(t)
+	l := lease(key, time.Hour)
+	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	sid := conn.SessionID()
+	fd.block()
+	waitFor(t, 5*time.Second, "a refused dial", func() bool { return fd.refused.Load() >= 1 })
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- r.Release(ctx, l) }()
+	// Two more refused dials: go-zookeeper flushed its unsent requests,
+	// the delete among them, with ErrNoServer in between.
+	waitFor(t, 10*time.Second, "two more refused dials", func() bool { return fd.refused.Load() >= 3 })
+	fd.unblock()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("Release across a reconnection = %v; want nil", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Release did not return within its context")
+	}
+	if conn.SessionID() != sid {
+		t.Fatal("the session changed: the test proves nothing")
+	}
+	if got := mustChildren(t, admin, r, key); len(got) != 0 {
+		t.Errorf("children after the release = %v; want none", got)
 	}
 }

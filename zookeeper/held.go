@@ -282,9 +282,11 @@ func (r *Resource) inQueue(path, key string, kind backend.Kind) bool {
 // expired). Another store error is returned wrapped; the znode is then
 // deleted in the background as soon as the connection allows.
 //
-// Release returns when ctx ends, with an error wrapping ctx's: the delete
-// it sent goes on, and is retried in the background if it fails; calling
-// Release again sends another (ErrNotHeld once the first landed).
+// A delete the client could not send because it is reconnecting is sent
+// again once it has a session, while ctx lasts. Release returns when ctx
+// ends, with an error wrapping ctx's: the delete it sent goes on, and is
+// retried in the background if it fails; calling Release again sends
+// another (ErrNotHeld once the first landed).
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	path, h, err := r.handle("release", l)
 	if err != nil {
@@ -298,16 +300,26 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	}
 	// The delete is sent even when ctx has ended, because a release left
 	// undone would hold the lock for others.
-	pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
-	select {
-	case res := <-pending:
-		err = res.err
-	case <-ctx.Done():
-		r.later(cleanup{after: func() (cleanup, bool) {
-			res := <-pending
-			return cleanup{path: path}, !gone(res.err)
-		}})
-		return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+	for {
+		pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
+		select {
+		case res := <-pending:
+			err = res.err
+		case <-ctx.Done():
+			r.later(cleanup{after: func() (cleanup, bool) {
+				res := <-pending
+				return cleanup{path: path}, !gone(res.err)
+			}})
+			return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+		}
+		// go-zookeeper fails the requests it has not sent with ErrNoServer
+		// when a round of dials fails while it reconnects: that delete was
+		// never sent, so it is sent again once there is a session, within
+		// ctx (the session, and the znode, may well outlive the
+		// disconnection).
+		if !errors.Is(err, zk.ErrNoServer) || r.awaitSession(ctx) != nil {
+			break
+		}
 	}
 	switch {
 	case err == nil:

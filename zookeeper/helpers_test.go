@@ -182,8 +182,9 @@ func mustChildren(t testing.TB, conn *zk.Conn, r *Resource, key string) []string
 type faultDialer struct {
 	dropCreateReply atomic.Bool // drop the reply of the next create, closing the connection
 	dropped         atomic.Int32
-	silent          atomic.Bool // see silence
-	holdCreate      atomic.Bool // hold the next create request; the client sees its connection break
+	silent          atomic.Bool  // see silence
+	holdCreate      atomic.Bool  // hold the next create request; the client sees its connection break
+	refused         atomic.Int32 // dials refused while blocked
 
 	mu       sync.Mutex
 	blocked  bool
@@ -195,6 +196,7 @@ func (d *faultDialer) dial(network, addr string, timeout time.Duration) (net.Con
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.blocked {
+		d.refused.Add(1)
 		return nil, errors.New("faultDialer: network blocked")
 	}
 	c, err := net.DialTimeout(network, addr, timeout)
