@@ -98,10 +98,10 @@ soak:
 # `cd bench && go run .`, see bench/RESULTS.md), the examples, and
 # testserver's helpers (cmd/container takes the Docker path only). make
 # test has vetted and tested their packages already. It then counts what
-# an uncontended Redis, PostgreSQL and etcd lock+unlock costs (server commands, allocations,
+# an uncontended Redis, PostgreSQL, etcd and ZooKeeper lock+unlock costs (server commands, allocations,
 # goroutines created, goroutine blocks, timers: counts, not times), fenced
 # as by default, and fails when a count
 # rises above its target (bench/counts_test.go).
 bench-check:
 	$(GO) build -o /dev/null ./bench ./examples/... ./internal/testserver/cmd/...
-	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkCycleCounts$$/^(redis|postgres|etcd)$$' -benchtime 2000x ./bench
+	$(GO) test -count=1 -run '^$$' -bench '^BenchmarkCycleCounts$$/^(redis|postgres|etcd|zookeeper)$$' -benchtime 2000x ./bench

@@ -347,11 +347,13 @@ type grantReply struct {
 // zxid order), and it lists again. A lock with a TTL notices a deletion
 // by another client at its next Refresh or Release, waiting or held.
 //
-// A lock the session keeps alive needs a loss watch once held: the watch
-// on its node when it has one, else the child watch of the listing that
-// granted it (free: a listing after a wake-up, or one that may grant,
-// sets one), which the session watcher replaces with a watch on the node
-// at the first change of the queue (see onWatch). A semaphore's waiters
+// A lock the session keeps alive keeps, once held, the watch on its node
+// when it has one, else the child watch of the listing that granted it
+// (free: a listing after a wake-up, or one that may grant, sets one),
+// which the session watcher replaces with a watch on the node at the
+// first change of the queue (see onWatch); granted with neither (a child
+// created alone), it sets one once something waits for its loss
+// (held.Done). A semaphore's waiters
 // (limit above 1) wait through the child watch of their listings and
 // their predecessors' grant marks (see judge).
 func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid string, c created, sid int64, deadline time.Time) (g grantReply, err error) {
@@ -395,14 +397,8 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 	}
 
 	if c.alone {
-		// The only child: held.
-		if kept {
-			armOwn()
-			if err := takeOwn(); err != nil {
-				return g, err
-			}
-			g.watch = own
-		}
+		// The only child: held. A lock the session keeps alive arms its
+		// loss watch once something waits for a loss (held.Done).
 		return g, nil
 	}
 	defer r.waitBegins()()
@@ -478,9 +474,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 					g.watch = own
 				case ls.watch != nil:
 					g.watch = ls.watch
-				default:
-					g.watch = rearmNow // the session watcher arms one
-				}
+				} // else none: armed once something waits for a loss
 			}
 			g.signal = grantSignal(q, i, l.Kind, l.Limit)
 			return g, nil

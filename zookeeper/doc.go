@@ -40,7 +40,8 @@
 // wait costs four or five requests: the create, a listing, the watch, a
 // second listing unless the predecessor was the only child before it
 // (for a lock the session keeps alive, a watch on its own node instead,
-// sent with the other watch), and the release. A waiter that gives up (deadline, context, error) deletes its own child,
+// sent with the other watch), and the release; an uncontended lock costs
+// two, the create and the release. A waiter that gives up (deadline, context, error) deletes its own child,
 // so nothing is left behind in the store (in the background when its
 // context has ended: see below). Its watch stays armed until the
 // predecessor changes (the protocol go-zookeeper speaks cannot remove a
@@ -172,17 +173,26 @@
 //     last reply; its pings, every third of the timeout, keep that about a
 //     third of the timeout ahead of the session's expiry.
 //   - A lock the session keeps has a watch, which fires when its znode is
-//     deleted: a data watch on the znode, set while it waited or when it
-//     was granted, or else the child watch that the listing granting it
-//     set on its parent at no cost (which fires at the first change of
-//     the queue, after which the resource sets a data watch on the znode:
-//     one request, only for a lock held while its queue changed). The
-//     session watcher looks at these watches every 100ms: Lost closes
-//     within that, and a round trip, of the deletion. The resource keeps,
-//     per such lock, about 450 bytes of heap (BenchmarkHeld; its record,
-//     the znode's path, and go-zookeeper's watch, 270 bytes of it; a Lost
-//     channel only once somebody waits on it), and no goroutine or timer. A lock with a TTL notices a deletion by another
-//     client at its next Refresh or Release, as ErrNotHeld.
+//     deleted, once something waits for its loss (its Lost's Done: the
+//     facade's Lock.Done, a loss callback): a data watch on the znode, set
+//     while it waited, or by the first Done (one request, whose read finds
+//     a deletion from before it), or else the child watch that the listing
+//     granting it set on its parent at no cost (which fires at the first
+//     change of the queue, after which the resource sets a data watch on
+//     the znode: one request, only for a lock held while its queue
+//     changed). A lock created alone costs no watch until then: its
+//     grant is one request, and until something waits for its loss a
+//     deletion by another client is found by Refresh or Release
+//     (ErrNotHeld), as for a lock with a TTL; its session's end is always
+//     noticed (below). The session watcher looks at the watches every
+//     100ms: Lost closes within that, and a round trip, of the deletion.
+//     The resource keeps, per such lock, its record and the znode's path
+//     (about 170 bytes of heap; the facade's grant adds about 250:
+//     BenchmarkHeldFacade), go-zookeeper's registration of the watch once
+//     there is one (about 250 bytes), a Lost channel only once somebody
+//     waits on it, and no goroutine or timer. A lock with a TTL notices a
+//     deletion by another client at its next Refresh or Release, as
+//     ErrNotHeld.
 //
 // The connection is sampled every 25 ms while locks are held or waits are
 // in progress; the

@@ -24,20 +24,23 @@ type armed struct {
 
 // held is one granted lock, the lease's Handle and its Lost (a
 // backend.LossSignal). It is what a held lock costs the resource besides
-// its watch, so it is kept small (48 bytes): the key is not kept (the
+// its watch, so it is kept small (56 bytes): the key is not kept (the
 // path says it, see inQueue), a TTL timer is in the resource's timers,
 // the Lost channel is made only for a caller that waits on it, and the
 // resource's mu guards the fields that change.
 type held struct {
+	r    *Resource     // that holds it: Done arms the loss watch there
 	path string        // the znode's; also the key of its watch in the client
 	lost chan struct{} // made by the first Done (under lostMu), closed by fire
 
 	// watch, for a lock the session keeps alive, fires when its znode
 	// may have gone: a data watch on the znode (set while it waited, or
-	// when it was granted), or the child watch of the listing that
-	// granted it (at no cost), which rearm replaces with a data watch at
-	// the first change of the queue. nil while a request arms it.
-	// Guarded by the resource's mu: the session watcher looks at it.
+	// once something waits for its loss), or the child watch of the
+	// listing that granted it (at no cost), which rearm replaces with a
+	// data watch at the first change of the queue; unarmed until
+	// something waits for its loss, when the grant came with no watch;
+	// nil while a request arms it. Guarded by the resource's mu: the
+	// session watcher looks at it.
 	watch <-chan zk.Event
 	sid   int64 // session that owns the znode
 	// at is the lock's index in the resource's held, or notHeld once it
@@ -57,7 +60,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
 	}
 	// Before the lock is in r.held, where poll reads heard.
 	r.hear(g.heard)
-	h := &held{path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew}
+	h := &held{r: r, path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -65,8 +68,8 @@ func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
 	}
 	if h.kept {
 		h.watch = g.watch
-		if h.watch == nil { // no child watch: arm one on the znode at once
-			h.watch = rearmNow
+		if h.watch == nil { // armed once something waits for a loss (Done)
+			h.watch = unarmed
 		}
 	} else {
 		// Under r.mu, once h is in r.held: expire waits for it.
@@ -115,17 +118,47 @@ func (h *held) fire() {
 	lostMu.Unlock()
 }
 
-// Done returns the channel closed when h is lost, making it.
+// Done returns the channel closed when h is lost, making it. For a lock
+// the session keeps alive that has no watch yet, the first Done arms one
+// (see armLoss).
 func (h *held) Done() <-chan struct{} {
 	lostMu.Lock()
-	defer lostMu.Unlock()
-	if h.lost == nil {
+	first := h.lost == nil
+	if first {
 		h.lost = make(chan struct{})
 		if h.at.Load() == lostAt {
 			close(h.lost)
 		}
 	}
-	return h.lost
+	ch := h.lost
+	lostMu.Unlock()
+	if first && h.kept {
+		h.r.armLoss(h)
+	}
+	return ch
+}
+
+// unarmed is the watch of a lock its session keeps alive that was granted
+// with none, until something waits for its loss: it never fires. A watch
+// costs the grant a request, and go-zookeeper keeps a registration of
+// about 250 bytes for it, which a lock nobody waits on does without: its
+// znode's deletion by another client is then found by Refresh or Release
+// (ErrNotHeld), as for a lock with a TTL, and its session's end by the
+// session watcher.
+var unarmed = make(chan zk.Event)
+
+// armLoss sets a data watch on h's znode unless h has a watch already.
+// rearm's read finds a deletion from before, its watch one after.
+func (r *Resource) armLoss(h *held) {
+	r.mu.Lock()
+	arm := h.at.Load() >= 0 && h.watch == unarmed
+	if arm {
+		h.watch = nil // a request arms it
+	}
+	r.mu.Unlock()
+	if arm {
+		go r.rearm(h)
+	}
 }
 
 // Closed reports whether h was lost.

@@ -218,8 +218,10 @@ func testReadersQueueBehindWriter(t *testing.T, addrs []string) {
 }
 
 // testKeptAlive: a lock taken with AutoRenew is kept by the session: no
-// TTL runs (it outlives its TTL), the queue changing leaves it held, and
-// its znode deleted by another client closes Lost.
+// TTL runs (it outlives its TTL), the queue changing leaves it held, no
+// watch is set until something waits for its loss, and then its znode
+// deleted by another client closes Lost; a deletion from before the
+// first Done closes it too (DeletedBeforeDone).
 func testKeptAlive(t *testing.T, addrs []string) {
 	r, conn := newResource(t, addrs, WithSessionTimeout(sessionTimeout))
 	admin := connect(t, addrs)
@@ -240,9 +242,10 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			if err := r.Acquire(t.Context(), other, time.Time{}); err == nil {
 				mustRelease(t, r, other)
 			}
-			// The child watch fired: a watch on the znode replaces it.
 			path := pathOf(l)
-			waitFor(t, 5*time.Second, "a watch on the znode", func() bool { return pathWatchers(t, conn, path) == 1 })
+			if n := pathWatchers(t, conn, path); n != 0 {
+				t.Fatalf("%d watches on the znode before anything waited for a loss; want 0", n)
+			}
 			time.Sleep(5 * l.TTL) // past the TTL: a check of the TTL, not synchronisation
 			if l.Lost.Closed() {
 				t.Fatal("Lost closed: the TTL ran for a lock the session keeps")
@@ -262,6 +265,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 				t.Error("a Lost channel was made before anybody asked for it")
 			}
 			lost := l.Lost.Done()
+			waitFor(t, 5*time.Second, "a watch on the znode once Done was asked", func() bool { return pathWatchers(t, conn, path) == 1 })
 			if err := admin.Delete(path, -1); err != nil {
 				t.Fatal(err)
 			}
@@ -278,6 +282,22 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			}
 		})
 	}
+	t.Run("DeletedBeforeDone", func(t *testing.T) {
+		l := kindLease(uniqueKey(t), backend.KindMutex, 0)
+		l.TTL, l.AutoRenew = 100*time.Millisecond, true
+		mustAcquire(t, r, l)
+		if err := admin.Delete(pathOf(l), -1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-l.Lost.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("Lost still open 5s after Done was asked of a lock whose znode was deleted before")
+		}
+		if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release of the deleted lock = %v; want ErrNotHeld", err)
+		}
+	})
 }
 
 // testKeptAliveNoRequestPerLock: the locks the session keeps cost no

@@ -172,7 +172,7 @@ func (r *Resource) poll() {
 		}
 		if tick%scanEvery == 0 {
 			for _, h := range r.held {
-				if h.watch == nil {
+				if h.watch == nil || h.watch == unarmed {
 					continue
 				}
 				select {
