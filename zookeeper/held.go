@@ -334,16 +334,20 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	// The delete is sent even when ctx has ended, because a release left
 	// undone would hold the lock for others.
 	for {
-		pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
-		select {
-		case res := <-pending:
-			err = res.err
-		case <-ctx.Done():
-			r.later(cleanup{after: func() (cleanup, bool) {
-				res := <-pending
-				return cleanup{path: path}, !gone(res.err)
-			}})
-			return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+		if ctx.Done() == nil { // never ends: no goroutine needed
+			err = r.conn.Delete(path, -1)
+		} else {
+			pending := send(func() (struct{}, error) { return struct{}{}, r.conn.Delete(path, -1) })
+			select {
+			case res := <-pending:
+				err = res.err
+			case <-ctx.Done():
+				r.later(cleanup{after: func() (cleanup, bool) {
+					res := <-pending
+					return cleanup{path: path}, !gone(res.err)
+				}})
+				return fmt.Errorf("zookeeper: release %q: the server did not answer the delete (it goes on in the background): %w", l.Key, ctx.Err())
+			}
 		}
 		// go-zookeeper fails the requests it has not sent with ErrNoServer
 		// when a round of dials fails while it reconnects: that delete was
