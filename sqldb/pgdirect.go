@@ -119,14 +119,17 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	return r
 }
 
-// relFastDirect runs a mutex's common release statement through pgconn
-// and returns the rows it deleted.
-func (p *Postgres) relFastDirect(ctx context.Context, m *pgMutexSQL, l *backend.Lease) (n int64, err error) {
-	c, err := p.pool.Acquire(ctx)
-	if err != nil {
-		return 0, err
+// relFastDirect runs a mutex's common release statement through pgconn,
+// on held or else on a connection of the pool, and returns the rows it
+// deleted.
+func (p *Postgres) relFastDirect(ctx context.Context, held *pgxpool.Conn, m *pgMutexSQL, l *backend.Lease) (n int64, err error) {
+	c := held
+	if c == nil {
+		if c, err = p.pool.Acquire(ctx); err != nil {
+			return 0, err
+		}
+		defer c.Release()
 	}
-	defer c.Release()
 	conn := c.Conn()
 	if p.tracer != nil {
 		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.relFast, Args: []any{keyArg(l.Key), l.Value}})

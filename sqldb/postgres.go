@@ -634,8 +634,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	if ctx.Done() == nil { // nothing can end the call: no bound
 		call := pgCall{life: intentLife(ctx, l.TTL)}
 		r := p.acquireOn(ctx, &call, c, l, 0)
-		c.Release()
-		return p.outcome(ctx, l, r, 0)
+		return p.finish(ctx, c, l, r, 0)
 	}
 	// The statement runs here, on the caller's goroutine, as pgx runs
 	// one: it sees a context that cannot end (call: ctx's values only),
@@ -649,7 +648,14 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	cut := make(chan struct{}) // closed once the deadline was set: the statement was cut off
 	sent := time.Now()
 	stop := context.AfterFunc(ctx, func() {
-		_ = pc.Conn().SetDeadline(time.Now())
+		// A cancel cuts the statement off at once; the deadline's
+		// passing leaves its reply lateReply to come (see
+		// acquireUntilBound).
+		at := time.Now()
+		if ctx.Err() == context.DeadlineExceeded {
+			at = at.Add(lateReply)
+		}
+		_ = pc.Conn().SetDeadline(at)
 		close(cut)
 	})
 	r := p.acquireOn(call, call, c, l, bound)
@@ -657,8 +663,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		afterAttempt()
 	}
 	if stop() {
-		c.Release()
-		return p.outcome(ctx, l, r, bound)
+		return p.finish(ctx, c, l, r, bound)
 	}
 	<-cut
 	if !pc.IsClosed() {
@@ -667,8 +672,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		// connection's deadline goes, as pgx's HandleUnwatchAfterCancel
 		// does, before it goes back to the pool.
 		_ = pc.Conn().SetDeadline(time.Time{})
-		c.Release()
-		return p.outcome(ctx, l, r, bound)
+		return p.finish(ctx, c, l, r, bound)
 	}
 	// Cut off: pgconn closed the connection.
 	c.Release()
@@ -678,8 +682,8 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 // acquireUntilBound runs TryAcquire's statement on c for an acquisition
 // whose caller cannot cancel it (backend.BoundedContext with no
 // Cancelled): only its bound ends it, and the connection's deadline
-// carries the bound, so nothing watches ctx (its Done would cost a timer
-// and callbacks per call). A Close of the DistributeLock is seen between
+// carries the bound and lateReply, so nothing watches ctx (its Done would
+// cost a timer and callbacks per call). A Close of the DistributeLock is seen between
 // attempts (ctx.Err). A statement the deadline cuts off, or whose
 // connection fails, has an unknown outcome, as in TryAcquire's other
 // paths: pgconn closed the connection, and the AbandonedError's Cleanup
@@ -688,15 +692,14 @@ func (p *Postgres) acquireUntilBound(ctx backend.BoundedContext, c *pgxpool.Conn
 	bound := statementBound(ctx)
 	pc := c.Conn().PgConn()
 	sent := time.Now()
-	_ = pc.Conn().SetDeadline(sent.Add(bound))
+	_ = pc.Conn().SetDeadline(sent.Add(bound + lateReply))
 	call := pgCall{parent: ctx, life: intentLife(ctx, l.TTL)}
 	r := p.acquireOn(&call, &call, c, l, bound)
 	if !pc.IsClosed() {
 		// A reply (a row, no row, or the server's error): the outcome is
 		// known.
 		_ = pc.Conn().SetDeadline(time.Time{})
-		c.Release()
-		return p.outcome(ctx, l, r, bound)
+		return p.finish(ctx, c, l, r, bound)
 	}
 	// Cut off by the deadline, or the connection failed: pgconn closed it.
 	c.Release()
@@ -732,6 +735,21 @@ func (p *Postgres) cutOff(ctx context.Context, l *backend.Lease, r pgReply, pc *
 		},
 	}
 }
+
+// lateReply is how long past its context's deadline an acquire
+// statement's reply is still waited for before the statement is cut off
+// (its connection closed). The statement writes nothing once the deadline
+// has passed on the server (its bound), so a reply that comes this late
+// only tells a known outcome: taken in time, refused, or late. Cutting
+// it off instead would make that outcome unknown, cost the connection
+// (a new one for the next attempt: a fork on the server) and, for a
+// statement that took the lock, keep the lock from everyone until the
+// clean-up has made sure the statement can no longer write. Under load,
+// with many processes contending for a key, replies landing just past
+// short waits are common (the client's goroutine runs late): cut off,
+// they fed a storm of new connections in which nobody got the lock
+// (issue 36).
+const lateReply = 100 * time.Millisecond
 
 // afterAttempt, when not nil, runs between an attempt's reply and the
 // check for its context's end (tests: a context that ends just then).
@@ -836,16 +854,39 @@ func intentLife(ctx context.Context, ttl time.Duration) time.Duration {
 // and the next in line waits for its withdrawal or its intent's lapse.
 const headMargin = 50 * time.Millisecond
 
+// finish turns an acquire statement's reply, read on c, into TryAcquire's
+// result and gives c back to the pool. A lock taken after the caller gave
+// up is deleted over c first, in the AbandonedError's Cleanup (the
+// facade runs it at once, in the background): the pool's other
+// connections may all be busy, or still being made, when such replies
+// come (many contenders, short waits), and the lock must not stay taken
+// by nobody until one is free.
+func (p *Postgres) finish(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, r pgReply, bound time.Duration) (bool, time.Duration, error) {
+	if r.err != nil || !r.ours || ctx.Err() == nil {
+		c.Release()
+		return p.outcome(ctx, l, r, bound)
+	}
+	held := c
+	return false, 0, &backend.AbandonedError{
+		Err: fmt.Errorf("sqldb: postgres: acquire %q: taken after the caller gave up: %w", l.Key, ctx.Err()),
+		Cleanup: func(ctx context.Context) error {
+			if c := held; c != nil {
+				held = nil
+				err := p.cleanupOn(ctx, c, l)
+				c.Release()
+				if err == nil {
+					return nil
+				}
+			}
+			return p.cleanup(ctx, l) // the connection failed: any other
+		},
+	}
+}
+
 // outcome turns an acquire statement's reply into TryAcquire's result.
 func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bound time.Duration) (bool, time.Duration, error) {
 	switch {
-	case r.err == nil && r.ours && ctx.Err() != nil:
-		// The caller gave up before the reply came: the row goes again.
-		return false, 0, &backend.AbandonedError{
-			Err:     fmt.Errorf("sqldb: postgres: acquire %q: taken after the caller gave up: %w", l.Key, ctx.Err()),
-			Cleanup: func(ctx context.Context) error { return p.cleanup(ctx, l) },
-		}
-	case r.err == nil && r.ours:
+	case r.err == nil && r.ours: // in time: finish saw to a late one
 		l.Token = uint64(r.token)
 		if r.waited {
 			l.Handle = waitedFor
@@ -879,11 +920,16 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 // group's row), live or expired, for an AbandonedError's Cleanup; nil
 // when there was none.
 func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
+	return p.cleanupOn(ctx, nil, l)
+}
+
+// cleanupOn is cleanup over c, or over the pool when c is nil.
+func (p *Postgres) cleanupOn(ctx context.Context, c *pgxpool.Conn, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	_, err := p.release(cctx, l)
+	_, err := p.release(cctx, c, l)
 	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindMutex && l.Waits) {
-		err = p.withdraw(cctx, l, 0) // the attempt may have queued; a marker goes
+		err = p.withdraw(cctx, c, l, 0) // the attempt may have queued; a marker goes
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
@@ -939,7 +985,7 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
 	}
-	live, err := p.release(ctx, l)
+	live, err := p.release(ctx, nil, l)
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: release %q: %w", l.Key, err)
 	}
@@ -949,14 +995,18 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 	return nil
 }
 
-func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, err error) {
+// release deletes l's row, or its entry in a group's row, over c, or
+// over the pool when c is nil (see Release); it reports whether l was
+// live.
+func (p *Postgres) release(ctx context.Context, c *pgxpool.Conn, l *backend.Lease) (live bool, err error) {
+	q := p.querier(c)
 	if l.Kind != backend.KindMutex {
-		return p.groupRemove(ctx, p.kRel, l)
+		return p.groupRemove(ctx, q, p.kRel, l)
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
 		if l.Handle != waitedFor { // nobody waited when we took it
-			n, err := p.relFastDirect(ctx, m, l)
+			n, err := p.relFastDirect(ctx, c, m, l)
 			if err != nil || n == 1 {
 				live = err == nil
 				return err
@@ -972,16 +1022,16 @@ func (p *Postgres) release(ctx context.Context, l *backend.Lease) (live bool, er
 		var empty bool
 		err = pgx.ErrNoRows
 		if l.Handle != waitedFor && !l.Waits {
-			err = p.pool.QueryRow(ctx, m.relAlone, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+			err = q.QueryRow(ctx, m.relAlone, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			err = p.pool.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+			err = q.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
 		if err == nil && empty {
-			_, err = p.pool.Exec(ctx, m.gone, keyArg(l.Key))
+			_, err = q.Exec(ctx, m.gone, keyArg(l.Key))
 		}
 		return err
 	})
@@ -1019,7 +1069,7 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 			mark = l.TTL
 		}
 	}
-	if err := p.withdraw(ctx, l, mark); err != nil {
+	if err := p.withdraw(ctx, nil, l, mark); err != nil {
 		return fmt.Errorf("sqldb: postgres: withdraw %q: %w", l.Key, err)
 	}
 	return nil
@@ -1028,9 +1078,10 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 // withdraw deletes l.Value's intent; for a mutex, it leaves l.Value's
 // marker for mark instead of deleting the row (mark > 0), or removes
 // the marker too (mark == 0).
-func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease, mark time.Duration) error {
+func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, mark time.Duration) error {
+	q := p.querier(c)
 	if l.Kind != backend.KindMutex {
-		_, err := p.groupRemove(ctx, p.kWithdraw, l)
+		_, err := p.groupRemove(ctx, q, p.kWithdraw, l)
 		return err
 	}
 	m := p.mutex(l.Key)
@@ -1040,12 +1091,12 @@ func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease, mark time.Dur
 		if mark > 0 {
 			life = micros(mark)
 		}
-		err := p.pool.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel, life).Scan(nil, &empty)
+		err := q.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel, life).Scan(nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		if err == nil && empty {
-			_, err = p.pool.Exec(ctx, m.gone, keyArg(l.Key))
+			_, err = q.Exec(ctx, m.gone, keyArg(l.Key))
 		}
 		return err
 	})
@@ -1053,10 +1104,10 @@ func (p *Postgres) withdraw(ctx context.Context, l *backend.Lease, mark time.Dur
 
 // groupRemove runs a groupRemove statement for l, and deletes the row
 // if that left it empty. It reports whether l's entry was live.
-func (p *Postgres) groupRemove(ctx context.Context, stmt string, l *backend.Lease) (live bool, err error) {
+func (p *Postgres) groupRemove(ctx context.Context, q pgQuerier, stmt string, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
-		err := p.pool.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		err := q.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
@@ -1064,11 +1115,26 @@ func (p *Postgres) groupRemove(ctx context.Context, stmt string, l *backend.Leas
 	})
 	if err == nil && empty {
 		err = retryConflicts(pgContention, func() error {
-			_, err := p.pool.Exec(ctx, p.kGone, bytesArg(l.Key), groupRow(l.Kind))
+			_, err := q.Exec(ctx, p.kGone, bytesArg(l.Key), groupRow(l.Kind))
 			return err
 		})
 	}
 	return live, err
+}
+
+// pgQuerier runs the release and clean-up statements: the pool, or a
+// connection held.
+type pgQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// querier returns c, or the pool when c is nil.
+func (p *Postgres) querier(c *pgxpool.Conn) pgQuerier {
+	if c != nil {
+		return c
+	}
+	return p.pool
 }
 
 // Refresh extends l by l.TTL from the database's current time if l.Value
