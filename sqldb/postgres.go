@@ -44,6 +44,7 @@ type Postgres struct {
 	// tracer is the pool's: the statements sent through pgconn call it
 	// (see pgdirect.go).
 	tracer pgx.QueryTracer
+	gate   connGate // how acquire attempts get their connections
 }
 
 // pgMutexSQL is the statements of mutexes in one table.
@@ -98,6 +99,7 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	p.kindStmts(kq, seq, kid.class())
 	p.ln = newListener(pool, p.channel)
 	p.tracer = pool.Config().ConnConfig.Tracer
+	p.gate.init()
 	return p, nil
 }
 
@@ -618,7 +620,7 @@ func (p *Postgres) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, err
 	}
 	// Waiting for a connection sends nothing: ctx may end it, no trace.
-	c, err := p.pool.Acquire(ctx)
+	c, err := p.gate.conn(ctx, p.pool)
 	if err == nil {
 		err = ctx.Err()
 		if err != nil {
@@ -1210,6 +1212,7 @@ const lineMinWait = time.Second
 // afterwards; the other methods keep working.
 func (p *Postgres) Close() error {
 	p.ln.close()
+	p.gate.close()
 	return nil
 }
 
