@@ -49,6 +49,9 @@ func TestPostgres(t *testing.T) {
 	t.Run("IntentLapsesWithWait", func(t *testing.T) { testIntentLapsesWithWait(t, pg) })
 	t.Run("HintLastLapseAhead", func(t *testing.T) { testHintLastLapseAhead(t, pg) })
 	t.Run("ShortHoldsAllAtOnce", func(t *testing.T) { testShortHoldsAllAtOnce(t, pg) })
+	t.Run("ShortWaitsManyProcesses", func(t *testing.T) { testShortWaitsManyProcesses(t, pg) })
+	t.Run("LateReplyRead", func(t *testing.T) { testLateReplyRead(t, pg) })
+	t.Run("TakenLateCleanedOnOwnConn", func(t *testing.T) { testTakenLateCleanedOnOwnConn(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

@@ -99,7 +99,6 @@ func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Post
 	p.kindStmts(kq, seq, kid.class())
 	p.ln = newListener(pool, p.channel)
 	p.tracer = pool.Config().ConnConfig.Tracer
-	p.gate.init()
 	return p, nil
 }
 
@@ -764,13 +763,25 @@ var afterAttempt func()
 // the server that late is assumed lost). It first asks the server to
 // cancel the statement, so that one blocked on a lock (a locked table)
 // fails at once, and its process notices the closed connection.
+//
+// Nothing it waits for, the cancel request included (a new connection: a
+// fork on a server that may be busy making hundreds), outlasts by: past
+// it the statement is settled whatever the server says, and the lock it
+// may have taken must go without waiting longer (a clean-up that waited
+// up to cleanupTimeout per try for them kept the key from everyone).
 func (p *Postgres) settled(ctx context.Context, pc *pgconn.PgConn, by time.Time) error {
-	cctx, cancel := cleanupContext(ctx)
+	if !time.Now().Before(by) {
+		return nil
+	}
+	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
 	_ = pc.CancelRequest(cctx) // best effort: the process may be gone already
 	for time.Now().Before(by) {
 		var alive bool
 		if err := p.pool.QueryRow(cctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pc.PID())).Scan(&alive); err != nil {
+			if ctx.Err() == nil && !time.Now().Before(by) {
+				return nil // by came first: settled
+			}
 			return fmt.Errorf("waiting for the abandoned statement's server process: %w", err)
 		}
 		if !alive {
@@ -1212,7 +1223,6 @@ const lineMinWait = time.Second
 // afterwards; the other methods keep working.
 func (p *Postgres) Close() error {
 	p.ln.close()
-	p.gate.close()
 	return nil
 }
 
