@@ -595,21 +595,28 @@ func keyArg(key string) any {
 // time as holderTTL (and marks the row so that its release notifies);
 // later ones get 0.
 //
-// The statement runs on the caller's goroutine. It returns when ctx
-// ends, whatever the database does: ctx's end sets the connection's
-// deadline to now, as pgx does, and a statement then in flight (the
-// table locked by another session, say) is abandoned with its
-// connection, with a [backend.AbandonedError]. Its Cleanup asks the
+// The statement runs on the caller's goroutine. It returns when ctx is
+// cancelled, and at most lateReply (100 ms) after ctx's deadline,
+// whatever the database does: ctx's end sets the connection's deadline
+// (to now when cancelled, as pgx does; lateReply past the deadline
+// otherwise, for a reply already on its way), and a statement then in
+// flight (the table locked by another session, say) is abandoned with
+// its connection, with a [backend.AbandonedError]. Its Cleanup asks the
 // server to cancel the statement, waits until the server process that
 // ran it is gone (it has then read the statement, if it ever arrived,
-// and the connection's end), or a second past the statement's
+// and the connection's end), or at most a second past the statement's
 // server-side bound, and then deletes l.Value's row if there is one.
 // That bound is the time left until ctx's deadline, at most 5s: past it
 // the statement writes nothing, so an abandoned attempt takes no key
 // later, even if the server runs it after the connection is gone. A
 // statement the bound stops while ctx lives fails with an error wrapping
-// [context.DeadlineExceeded]. A row taken as ctx ended is deleted the
-// same way, in Cleanup.
+// [context.DeadlineExceeded]. A row taken as ctx ended (its reply read)
+// is deleted in Cleanup over the connection that took it.
+//
+// Waiting for a connection of the pool ends with ctx too. pgxpool goes
+// on making a connection whose caller left, so once such a wait ran out,
+// attempts start no more new connections than attempts wait for, until
+// the pool answers promptly again.
 //
 // A statement whose connection fails (its outcome unknown) returns the
 // error as an AbandonedError too, whose Cleanup deletes l.Value's row;
