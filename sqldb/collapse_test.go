@@ -33,7 +33,7 @@ import (
 // once, and 1-7% of the attempts were granted).
 func testShortWaitsManyProcesses(t *testing.T, pg *pgFixture) {
 	const (
-		procs, workers, rounds = 12, 4, 10
+		procs, workers, rounds = 12, 4, 20
 		maxConns               = 80
 		wait                   = 200 * time.Millisecond
 	)
@@ -99,8 +99,13 @@ func testShortWaitsManyProcesses(t *testing.T, pg *pgFixture) {
 		granted.Load(), procs*workers*rounds, unanswered.Load(), made, procs, maxConns)
 	// Per process: the attempts, their releases, the LISTEN connection,
 	// a few for clean-ups; never one per attempt that ran out of time.
-	if limit := int64(procs * 4 * workers); made > limit {
+	// Before the fix, at 20 rounds: 552 made, 1 granted; after, 100-113
+	// made, 251-328 granted (-race, load 3-11).
+	if limit := int64(procs * 5 * workers); made > limit {
 		t.Errorf("%d connections made for %d x %d goroutines; want at most %d", made, procs, workers, limit)
+	}
+	if least := int64(procs * workers); granted.Load() < least {
+		t.Errorf("%d of %d attempts granted; want at least %d (the collapse grants about none)", granted.Load(), procs*workers*rounds, least)
 	}
 	wantRows(t, pg.fixture(), key)
 }
