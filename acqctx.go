@@ -27,51 +27,66 @@ const attemptBound = time.Second
 // context's end, Close and the bound's passing as soon as asked (it reads
 // the clock); Cancelled hands a store that bounds its I/O by the deadline
 // the caller's own Done, the one end the deadline does not tell
-// ([backend.BoundedContext]). Only Done makes something: a context of its
-// own (inner: the caller's context, with the bound as deadline too,
-// cancelled by Close), whose Done is the acqCtx's and which Value hands
-// the context package as the nearest cancel context, so that
+// ([backend.BoundedContext]).
+//
+// Only Done makes something, and as little as it can: inner, one cancel
+// context over base (a context of the acquisition's own, which only the
+// context package sees: see acqBase), whose Done is the acqCtx's and which
+// Value hands the context package as the nearest cancel context, so that
 // context.WithCancel and context.AfterFunc over an acqCtx, or over a
 // context that wraps it with values (gRPC's metadata, etcd's), register
-// with inner instead of starting a goroutine that waits on Done. Done
-// closes when the acquisition ends, too: nothing may outlive it on its
-// context, and nothing of it stays registered with the caller's.
+// with inner instead of starting a goroutine that waits on Done. inner is
+// ended by the acquisition itself (end), which three things call: the
+// facade's registry of acquisitions (acqRegistry: one timer for all their
+// bounds, and Close), and, when the caller's context can end, a
+// context.AfterFunc on it. Done closes when the acquisition ends, too
+// (stop): nothing may outlive it on its context, and nothing of it stays
+// registered with the caller's context or the registry.
 //
 // context.Cause of an acqCtx is the caller's context's cause once it ended
 // the acquisition, context.Canceled for Close and context.DeadlineExceeded
-// for the bound; the facade classifies an acquisition's end itself.
+// for the bound; so are the errors and causes of the contexts derived from
+// it. The facade classifies an acquisition's end itself.
 type acqCtx struct {
-	parent context.Context
-	d      *DistributeLock // nil: Close does not end it (a single attempt)
-	bound  time.Time       // zero until needed, for a single attempt: attemptBound from then
+	parent   context.Context
+	d        *DistributeLock
+	closable bool         // Close ends it: an acquisition that may wait
+	base     acqBase      // inner's parent
+	why      atomic.Int32 // endNone until the context ends, then why
 
-	inner atomic.Pointer[innerCtx] // made by Done
+	// made is set once Done made inner; the fields below it are written
+	// before, under mu, and read after it without.
+	made atomic.Bool
+	done <-chan struct{} // inner's Done
 
-	mu        sync.Mutex
-	err       error
-	stopClose func() bool
+	mu         sync.Mutex
+	bound      time.Time // zero until needed, for a single attempt: attemptBound from then
+	inner      context.Context
+	cancel     context.CancelCauseFunc // ends inner, unregistered from base
+	onEnd      func()                  // inner's callback on base: ends inner with why
+	stopParent func() bool             // unregisters end from the caller's context
+	stopped    bool                    // the acquisition is over
+	idx        int                     // position in the registry's heap (guarded by its mu); -1: not in it
 }
+
+// Why an acquisition's context ended.
+const (
+	endNone   int32 = iota
+	endParent       // the caller's context ended
+	endClose        // Close ran (an acquisition that may wait)
+	endBound        // the bound passed
+)
 
 // acqCtxKey finds an acquisition's context through the contexts a handler
 // derives from it (IsContention).
 type acqCtxKey struct{}
 
-// innerCtx is the context behind an acqCtx's Done: ctx has the bound as
-// its deadline and derives from the caller's context through a cancel
-// context, which cancel ends with a cause; release ends ctx and frees its
-// timer.
-type innerCtx struct {
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	release context.CancelFunc
-}
-
 var _ backend.BoundedContext = (*acqCtx)(nil)
 
 func (c *acqCtx) init(parent context.Context, d *DistributeLock, r *Request) {
-	c.parent = parent
+	c.parent, c.d, c.base.c, c.idx = parent, d, c, -1
 	if r.Wait > 0 {
-		c.d, c.bound = d, r.Deadline.Add(attemptGrace)
+		c.closable, c.bound = true, r.Deadline.Add(attemptGrace)
 	}
 }
 
@@ -95,13 +110,13 @@ func (c *acqCtx) Deadline() (time.Time, bool) {
 
 // Value returns the caller's context's values, and, once Done was made,
 // inner as the cancel context the context package looks for (inner
-// derives from the caller's context: its other values are the caller's).
+// derives from base, whose other values are the caller's).
 func (c *acqCtx) Value(key any) any {
 	if _, ok := key.(acqCtxKey); ok {
 		return c
 	}
-	if in := c.inner.Load(); in != nil {
-		return in.ctx.Value(key)
+	if c.made.Load() {
+		return c.inner.Value(key)
 	}
 	return c.parent.Value(key)
 }
@@ -112,19 +127,31 @@ func (c *acqCtx) Value(key any) any {
 // bound has passed. Err ends the context when it finds it ended, closing
 // Done if it was made.
 func (c *acqCtx) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
+	why := c.why.Load()
+	if why == endNone {
 		switch {
 		case c.parent.Err() != nil:
-			c.endLocked(c.parent.Err(), context.Cause(c.parent))
-		case c.d != nil && c.d.isClosed():
-			c.endLocked(context.Canceled, context.Canceled)
-		case !time.Now().Before(c.boundLocked()):
-			c.endLocked(context.DeadlineExceeded, context.DeadlineExceeded)
+			c.end(endParent)
+		case c.closable && c.d.isClosed():
+			c.end(endClose)
+		case c.pastBound():
+			c.end(endBound)
 		}
+		why = c.why.Load()
 	}
-	return c.err
+	return c.errOf(why)
+}
+
+func (c *acqCtx) errOf(why int32) error {
+	switch why {
+	case endParent:
+		return c.parent.Err()
+	case endClose:
+		return context.Canceled
+	case endBound:
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // Cancelled implements [backend.BoundedContext]: the caller's context's
@@ -135,60 +162,78 @@ func (c *acqCtx) Cancelled() <-chan struct{} { return c.parent.Done() }
 // Done returns a channel closed when the context ends, making inner on
 // the first call.
 func (c *acqCtx) Done() <-chan struct{} {
-	if in := c.inner.Load(); in != nil {
-		return in.ctx.Done()
+	if c.made.Load() {
+		return c.done
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if in := c.inner.Load(); in != nil {
-		return in.ctx.Done()
+	if !c.made.Load() {
+		c.makeLocked()
 	}
-	// The caller's deadline ends base, with the caller's error and cause;
-	// the bound ends ctx.
-	in := new(innerCtx)
-	var base context.Context
-	base, in.cancel = context.WithCancelCause(c.parent)
-	in.ctx, in.release = context.WithDeadline(base, c.boundLocked())
-	c.inner.Store(in)
-	if c.err != nil {
-		in.cancel(c.err)
-	} else if c.d != nil {
-		c.stopClose = context.AfterFunc(c.d.closing, func() { c.end(context.Canceled) })
+	c.mu.Unlock()
+	if c.why.Load() != endNone {
+		c.fire() // it ended while inner was made
 	}
-	return in.ctx.Done()
+	return c.done
 }
 
-func (c *acqCtx) end(err error) {
+// makeLocked makes inner and registers what ends it.
+func (c *acqCtx) makeLocked() {
+	c.boundLocked()
+	c.inner, c.cancel = context.WithCancelCause(&c.base) // sets onEnd, or ends inner at once
+	c.done = c.inner.Done()
+	switch {
+	case c.stopped:
+		c.cancel(errAcquisitionOver)
+	case c.why.Load() != endNone:
+	default:
+		if c.parent.Done() != nil {
+			c.stopParent = context.AfterFunc(c.parent, func() { c.end(endParent) })
+		}
+		if !c.d.acqs.add(c) {
+			c.why.CompareAndSwap(endNone, endClose) // Done fires it
+		}
+	}
+	c.made.Store(true)
+}
+
+// end ends the context for why, unless it ended already.
+func (c *acqCtx) end(why int32) {
+	if c.why.CompareAndSwap(endNone, why) {
+		c.fire()
+	}
+}
+
+// fire runs inner's callback on base once: inner ends with base's Err and
+// Cause, and so do the contexts derived from it.
+func (c *acqCtx) fire() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.endLocked(err, err)
+	f := c.onEnd
+	c.onEnd = nil
+	c.mu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
-// endLocked ends the context with err (and cause, for inner, which also
-// ends at the bound and with the caller's context by itself).
-func (c *acqCtx) endLocked(err, cause error) {
-	c.err = err
-	if in := c.inner.Load(); in != nil {
-		in.cancel(cause)
-	}
-}
-
-// stop ends what Done made, once the acquisition is over: inner's timer,
-// and its registration with the caller's context (a context the caller
-// keeps for long, a server's, would otherwise keep one per acquisition).
+// stop ends what Done made, once the acquisition is over: inner, its
+// place in the registry and its registration with the caller's context (a
+// context the caller keeps for long, a server's, would otherwise keep one
+// per acquisition).
 func (c *acqCtx) stop() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopClose != nil {
-		c.stopClose()
-		c.stopClose = nil
+	c.stopped = true
+	if !c.made.Load() {
+		c.mu.Unlock()
+		return
 	}
-	if in := c.inner.Load(); in != nil {
-		in.release()
-		in.cancel(errAcquisitionOver)
+	c.onEnd = nil
+	if c.stopParent != nil {
+		c.stopParent()
+		c.stopParent = nil
 	}
+	c.d.acqs.remove(c)
+	c.mu.Unlock()
+	c.cancel(errAcquisitionOver)
 }
 
 // errAcquisitionOver is the cause of an acquisition's context that ended
@@ -204,3 +249,225 @@ func (c *acqCtx) pastBound() bool {
 }
 
 func (c *acqCtx) String() string { return "distlock.acquisition" }
+
+// acqBase is inner's parent: the context package alone sees it, when
+// Done makes inner with context.WithCancelCause. It ends when its
+// acquisition's context ends, and tells inner so through the one callback
+// inner registers with its AfterFunc method (which makes inner take Err
+// and Cause from it: context.DeadlineExceeded for the bound, as a
+// deadline's timer would give, without a timer per acquisition). Its Done
+// is a channel that is closed once it ended when asked, and otherwise
+// one that never closes: the context package asks it only once, while
+// making inner, to see whether it ended already.
+type acqBase struct{ c *acqCtx }
+
+var (
+	neverDone  = make(chan struct{})
+	closedDone = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+)
+
+func (b *acqBase) Deadline() (time.Time, bool) { return b.c.Deadline() }
+
+func (b *acqBase) Done() <-chan struct{} {
+	if b.c.why.Load() != endNone {
+		return closedDone
+	}
+	return neverDone
+}
+
+func (b *acqBase) Err() error { return b.c.errOf(b.c.why.Load()) }
+
+// Value returns the caller's context's values, except the context
+// package's own key for the nearest cancel context once the acquisition
+// ended for a reason of its own: context.Cause then falls back to Err
+// (the caller's cancel context, asked, has no cause).
+func (b *acqBase) Value(key any) any {
+	if _, ok := key.(acqCtxKey); ok {
+		return b.c
+	}
+	if isCancelCtxKey(key) && b.c.why.Load() != endParent {
+		return nil
+	}
+	return b.c.parent.Value(key)
+}
+
+// AfterFunc registers inner's callback; it is called once, by
+// context.WithCancelCause in makeLocked, under the acquisition's mu.
+func (b *acqBase) AfterFunc(f func()) func() bool {
+	b.c.onEnd = f
+	return stopNothing
+}
+
+// stopNothing is inner's unregistration from base, which stop does.
+func stopNothing() bool { return true }
+
+// cancelKeyProbe recognises the context package's key for the nearest
+// cancel context, which a cancel context answers with itself (ended or
+// not).
+var cancelKeyProbe = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+func isCancelCtxKey(key any) bool {
+	if _, ok := key.(*int); !ok {
+		return false
+	}
+	return cancelKeyProbe.Value(key) == cancelKeyProbe
+}
+
+// acqRegistry holds a facade's acquisitions whose Done was made, until
+// they stop: a heap by bound with one timer armed no later than the
+// earliest (it ends those whose bound passed and arms itself for the
+// next), and Close ends the closable ones. Lock order: an acquisition's
+// mu, then the registry's; the registry ends acquisitions without its own.
+type acqRegistry struct {
+	mu     sync.Mutex
+	heap   []*acqCtx
+	timer  *time.Timer
+	armed  time.Time // when the timer fires; zero: not armed
+	closed bool
+}
+
+// add registers c (its bound set), unless Close ran and c is closable:
+// then it returns false.
+func (r *acqRegistry) add(c *acqCtx) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed && c.closable {
+		return false
+	}
+	c.idx = len(r.heap)
+	r.heap = append(r.heap, c)
+	r.up(c.idx)
+	if r.armed.IsZero() || c.bound.Before(r.armed) {
+		r.armLocked(c.bound)
+	}
+	return true
+}
+
+// remove unregisters c, if it is registered. The timer stays armed: it
+// fires for nothing at worst.
+func (r *acqRegistry) remove(c *acqCtx) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := c.idx
+	if i < 0 {
+		return
+	}
+	last := len(r.heap) - 1
+	if i != last {
+		r.swap(i, last)
+	}
+	r.heap[last] = nil
+	r.heap = r.heap[:last]
+	c.idx = -1
+	if i != last {
+		r.down(i)
+		r.up(i)
+	}
+	if len(r.heap) == 0 && cap(r.heap) > 1024 {
+		r.heap = nil // a burst's array is not kept
+	}
+}
+
+func (r *acqRegistry) armLocked(at time.Time) {
+	r.armed = at
+	if r.timer == nil {
+		r.timer = time.AfterFunc(time.Until(at), r.expire)
+	} else {
+		r.timer.Reset(time.Until(at))
+	}
+}
+
+// expire ends the acquisitions whose bound passed and arms the timer for
+// the next.
+func (r *acqRegistry) expire() {
+	r.mu.Lock()
+	r.armed = time.Time{}
+	now := time.Now()
+	var due []*acqCtx
+	for len(r.heap) > 0 && !now.Before(r.heap[0].bound) {
+		c := r.heap[0]
+		r.remove0Locked()
+		due = append(due, c)
+	}
+	if len(r.heap) > 0 {
+		r.armLocked(r.heap[0].bound)
+	}
+	r.mu.Unlock()
+	for _, c := range due {
+		c.end(endBound)
+	}
+}
+
+func (r *acqRegistry) remove0Locked() {
+	c := r.heap[0]
+	last := len(r.heap) - 1
+	r.swap(0, last)
+	r.heap[last] = nil
+	r.heap = r.heap[:last]
+	c.idx = -1
+	r.down(0)
+}
+
+// close ends the closable acquisitions and refuses those that come later.
+func (r *acqRegistry) close() {
+	r.mu.Lock()
+	r.closed = true
+	var ending []*acqCtx
+	for _, c := range r.heap {
+		if c.closable {
+			ending = append(ending, c)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range ending {
+		c.end(endClose)
+	}
+}
+
+// len returns how many acquisitions are registered.
+func (r *acqRegistry) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.heap)
+}
+
+func (r *acqRegistry) less(i, j int) bool { return r.heap[i].bound.Before(r.heap[j].bound) }
+
+func (r *acqRegistry) swap(i, j int) {
+	r.heap[i], r.heap[j] = r.heap[j], r.heap[i]
+	r.heap[i].idx, r.heap[j].idx = i, j
+}
+
+func (r *acqRegistry) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !r.less(i, p) {
+			return
+		}
+		r.swap(i, p)
+		i = p
+	}
+}
+
+func (r *acqRegistry) down(i int) {
+	n := len(r.heap)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if rr := l + 1; rr < n && r.less(rr, l) {
+			m = rr
+		}
+		if !r.less(m, i) {
+			return
+		}
+		r.swap(i, m)
+		i = m
+	}
+}

@@ -60,7 +60,7 @@ func IsContention(ctx context.Context, r *Request, err error) bool {
 		return false
 	}
 	if c, ok := ctx.Value(acqCtxKey{}).(*acqCtx); ok {
-		if c.d != nil && c.d.isClosed() {
+		if c.closable && c.d.isClosed() {
 			return false
 		}
 		if c.parent.Err() != nil {

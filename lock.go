@@ -45,7 +45,8 @@ type DistributeLock struct {
 	drainOnce sync.Once
 	closing   context.Context // ended by Close: ends the waits in flight
 	closeAll  context.CancelFunc
-	sched     scheduler // the committed grants, with their renewals and expiries
+	acqs      acqRegistry // the acquisitions whose Done was made: their bounds, and Close
+	sched     scheduler   // the committed grants, with their renewals and expiries
 	// closeEnd is when Close's release pass is over, on the facade's
 	// clock: its bound, or earlier once every grant was released or
 	// lost; 0 before Close.
@@ -643,6 +644,7 @@ func (d *DistributeLock) Close() error {
 		d.drainOnce.Do(func() { close(d.drained) })
 	}
 	d.closeAll()
+	d.acqs.close()
 	var errs []error
 	t := time.NewTimer(time.Until(bound))
 	select {
