@@ -44,9 +44,10 @@ const attemptBound = time.Second
 // registered with the caller's context or the registry.
 //
 // context.Cause of an acqCtx is the caller's context's cause once it ended
-// the acquisition, context.Canceled for Close and context.DeadlineExceeded
-// for the bound; so are the errors and causes of the contexts derived from
-// it. The facade classifies an acquisition's end itself.
+// the acquisition, context.Canceled for Close, context.DeadlineExceeded
+// for the bound and errAcquisitionOver once the acquisition returned (its
+// Err then context.Canceled); so are the errors and causes of the contexts
+// derived from it. The facade classifies an acquisition's end itself.
 type acqCtx struct {
 	parent   context.Context
 	d        *DistributeLock
@@ -75,6 +76,7 @@ const (
 	endParent       // the caller's context ended
 	endClose        // Close ran (an acquisition that may wait)
 	endBound        // the bound passed
+	endOver         // the acquisition returned (stop)
 )
 
 // acqCtxKey finds an acquisition's context through the contexts a handler
@@ -123,8 +125,8 @@ func (c *acqCtx) Value(key any) any {
 
 // Err returns why the context ended, or nil: the caller's context's
 // error (its deadline's passing is its), context.Canceled once Close ran
-// (for an acquisition that may wait), context.DeadlineExceeded once the
-// bound has passed. Err ends the context when it finds it ended, closing
+// (for an acquisition that may wait) or the acquisition returned,
+// context.DeadlineExceeded once the bound has passed. Err ends the context when it finds it ended, closing
 // Done if it was made.
 func (c *acqCtx) Err() error {
 	why := c.why.Load()
@@ -150,6 +152,8 @@ func (c *acqCtx) errOf(why int32) error {
 		return context.Canceled
 	case endBound:
 		return context.DeadlineExceeded
+	case endOver:
+		return context.Canceled
 	}
 	return nil
 }
@@ -179,12 +183,18 @@ func (c *acqCtx) Done() <-chan struct{} {
 // makeLocked makes inner and registers what ends it.
 func (c *acqCtx) makeLocked() {
 	c.boundLocked()
+	if c.why.Load() == endOver {
+		// Over: inner ends at once, with the stop's cause.
+		c.inner, c.cancel = context.WithCancelCause(context.WithoutCancel(c.parent))
+		c.cancel(errAcquisitionOver)
+		c.done = c.inner.Done()
+		c.made.Store(true)
+		return
+	}
 	c.inner, c.cancel = context.WithCancelCause(&c.base) // sets onEnd, or ends inner at once
 	c.done = c.inner.Done()
 	switch {
-	case c.stopped:
-		c.cancel(errAcquisitionOver)
-	case c.why.Load() != endNone:
+	case c.stopped || c.why.Load() != endNone: // ended for another reason before
 	default:
 		if c.parent.Done() != nil {
 			c.stopParent = context.AfterFunc(c.parent, func() { c.end(endParent) })
@@ -221,6 +231,7 @@ func (c *acqCtx) fire() {
 // per acquisition).
 func (c *acqCtx) stop() {
 	c.mu.Lock()
+	c.why.CompareAndSwap(endNone, endOver) // under mu: see makeLocked
 	c.stopped = true
 	if !c.made.Load() {
 		c.mu.Unlock()
