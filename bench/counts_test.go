@@ -62,7 +62,7 @@ var countTargets = map[string]struct {
 }{
 	"redis":     {cmds: 7, blocks: 0, timers: 0, gos: 0},
 	"postgres":  {cmds: 2, allocs: 21, blocks: 0, timers: 0, gos: 0},
-	"etcd":      {cmds: 2.05, allocs: 330, blocks: 7, timers: 0, gos: 0},   // cmds: the session's keep-alives add ~0.001
+	"etcd":      {cmds: 2.05, allocs: 330, blocks: 8, timers: 0, gos: 0},   // cmds: the session's keep-alives add ~0.001; blocks: 6.3-6.5, a margin for load
 	"zookeeper": {cmds: 2.1, allocs: 62, blocks: 8, timers: 0.5, gos: 1.5}, // the session watcher's probes add ~0.1 of each, more on a slow machine
 }
 
