@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"sync"
@@ -335,7 +336,7 @@ func isCancelCtxKey(key any) bool {
 // mu, then the registry's; the registry ends acquisitions without its own.
 type acqRegistry struct {
 	mu     sync.Mutex
-	heap   []*acqCtx
+	q      acqHeap
 	timer  *time.Timer
 	armed  time.Time // when the timer fires; zero: not armed
 	closed bool
@@ -349,9 +350,7 @@ func (r *acqRegistry) add(c *acqCtx) bool {
 	if r.closed && c.closable {
 		return false
 	}
-	c.idx = len(r.heap)
-	r.heap = append(r.heap, c)
-	r.up(c.idx)
+	heap.Push(&r.q, c)
 	if r.armed.IsZero() || c.bound.Before(r.armed) {
 		r.armLocked(c.bound)
 	}
@@ -363,23 +362,12 @@ func (r *acqRegistry) add(c *acqCtx) bool {
 func (r *acqRegistry) remove(c *acqCtx) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := c.idx
-	if i < 0 {
+	if c.idx < 0 {
 		return
 	}
-	last := len(r.heap) - 1
-	if i != last {
-		r.swap(i, last)
-	}
-	r.heap[last] = nil
-	r.heap = r.heap[:last]
-	c.idx = -1
-	if i != last {
-		r.down(i)
-		r.up(i)
-	}
-	if len(r.heap) == 0 && cap(r.heap) > 1024 {
-		r.heap = nil // a burst's array is not kept
+	heap.Remove(&r.q, c.idx)
+	if len(r.q) == 0 && cap(r.q) > 1024 {
+		r.q = nil // a burst's array is not kept
 	}
 }
 
@@ -399,13 +387,11 @@ func (r *acqRegistry) expire() {
 	r.armed = time.Time{}
 	now := time.Now()
 	var due []*acqCtx
-	for len(r.heap) > 0 && !now.Before(r.heap[0].bound) {
-		c := r.heap[0]
-		r.remove0Locked()
-		due = append(due, c)
+	for len(r.q) > 0 && !now.Before(r.q[0].bound) {
+		due = append(due, heap.Pop(&r.q).(*acqCtx))
 	}
-	if len(r.heap) > 0 {
-		r.armLocked(r.heap[0].bound)
+	if len(r.q) > 0 {
+		r.armLocked(r.q[0].bound)
 	}
 	r.mu.Unlock()
 	for _, c := range due {
@@ -413,22 +399,12 @@ func (r *acqRegistry) expire() {
 	}
 }
 
-func (r *acqRegistry) remove0Locked() {
-	c := r.heap[0]
-	last := len(r.heap) - 1
-	r.swap(0, last)
-	r.heap[last] = nil
-	r.heap = r.heap[:last]
-	c.idx = -1
-	r.down(0)
-}
-
 // close ends the closable acquisitions and refuses those that come later.
 func (r *acqRegistry) close() {
 	r.mu.Lock()
 	r.closed = true
 	var ending []*acqCtx
-	for _, c := range r.heap {
+	for _, c := range r.q {
 		if c.closable {
 			ending = append(ending, c)
 		}
@@ -443,42 +419,29 @@ func (r *acqRegistry) close() {
 func (r *acqRegistry) len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.heap)
+	return len(r.q)
 }
 
-func (r *acqRegistry) less(i, j int) bool { return r.heap[i].bound.Before(r.heap[j].bound) }
+// acqHeap orders the registered acquisitions by bound (container/heap,
+// as the scheduler's grantHeap); each keeps its place in idx.
+type acqHeap []*acqCtx
 
-func (r *acqRegistry) swap(i, j int) {
-	r.heap[i], r.heap[j] = r.heap[j], r.heap[i]
-	r.heap[i].idx, r.heap[j].idx = i, j
+func (h acqHeap) Len() int           { return len(h) }
+func (h acqHeap) Less(i, j int) bool { return h[i].bound.Before(h[j].bound) }
+func (h acqHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
 }
-
-func (r *acqRegistry) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !r.less(i, p) {
-			return
-		}
-		r.swap(i, p)
-		i = p
-	}
+func (h *acqHeap) Push(x any) {
+	c := x.(*acqCtx)
+	c.idx = len(*h)
+	*h = append(*h, c)
 }
-
-func (r *acqRegistry) down(i int) {
-	n := len(r.heap)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if rr := l + 1; rr < n && r.less(rr, l) {
-			m = rr
-		}
-		if !r.less(m, i) {
-			return
-		}
-		r.swap(i, m)
-		i = m
-	}
+func (h *acqHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	old[len(old)-1] = nil
+	c.idx = -1
+	*h = old[:len(old)-1]
+	return c
 }

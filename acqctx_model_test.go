@@ -405,8 +405,8 @@ func checkRegistry(r *acqRegistry, acqs []*modelAcq) error {
 		byCtx[a.c] = a
 	}
 	r.mu.Lock()
-	heap := append([]*acqCtx(nil), r.heap...)
-	for i, c := range r.heap {
+	heap := append([]*acqCtx(nil), r.q...)
+	for i, c := range r.q {
 		a := byCtx[c]
 		var err error
 		switch {
@@ -416,12 +416,12 @@ func checkRegistry(r *acqRegistry, acqs []*modelAcq) error {
 			err = fmt.Errorf("registry[%d]: Done was never asked", i)
 		case c.idx != i:
 			err = fmt.Errorf("registry[%d] thinks it is at %d", i, c.idx)
-		case i > 0 && c.bound.Before(r.heap[(i-1)/2].bound):
+		case i > 0 && c.bound.Before(r.q[(i-1)/2].bound):
 			err = fmt.Errorf("registry[%d]'s bound is before its parent's: not a heap", i)
 		case r.armed.IsZero():
-			err = fmt.Errorf("%d acquisitions registered and the timer not armed", len(r.heap))
-		case r.heap[0].bound.Before(r.armed):
-			err = fmt.Errorf("the timer is armed %v after the earliest bound", r.armed.Sub(r.heap[0].bound))
+			err = fmt.Errorf("%d acquisitions registered and the timer not armed", len(r.q))
+		case r.q[0].bound.Before(r.armed):
+			err = fmt.Errorf("the timer is armed %v after the earliest bound", r.armed.Sub(r.q[0].bound))
 		}
 		if err != nil {
 			r.mu.Unlock()
