@@ -77,10 +77,11 @@ func (p *countingParent) AfterFunc(f func()) func() bool {
 	drop := func() { once.Do(func() { p.n.Add(-1) }) }
 	stop := context.AfterFunc(p.Context, func() { drop(); f() })
 	return func() bool {
+		// Once stop returns, the registration is no longer in place:
+		// removed, or its callback started (whose drop may not have run
+		// yet on its goroutine).
 		ok := stop()
-		if ok {
-			drop()
-		}
+		drop()
 		return ok
 	}
 }

@@ -71,13 +71,23 @@ func TestDerivedRequestContextNoGoroutine(t *testing.T) {
 		}
 	}
 	cycle() // warm up
-	const n = 200
-	before := goroutinesCreated()
-	for range n {
-		cycle()
+	// The count is the process's: a timer of another test's facade that
+	// fires meanwhile starts a goroutine too. A goroutine per cycle shows
+	// in every try; a stray one in one try only.
+	const n, tries = 200, 3
+	var got []uint64
+	for range tries {
+		before := goroutinesCreated()
+		for range n {
+			cycle()
+		}
+		got = append(got, goroutinesCreated()-before)
+		if got[len(got)-1] == 0 {
+			break
+		}
 	}
-	if got := goroutinesCreated() - before; got != 0 {
-		t.Errorf("%d cycles started %d goroutines; want 0", n, got)
+	if len(got) == tries {
+		t.Errorf("%d cycles started %v goroutines in %d tries; want 0 in one", n, got, tries)
 	}
 
 	// The derived context ends at the bound...
