@@ -175,7 +175,10 @@ func startPostgres(t testing.TB, binDir string) (*process, string) {
 			// would lose it.
 			"-c", "fsync=off",
 			"-c", "full_page_writes=off",
-			"-c", "max_connections=200",
+			// Room for sqldb's 12-process test, whose connections its
+			// own count bounds (240): a burst past the server's limit
+			// would fail attempts with "too many clients" first.
+			"-c", "max_connections=300",
 			// Segments in the data dir, not /dev/shm: a killed server
 			// leaves nothing outside its temp dir.
 			"-c", "dynamic_shared_memory_type=mmap",
