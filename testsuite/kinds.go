@@ -69,6 +69,7 @@ func contend(t *testing.T, ds []*distlock.DistributeLock, workers int, d time.Du
 	take func(d *distlock.DistributeLock, i int) (*distlock.Lock, func(), error)) {
 	t.Helper()
 	var wg sync.WaitGroup
+	var unanswered atomic.Int64
 	end := time.Now().Add(d)
 	for i := range workers {
 		dl := ds[i%len(ds)]
@@ -76,6 +77,14 @@ func contend(t *testing.T, ds []*distlock.DistributeLock, workers int, d time.Du
 			for time.Now().Before(end) {
 				lk, leave, err := take(dl, i)
 				if errors.Is(err, distlock.ErrNotAcquired) {
+					continue
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					// No answer within the wait: a time (a loaded
+					// machine), not a wrong answer; the facade cleans
+					// up after it, and the callers' checks still see
+					// every grant.
+					unanswered.Add(1)
 					continue
 				}
 				if err != nil {
@@ -92,6 +101,9 @@ func contend(t *testing.T, ds []*distlock.DistributeLock, workers int, d time.Du
 		})
 	}
 	wg.Wait()
+	if n := unanswered.Load(); n > 0 {
+		t.Logf("%d attempts without an answer within their wait", n)
+	}
 }
 
 func procs(t *testing.T, h *Harness, n int, opts ...distlock.Option) []*distlock.DistributeLock {
