@@ -140,7 +140,9 @@ func testConflict(t *testing.T, url string) {
 		{[]string{"--wait", "0"}, exitNotAcquired, ""},
 		{[]string{"--wait", "0", "--conflict-exit-code", "9"}, 9, ""},
 		{[]string{"--wait", "0", "--conflict-exit-code", "0", "-v"}, 0, "is held by another owner"},
-		{[]string{"--wait", "100ms"}, exitNotAcquired, ""},
+		// A wait long enough for a new process to reach its store on
+		// a loaded machine (100ms once ended with no answer, status 69).
+		{[]string{"--wait", "500ms"}, exitNotAcquired, ""},
 	} {
 		args := append(append([]string{"run", "--store", url}, c.flags...), key)
 		code, stderr := runDistlock(t, nil, append(args, childCmd("-file", other)...)...)
