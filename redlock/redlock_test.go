@@ -335,7 +335,9 @@ func TestReleaseRefresh(t *testing.T) {
 	}
 
 	t.Run("refresh extends every node", func(t *testing.T) {
-		l := acquire(t, 500*time.Millisecond)
+		// 2s: a node timeout (5% of it) that a loaded machine's replies
+		// meet; 500ms left 25ms, and a CI run saw 4 of 5 nodes miss it.
+		l := acquire(t, 2*time.Second)
 		for i, cl := range c.inspect {
 			if err := cl.PExpire(ctx, lockKey(l.Key), 100*time.Millisecond).Err(); err != nil {
 				t.Fatalf("node %d: %v", i, err)
@@ -347,7 +349,7 @@ func TestReleaseRefresh(t *testing.T) {
 		// A majority at once, the others in the background.
 		n := 0
 		for _, cl := range c.inspect {
-			if pttl := cl.PTTL(ctx, lockKey(l.Key)).Val(); pttl > 400*time.Millisecond {
+			if pttl := cl.PTTL(ctx, lockKey(l.Key)).Val(); pttl > time.Second {
 				n++
 			}
 		}
