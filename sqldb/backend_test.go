@@ -52,6 +52,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("ShortWaitsManyProcesses", func(t *testing.T) { testShortWaitsManyProcesses(t, pg) })
 	t.Run("LateReplyRead", func(t *testing.T) { testLateReplyRead(t, pg) })
 	t.Run("TakenLateCleanedOnOwnConn", func(t *testing.T) { testTakenLateCleanedOnOwnConn(t, pg) })
+	t.Run("GatedStatements", func(t *testing.T) { testGatedStatements(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

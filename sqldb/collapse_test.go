@@ -217,3 +217,70 @@ func testTakenLateCleanedOnOwnConn(t *testing.T, pg *pgFixture) {
 	}
 	wantRows(t, pg.fixture(), key)
 }
+
+// testGatedStatements: a release, a renewal or a withdrawal whose context
+// ends while the pool makes a connection for it leaves that connection
+// being made, as an acquire attempt would; so they take their connection
+// through the gate too. With the pool's connections all taken and new
+// ones slow to make (the server's replies held back), 9 such calls in a
+// row start about one connection, not one each (the 24-process storm's
+// releases and clean-ups).
+func testGatedStatements(t *testing.T, pg *pgFixture) {
+	cfg, err := pgxpool.ParseConfig(pg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr)
+	pool := pg.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host = "127.0.0.1"
+		p, _ := strconv.Atoi(port)
+		c.ConnConfig.Port = uint16(p)
+		c.ConnConfig.Fallbacks = nil
+		c.MinConns, c.MaxConns = 0, 16
+	})
+	r := pg.resource(t, pool)
+	key := testsuite.Key(t)
+	warm := newLease(t, key, time.Minute)
+	mustAcquire(t, r, warm)
+	mustRelease(t, r, warm)
+	held := pool.AcquireAllIdle(t.Context())
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	var delay atomic.Int64
+	px.SetDelay(proxy.Down, func() time.Duration { return time.Duration(delay.Load()) })
+	delay.Store(int64(300 * time.Millisecond))
+	before := pool.Stat().NewConnsCount()
+	l := newLease(t, key, time.Minute)
+	for i := range 9 {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+		switch i % 3 {
+		case 0:
+			err = r.Release(ctx, l)
+		case 1:
+			err = r.Refresh(ctx, l)
+		default:
+			err = r.Withdraw(ctx, l)
+		}
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("call %d with no connection to be had in 20ms = %v; want its context's end", i, err)
+		}
+	}
+	delay.Store(0)
+	for end := time.Now().Add(10 * time.Second); pool.Stat().ConstructingConns() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d connections still being made after 10s", pool.Stat().ConstructingConns())
+		}
+	}
+	if n := pool.Stat().NewConnsCount() - before; n > 2 {
+		t.Errorf("9 calls ended while no connection was to be had made %d connections; want at most 2", n)
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// connGate is how an acquire attempt gets a connection from the pool
-// without starting more new connections than attempts wait for.
+// connGate is how the store's statements (acquire attempts, and the
+// releases, renewals, withdrawals and clean-ups that hold no connection
+// of their own: Postgres.connOr) get a connection from the pool without
+// starting more new connections than calls wait for.
 //
 // pgxpool's Acquire starts making a new connection whenever none is idle
 // (up to MaxConns), and goes on making it when its caller's context ends

@@ -120,16 +120,8 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 }
 
 // relFastDirect runs a mutex's common release statement through pgconn,
-// on held or else on a connection of the pool, and returns the rows it
-// deleted.
-func (p *Postgres) relFastDirect(ctx context.Context, held *pgxpool.Conn, m *pgMutexSQL, l *backend.Lease) (n int64, err error) {
-	c := held
-	if c == nil {
-		if c, err = p.pool.Acquire(ctx); err != nil {
-			return 0, err
-		}
-		defer c.Release()
-	}
+// on c, and returns the rows it deleted.
+func (p *Postgres) relFastDirect(ctx context.Context, c *pgxpool.Conn, m *pgMutexSQL, l *backend.Lease) (n int64, err error) {
 	conn := c.Conn()
 	if p.tracer != nil {
 		ctx = p.tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: m.relFast, Args: []any{keyArg(l.Key), l.Value}})

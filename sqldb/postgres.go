@@ -947,7 +947,14 @@ func (p *Postgres) cleanup(ctx context.Context, l *backend.Lease) error {
 func (p *Postgres) cleanupOn(ctx context.Context, c *pgxpool.Conn, l *backend.Lease) error {
 	cctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	_, err := p.release(cctx, c, l)
+	c, took, err := p.connOr(cctx, c)
+	if err != nil {
+		return fmt.Errorf("sqldb: postgres: clean up %q: %w", l.Key, err)
+	}
+	if took {
+		defer c.Release()
+	}
+	_, err = p.release(cctx, c, l)
 	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindMutex && l.Waits) {
 		err = p.withdraw(cctx, c, l, 0) // the attempt may have queued; a marker goes
 	}
@@ -1019,7 +1026,14 @@ func (p *Postgres) Release(ctx context.Context, l *backend.Lease) error {
 // over the pool when c is nil (see Release); it reports whether l was
 // live.
 func (p *Postgres) release(ctx context.Context, c *pgxpool.Conn, l *backend.Lease) (live bool, err error) {
-	q := p.querier(c)
+	c, took, err := p.connOr(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	if took {
+		defer c.Release()
+	}
+	q := c
 	if l.Kind != backend.KindMutex {
 		return p.groupRemove(ctx, q, p.kRel, l)
 	}
@@ -1099,7 +1113,14 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 // marker for mark instead of deleting the row (mark > 0), or removes
 // the marker too (mark == 0).
 func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, mark time.Duration) error {
-	q := p.querier(c)
+	c, took, err := p.connOr(ctx, c)
+	if err != nil {
+		return err
+	}
+	if took {
+		defer c.Release()
+	}
+	q := c
 	if l.Kind != backend.KindMutex {
 		_, err := p.groupRemove(ctx, q, p.kWithdraw, l)
 		return err
@@ -1124,7 +1145,7 @@ func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lea
 
 // groupRemove runs a groupRemove statement for l, and deletes the row
 // if that left it empty. It reports whether l's entry was live.
-func (p *Postgres) groupRemove(ctx context.Context, q pgQuerier, stmt string, l *backend.Lease) (live bool, err error) {
+func (p *Postgres) groupRemove(ctx context.Context, q *pgxpool.Conn, stmt string, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
 		err := q.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
@@ -1142,19 +1163,19 @@ func (p *Postgres) groupRemove(ctx context.Context, q pgQuerier, stmt string, l 
 	return live, err
 }
 
-// pgQuerier runs the release and clean-up statements: the pool, or a
-// connection held.
-type pgQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// querier returns c, or the pool when c is nil.
-func (p *Postgres) querier(c *pgxpool.Conn) pgQuerier {
+// connOr returns c when it is not nil, else a connection of the pool
+// taken through the gate (see connGate: a release, a clean-up or a
+// renewal whose context ends while the pool makes a connection leaves
+// one more being made, as an acquire attempt would); took says the
+// caller must give it back.
+func (p *Postgres) connOr(ctx context.Context, c *pgxpool.Conn) (_ *pgxpool.Conn, took bool, err error) {
 	if c != nil {
-		return c
+		return c, false, nil
 	}
-	return p.pool
+	if c, err = p.gate.conn(ctx, p.pool); err != nil {
+		return nil, false, err
+	}
+	return c, true, nil
 }
 
 // Refresh extends l by l.TTL from the database's current time if l.Value
@@ -1166,14 +1187,18 @@ func (p *Postgres) Refresh(ctx context.Context, l *backend.Lease) error {
 		return err
 	}
 	var tag pgconn.CommandTag
-	err := retryConflicts(pgContention, func() (err error) {
-		if l.Kind == backend.KindMutex {
-			tag, err = p.pool.Exec(ctx, p.mutex(l.Key).ref, keyArg(l.Key), l.Value, micros(l.TTL))
-		} else {
-			tag, err = p.pool.Exec(ctx, p.kRef, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), micros(l.TTL))
-		}
-		return err
-	})
+	c, _, err := p.connOr(ctx, nil)
+	if err == nil {
+		err = retryConflicts(pgContention, func() (err error) {
+			if l.Kind == backend.KindMutex {
+				tag, err = c.Exec(ctx, p.mutex(l.Key).ref, keyArg(l.Key), l.Value, micros(l.TTL))
+			} else {
+				tag, err = c.Exec(ctx, p.kRef, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), micros(l.TTL))
+			}
+			return err
+		})
+		c.Release()
+	}
 	if err != nil {
 		return fmt.Errorf("sqldb: postgres: refresh %q: %w", l.Key, err)
 	}

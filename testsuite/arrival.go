@@ -195,8 +195,9 @@ func testDeadHeadPassedOver(t *testing.T, h *Harness) {
 }
 
 // testCancelledHeadLeaves: a waiter whose wait ends (its context
-// cancelled) while it is the head leaves the line before TryLock
-// returns, and a lock kept for it goes on to the next in line at once:
+// cancelled) while it is the head leaves the line (before TryLock
+// returns, unless the store takes longer than the facade waits for
+// that), and a lock kept for it goes on to the next in line at once:
 // the next waiter does not wait out the first one's place (a minute).
 // Both ways a head's wait can end: before the release (through the
 // facade) and after it, while the lock is kept for it (its withdrawal,
@@ -229,9 +230,10 @@ func testCancelledHeadLeaves(t *testing.T, h *Harness) {
 		if err := <-first; !errors.Is(err, distlock.ErrNotAcquired) {
 			t.Fatalf("cancelled waiter: %v; want ErrNotAcquired", err)
 		}
-		if n, err := h.Requests(t.Context(), key, backend.KindMutex); err != nil || n != 2 {
-			t.Fatalf("after the cancelled waiter returned the store keeps %d requests (%v); want 2: the holder and the next waiter", n, err)
-		}
+		// The facade waits withdrawBound (50 ms) for the withdrawal and
+		// finishes it in the background after: on a loaded machine the
+		// line may still hold the cancelled waiter when TryLock returns.
+		waitRequests(t, h, key, backend.KindMutex, 2) // the holder and the next waiter
 		if err := holder.Unlock(t.Context()); err != nil {
 			t.Fatal(err)
 		}
