@@ -1169,10 +1169,18 @@ func (p *Postgres) groupRemove(ctx context.Context, q *pgxpool.Conn, stmt string
 // one more being made, as an acquire attempt would); took says the
 // caller must give it back.
 func (p *Postgres) connOr(ctx context.Context, c *pgxpool.Conn) (_ *pgxpool.Conn, took bool, err error) {
-	if c != nil {
+	switch {
+	case c != nil:
 		return c, false, nil
+	case ctx.Done() == nil:
+		// It cannot end while a connection is made for it: no need to
+		// wait for the gate (a release under context.Background must
+		// not keep the lock longer).
+		c, err = p.pool.Acquire(ctx)
+	default:
+		c, err = p.gate.conn(ctx, p.pool)
 	}
-	if c, err = p.gate.conn(ctx, p.pool); err != nil {
+	if err != nil {
 		return nil, false, err
 	}
 	return c, true, nil
