@@ -11,6 +11,7 @@ require (
 	github.com/distlock/distlock/redis v0.0.0-00010101000000-000000000000
 	github.com/distlock/distlock/zookeeper v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -28,7 +29,6 @@ require (
 	github.com/distlock/distlock/internal/redisscript v0.0.0-00010101000000-000000000000 // indirect
 	github.com/distlock/distlock/redlock v0.0.0-00010101000000-000000000000 // indirect
 	github.com/distlock/distlock/sqldb v0.0.0-00010101000000-000000000000 // indirect
-	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,8 @@ type servers struct {
 	zk     *testserver.ZooKeeperServer
 	pg     *testserver.PostgresServer
 	pgStat *pgx.Conn // reads pg_stat_statements, once enabled; nil before
+	my     *testserver.MariaDBServer
+	myDB   *sql.DB // reads the server's status (myQuestions)
 	failed map[string]error
 }
 
@@ -130,6 +133,46 @@ func (s *servers) postgresDSN() (string, error) {
 	return s.pg.DSN, nil
 }
 
+// mysqlDSN returns the go-sql-driver DSN of the MariaDB database the
+// MySQL peers use, starting the server on first use.
+func (s *servers) mysqlDSN() (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.failed["mysql"]; err != nil {
+		return "", err
+	}
+	if s.my == nil {
+		my, err := startWith(s.tb, func(t testing.TB) *testserver.MariaDBServer { return testserver.MariaDB(t) })
+		if err != nil {
+			s.failed["mysql"] = fmt.Errorf("mysql: %w", err)
+			return "", s.failed["mysql"]
+		}
+		s.my = my
+	}
+	return s.my.DSN, nil
+}
+
+// mysqlAdmin returns the program's own connection pool to the MariaDB
+// server, for its status counters.
+func (s *servers) mysqlAdmin() (*sql.DB, error) {
+	dsn, err := s.mysqlDSN()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.myDB == nil {
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(1)
+		s.myDB = db
+		s.tb.Cleanup(func() { db.Close() })
+	}
+	return s.myDB, nil
+}
+
 // enablePGStatements turns on pg_stat_statements on the PostgreSQL server
 // this program started (preloaded, which takes a restart: the scale
 // workload, which needs it, runs last), so that the server counts the
@@ -216,6 +259,10 @@ func (s *servers) pids(store string) []int {
 	case "postgres":
 		if s.pg != nil {
 			pids = append(pids, s.pg.PID())
+		}
+	case "mysql":
+		if s.my != nil {
+			pids = append(pids, s.my.PID())
 		}
 	}
 	return pids
