@@ -366,10 +366,17 @@ func checkAcq(a *modelAcq, closed bool) error {
 	if len(causes) == 0 {
 		return fmt.Errorf("Done closed before any end (bound in %v)", a.bound.Sub(now))
 	}
-	// The derived context ends with inner's error and cause.
+	// The derived context ends with inner's error and cause: just after
+	// inner's Done closes (the context package closes a parent's Done,
+	// then cancels its children).
+	select {
+	case <-a.derived.Done():
+	case <-time.After(time.Second):
+		return errors.New("the derived context's Done still open a second after Done closed")
+	}
 	derr, dcause := a.derived.Err(), context.Cause(a.derived)
 	if derr == nil {
-		return errors.New("the derived context's Err = nil with Done closed")
+		return errors.New("the derived context's Err = nil with its Done closed")
 	}
 	if i := index(causes, dcause); i < 0 || errs[i] != derr {
 		return fmt.Errorf("the derived context's Err, Cause = %v, %v; want one of %v, %v", derr, dcause, errs, causes)
