@@ -456,8 +456,11 @@ func checkRegistry(r *acqRegistry, acqs []*modelAcq) error {
 		if a.counting == nil {
 			continue
 		}
+		// stopped first: a stop that runs between the two reads would
+		// otherwise pair a registration counted before it with its end.
+		stopped := stoppedDone(a)
 		n := a.counting.n.Load()
-		if n < 0 || n > 1 || (n == 1 && (!a.made || stoppedDone(a))) {
+		if n < 0 || n > 1 || (n == 1 && (!a.made || stopped)) {
 			return fmt.Errorf("acquisition %d has %d registrations on its caller's context (made %v, stopped %v)", i, n, a.made, a.stopped.Load())
 		}
 	}
