@@ -246,6 +246,13 @@ func TestSignals(t *testing.T) {
 		p := start(t, nil, append([]string{"run", "--store", url, key}, childCmd("-file", file, "-hold", "stdin")...)...)
 		waitRecord(t, file, "start")
 		p.cmd.Process.Signal(syscall.SIGTERM)
+		// Exited before wait closes its stdin: the command ends at its
+		// stdin's end, with status 0, when that comes before the signal.
+		select {
+		case <-p.exited:
+		case <-time.After(patience):
+			t.Fatalf("distlock still running %v after SIGTERM; stderr:\n%s", patience, p.errText())
+		}
 		if code := p.wait(); code != 128+int(syscall.SIGTERM) {
 			t.Errorf("status %d; want %d; stderr:\n%s", code, 128+int(syscall.SIGTERM), p.errText())
 		}
