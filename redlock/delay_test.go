@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/distlock/backend"
 	"github.com/distlock/distlock/internal/redisscript"
 	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/redlock"
@@ -323,4 +325,67 @@ func TestRandomDelaysKeepOwnersApart(t *testing.T) {
 			t.Errorf("owner %d acquired %v before owner %d's lock ended (validity or release)", b.owner, a.till.Sub(b.from), a.owner)
 		}
 	}
+}
+
+// TestCleanupOfContendedRoundWaitsForUnanswered: a contended round (other
+// owners hold nodes 0, 1 and 2) whose request to node 4 is delayed on the
+// network, and whose clean-up of node 3, the one node that set the key,
+// does not answer in time: TryAcquire returns an AbandonedError. Its
+// Cleanup must not succeed before node 4 confirmed its clean-up too: the
+// delayed request may still set the key there, and only a clean-up that
+// ran on node 4 (its tombstone) keeps it from doing so after Cleanup
+// returned nil.
+func TestCleanupOfContendedRoundWaitsForUnanswered(t *testing.T) {
+	ctx := t.Context()
+	c := startNodes(t, 5, nil)
+	p3 := c.viaProxy(t, 3)
+	p4 := c.viaProxy(t, 4)
+	c.loadScripts(t)
+	r := c.newResource(t, redlock.WithNodeTimeout(delayTestNodeTimeout))
+	key := uniqueKey(t)
+	c.hold(t, key, "other", time.Minute, 0, 1, 2)
+
+	// Node 4 gets neither the request nor the clean-ups until the test
+	// lets them through (the round's clean-up and the first round of
+	// Cleanup: at most two).
+	set := holdScript(t, p4, redisscript.AcquireQuiet)
+	cleanups4 := []*proxy.Held{holdScript(t, p4, redisscript.Cleanup, redisscript.Release),
+		holdScript(t, p4, redisscript.Cleanup, redisscript.Release), holdScript(t, p4, redisscript.Cleanup, redisscript.Release)}
+	// Node 3's first clean-up is late: the round cannot confirm it.
+	cleanup3 := holdScript(t, p3, redisscript.Cleanup, redisscript.Release)
+	l := newLease(key, delayTestTTL)
+	ok, _, err := r.TryAcquire(ctx, l)
+	var ab *backend.AbandonedError
+	if ok || !errors.As(err, &ab) {
+		t.Fatalf("TryAcquire = %v, %v; want false, an AbandonedError (node 3's clean-up did not answer)", ok, err)
+	}
+	seen(t, set, "the round's request to node 4")
+	seen(t, cleanup3, "the round's clean-up of node 3")
+	cleanup3.Release()
+	value := redlock.Stored(l)
+
+	cctx, cancel := context.WithTimeout(ctx, 2*delayTestNodeTimeout)
+	cerr := ab.Cleanup(cctx)
+	cancel()
+	// The delayed request reaches node 4 now.
+	before := evalshaCalls(t, c.inspect[4])
+	set.Release()
+	waitFor(t, "the delayed request to run on node 4", func() bool { return evalshaCalls(t, c.inspect[4]) > before })
+	if v := c.valueOn(key, 4); cerr == nil && v == value {
+		t.Errorf("node 4 holds the round's value after its Cleanup returned nil")
+	}
+	held := 0
+	for _, h := range cleanups4 {
+		select {
+		case <-h.Seen():
+			held++
+		default:
+		}
+		h.Release()
+	}
+	cleanUp(t, ab)
+	// The clean-ups held on their way to node 4 land too; then no node
+	// may hold the value.
+	waitFor(t, "the delayed clean-ups to run on node 4", func() bool { return evalshaCalls(t, c.inspect[4]) >= before+1+int64(held) })
+	c.noneHoldNow(t, key, l.Value)
 }

@@ -132,7 +132,12 @@
 // backend.AbandonedError whose Cleanup the facade runs in the background,
 // sending the deletes again until every node that may hold the key (it
 // said it set it, or its reply did not come or did not tell) confirmed.
-// A contended round (no error) waits only for the nodes that set the key.
+// A contended round (no error) waits only for the nodes that set the key;
+// when their deletes do not come back in time, it is abandoned as well,
+// and its Cleanup waits, as any other's, for every node that may hold the
+// key, those that did not answer the round included: once it has
+// succeeded, no node holds the round's value, and a request of the round
+// still on its way meets the tombstone described below.
 // Requests are not cut when the caller gives up or a majority has decided:
 // they run on, bounded by the per-node timeout, and a reply that arrives
 // late still counts. When it says the key was set after a delete of it (a

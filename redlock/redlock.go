@@ -344,7 +344,9 @@ func (r *Resource) ValidateKey(key string) error {
 //     a majority answered but too few said yes; holderTTL is then the time
 //     until enough of their keys expire for a majority to be free (0 when
 //     a node did not say). It returns once the nodes that said yes have
-//     deleted the key; the other deletes finish in the background;
+//     deleted the key; the other deletes finish in the background (when
+//     those of the nodes that said yes do not come back in time, the
+//     error is an AbandonedError, as below);
 //   - an error wrapping [ErrNoQuorum], naming the failed nodes, when fewer
 //     than a majority answered (a node that did not answer within the
 //     per-node timeout wraps context.DeadlineExceeded);
@@ -357,12 +359,13 @@ func (r *Resource) ValidateKey(key string) error {
 // the round. Otherwise (ctx ended, a node did not answer, or a delete
 // did not come back), the error is a *[backend.AbandonedError] whose
 // Cleanup waits for the deletes, and sends them again to the nodes that
-// have not confirmed, until every node that may hold the key has: the
-// facade runs it in the background. A caller of TryAcquire outside the
-// facade must call it likewise. The deletes of a round whose request may
-// still be on its way to a node (a node did not answer, or ctx ended)
-// also leave a tombstone of the round's value for one TTL, so that the
-// request sets nothing when it arrives.
+// have not confirmed, until every node that may hold the key (it said it
+// set it, or its reply did not come or did not tell, in a contended round
+// too) has: the facade runs it in the background. A caller of TryAcquire
+// outside the facade must call it likewise. The deletes of a round whose
+// request may still be on its way to a node (a node did not answer, or
+// ctx ended) also leave a tombstone of the round's value for one TTL, so
+// that the request sets nothing when it arrives.
 //
 // A TTL that would leave less than [MinNodeTimeout] of validity after the
 // drift allowance is rounded up until it leaves that much (about 8ms with
@@ -452,8 +455,10 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 			l.Key, ErrNoValidity, yes, len(r.nodes), elapsed, ttl, validity)
 	case contended:
 		// Only the nodes that set our key hold anyone up: wait for
-		// their deletes (the others' finish in the background).
-		if cerr := cl.try(ctx); cerr != nil {
+		// their deletes (the others' finish in the background). When
+		// they do not come back, the Cleanup of the abandoned round
+		// waits for those of the nodes that did not answer too.
+		if cerr := cl.settle(ctx, true); cerr != nil {
 			err = fmt.Errorf("redlock: acquire %q: not acquired; %w", l.Key, cerr)
 			break
 		}
@@ -488,12 +493,16 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 //
 // Every node gets the first round, those that refused the key included:
 // a request go-redis retried after a lost reply may have been applied
-// after its retry said "held". The nodes that must confirm it are those
-// that said they set the key and, for a round that failed (not a
-// contended one), those whose reply did not come or did not say what
-// happened: a timeout, a broken connection. A node that answered no, or
-// refused the script with an error reply, or could not even be dialled,
-// set nothing.
+// after its retry said "held". The nodes that must confirm it, for
+// [cleaner.try] to succeed, are those that said they set the key and
+// those whose reply did not come or did not say what happened (a
+// timeout, a broken connection): their request may land after the
+// cleanup was sent, and only a delete that ran on the node, with the
+// tombstone (bury, which the round then has), rules out that it sets the
+// key after try returned nil. A node that answered no, or refused the
+// script with an error reply, or could not even be dialled, set nothing.
+// A contended round waits only for the nodes that set the key
+// ([cleaner.settle]); the deletes of the others are sent all the same.
 type cleaner struct {
 	r       *Resource
 	acq     *round
@@ -504,26 +513,33 @@ type cleaner struct {
 	mu   sync.Mutex
 	rd   *round // the round in flight, nil when none
 	need []bool // nodes that have not confirmed their delete
+	set  []bool // nodes that said they set the key
 }
 
 // cleanUp makes the cleaner of the decided acquire round acq, and sends its
-// first round, with the round's per-node timeout. contended says only the
-// nodes that set the key must confirm.
+// first round, with the round's per-node timeout. With contended, the
+// first round's wait ends once the nodes that set the key answered.
 func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool) *cleaner {
+	n := len(acq.res)
+	nodes := make([]bool, 2*n)
 	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.releaseCmd(), timeout: timeout,
-		need: make([]bool, len(acq.res))}
+		need: nodes[:n:n], set: nodes[n:]}
 	if bury {
 		c.o, c.args = opCleanup, acq.h.cleanup[:]
 	}
 	for i, rep := range acq.res {
-		switch {
-		case rep.err == nil:
-			c.need[i] = rep.v > 0
-		case !contended:
+		if rep.err == nil {
+			c.set[i] = rep.v > 0
+			c.need[i] = c.set[i]
+		} else {
 			c.need[i] = !settled(rep.err)
 		}
 	}
-	c.rd = r.start(context.Background(), c.o, acq.h, c.args, timeout, 0, acq, slices.Clone(c.need))
+	want := c.need
+	if contended {
+		want = c.set
+	}
+	c.rd = r.start(context.Background(), c.o, acq.h, c.args, timeout, 0, acq, slices.Clone(want))
 	return c
 }
 
@@ -555,7 +571,12 @@ func unsent(res []reply) bool {
 // returns nil when every node that must confirm its delete has, else an
 // error naming the others. It is the Cleanup of the AbandonedError of a
 // failed acquire, which the facade calls until it returns nil.
-func (c *cleaner) try(ctx context.Context) error {
+func (c *cleaner) try(ctx context.Context) error { return c.settle(ctx, false) }
+
+// settle is try; with setOnly, it returns nil once the nodes that set the
+// key confirmed their delete, whatever the others did: a contended
+// round's wait.
+func (c *cleaner) settle(ctx context.Context, setOnly bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.rd == nil {
@@ -569,7 +590,18 @@ func (c *cleaner) try(ctx context.Context) error {
 	rd.waitCtx(ctx)
 	var errs []error
 	rd.mu.Lock()
-	over := rd.left == 0 || rd.ctx.Err() != nil
+	// The round is over when its timeout passed or every node that must
+	// confirm answered (the first round of a contended one ends its wait
+	// sooner: it may still be waiting for the others).
+	over := rd.ctx.Err() != nil
+	if !over {
+		over = true
+		for i, rep := range rd.res {
+			if c.need[i] && rep.err == errPending {
+				over = false
+			}
+		}
+	}
 	for i, rep := range rd.res {
 		if !c.need[i] {
 			continue
@@ -577,6 +609,8 @@ func (c *cleaner) try(ctx context.Context) error {
 		switch {
 		case rep.err == nil:
 			c.need[i] = false
+		case setOnly && !c.set[i]:
+			// Not waited for: its delete finishes in the background.
 		case rep.err == errPending && over:
 			errs = append(errs, fmt.Errorf("%s kept the key: no reply within %v: %w", c.r.nodes[i].name, rd.timeout, context.DeadlineExceeded))
 		case rep.err == errPending:
