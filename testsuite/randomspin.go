@@ -54,7 +54,9 @@ type RandomSpinStalls struct {
 	// attempt, withdrawing a refused reader's or writer's intent first.
 	Spin bool
 	// Stored, if not nil, returns the value the store holds for l's last
-	// attempt (Redlock: one of its own per round); l.Value otherwise.
+	// attempt (Redlock: one of its own per round); l.Value otherwise. An
+	// attempt that leaves it unchanged sent nothing (its context had
+	// ended): it has no clean-up of its own.
 	Stored func(l *backend.Lease) string
 	// Freeze freezes (SIGSTOP) some of the store's servers and returns
 	// what resumes them. The first freeze is long (StallSlack + 500ms);
@@ -222,6 +224,7 @@ func RunRandomSpinStalls(t *testing.T, rs RandomSpinStalls) {
 					}
 					ctx, cancel, bound := callCtx()
 					start := time.Now()
+					before := stored(l)
 					ok, _, err := r.TryAcquire(ctx, l)
 					late("TryAcquire", bound)
 					cancel()
@@ -231,6 +234,10 @@ func RunRandomSpinStalls(t *testing.T, rs RandomSpinStalls) {
 					case errors.As(err, &ab):
 						count(&stats.abandoned)
 						cleanUp(stored(l), ab)
+					case err != nil && rs.Stored != nil && stored(l) == before:
+						// No request of its own: what the store holds
+						// is an earlier attempt's, which was refused.
+						count(&stats.failed)
 					case err != nil:
 						count(&stats.failed)
 						clean(stored(l)) // cleaned up before it returned
