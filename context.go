@@ -49,7 +49,7 @@ func ContextWithLock(ctx context.Context, lk *Lock) context.Context {
 func heldIn(ctx context.Context, d *DistributeLock, key string, kind Kind, limit int) *grant {
 	l, _ := ctx.Value(lockKey{}).(*heldList)
 	for ; l != nil; l = l.next {
-		if g := l.lk.g; g != nil && g.d == d && g.lease.Kind == kind && g.lease.Limit == limit && g.hasKey(key) {
+		if g := l.lk.g; g != nil && g.d == d && g.lease.Kind == kind && int(g.lease.Limit) == limit && g.hasKey(key) {
 			return g
 		}
 	}

@@ -77,13 +77,8 @@ import (
 // and every handler whose Acquire returned nil sees exactly one Release
 // (again only when the caller retries a failed Unlock).
 type grant struct {
-	lease backend.Lease // the store's view: key, value, TTL, kind, token, handle
-	d     *DistributeLock
-	// req is the Request the chain passes: while acquiring, and after
-	// the commit only when d has handlers (they may keep it until its
-	// Release). Without handlers it lives in the acquisition and is
-	// dropped at the commit.
-	req    *Request
+	lease  backend.Lease // the store's view: key, value, TTL, kind, token, handle
+	d      *DistributeLock
 	first  Lock                        // the first handle, allocated with the grant
 	extras atomic.Pointer[grantExtras] // what few grants need; set once, under mu
 
@@ -116,8 +111,15 @@ const (
 
 // grantExtras is what only some grants need, made on first use: the keys
 // of a lock of several keys, Done, a loss's cause, the channels of the
-// goroutines that wait on the grant.
+// goroutines that wait on the grant; and, for a grant of a DistributeLock
+// with handlers, its Request (see grantRequest).
 type grantExtras struct {
+	// req is the Request the handler chain saw acquire the grant, which
+	// it passes again on release and loss (the handlers may keep it until
+	// then); set at the grant's making, only when d has handlers. Without
+	// handlers the Request lives in the acquisition, and no later step
+	// needs it.
+	req        *Request
 	subs       []*backend.Lease // a lock of several keys: a lease per key, subs[0] == &g.lease; set before the commit
 	done       chan struct{}    // made on the first Done call; closed by announce
 	cause      error            // why a lost grant was lost
@@ -147,6 +149,15 @@ func (g *grant) extrasLocked() *grantExtras {
 		g.extras.Store(m)
 	}
 	return m
+}
+
+// request returns the Request of a grant of a DistributeLock with
+// handlers (grantExtras.req); nil without handlers.
+func (g *grant) request() *Request {
+	if m := g.extras.Load(); m != nil {
+		return m.req
+	}
+	return nil
 }
 
 // never is the monotonic time of an event that is not planned.
@@ -242,11 +253,12 @@ func (g *grant) step(ev event) (out outcome) {
 		}
 		signal, kept := false, g.d.cfg.autoRenew
 		for _, l := range g.subLeases() {
-			if l.Lost != nil && l.Lost.Closed() {
+			lost := l.Lost()
+			if lost != nil && lost.Closed() {
 				out.err = fmt.Errorf("%w: %s: the backend reported the lock lost before the handler chain returned", ErrNotHeld, quote(g.lease.Key))
 				return
 			}
-			signal = signal || l.Lost != nil
+			signal = signal || lost != nil
 			kept = kept && l.KeptAlive
 		}
 		g.state, g.refs, out.ok = held, 1, true
@@ -265,9 +277,6 @@ func (g *grant) step(ev event) (out outcome) {
 			if len(g.d.observers) > 0 {
 				out.watch = g.watchLocked()
 			}
-		}
-		if g.d.noHandlers {
-			g.req = nil // the acquisition's: nobody else keeps it
 		}
 		g.scheduleLocked() // registers it: Close sees it from now on
 	case evRollback:
@@ -665,7 +674,7 @@ func (g *grant) lostSignalledLocked() bool {
 		return false
 	}
 	for _, l := range g.subLeases() {
-		if l.Lost != nil && l.Lost.Closed() {
+		if lost := l.Lost(); lost != nil && lost.Closed() {
 			return true
 		}
 	}
@@ -767,7 +776,7 @@ func (g *grant) apply(out outcome) {
 		go g.watchLost(out.watch)
 	}
 	if out.lostBy != nil {
-		g.d.lockLost(g.req, out.lostBy)
+		g.d.lockLost(g.request(), out.lostBy)
 		g.announce()
 	}
 }
@@ -792,7 +801,7 @@ func (g *grant) watchLost(stop <-chan struct{}) {
 		return
 	}
 	select {
-	case <-g.lease.Lost.Done():
+	case <-g.lease.Lost().Done():
 		g.apply(g.step(event{kind: evLose, watcher: true, cause: g.lostCause()}))
 	case <-stop:
 	}
@@ -882,7 +891,7 @@ func (g *grant) release(ctx context.Context, handle bool) error {
 		if g.d.noHandlers {
 			err = g.d.releaseGrant(ctx, g) // no chain: the store step alone
 		} else {
-			err = g.d.chain.release(ctx, g.req)
+			err = g.d.chain.release(ctx, g.request())
 		}
 		if err != nil && !errors.Is(err, ErrNotHeld) {
 			var pr *partialRelease

@@ -85,7 +85,7 @@ func TestLossDuringFailedReleaseTakenIn(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	store := &hooked{Store: memory.New()}
-	store.acquired = func(l *backend.Lease) { l.Lost = backend.LostChan(lost) }
+	store.acquired = func(l *backend.Lease) { l.Handle = backend.LostChan(lost) }
 	store.release = func(ctx context.Context, l *backend.Lease) error {
 		if fail.CompareAndSwap(true, false) {
 			close(lost) // lost while released; the watch sees it now

@@ -261,7 +261,7 @@ type lostOnAcquire struct {
 func (s *lostOnAcquire) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	ok, ttl, err := s.Store.TryAcquire(ctx, l)
 	if ok {
-		l.Lost = backend.LostChan(s.lost)
+		l.Handle = backend.LostChan(s.lost)
 	}
 	return ok, ttl, err
 }

@@ -293,13 +293,15 @@ func (d *DistributeLock) acquireNew(ctx context.Context, key string, keys []stri
 	} else {
 		gr := new(grantRequest)
 		g, r, actx = &gr.grant, &gr.req, new(acqCtx)
+		gr.extras.req = r
+		g.extras.Store(&gr.extras)
 	}
-	g.d, g.req, g.pos, g.first.g = d, r, -1, g
+	g.d, g.pos, g.first.g = d, -1, g
 	*r = Request{Key: key, Keys: keys, Kind: kind, Limit: limit, Value: value, TTL: ttl, Wait: wait, g: g, label: label}
 	if wait > 0 {
 		r.Deadline = time.Now().Add(wait)
 	}
-	return d.acquire(ctx, g, actx)
+	return d.acquire(ctx, g, r, actx)
 }
 
 // acquisition is what an acquisition of a DistributeLock without handlers
@@ -310,18 +312,20 @@ type acquisition struct {
 	req Request
 }
 
-// grantRequest is a grant and its Request in one allocation, for a
-// DistributeLock with handlers: they see the same Request on acquire and
-// release, so it lives as long as the grant.
+// grantRequest is a grant, its Request and its grantExtras (which point
+// to the Request) in one allocation, for a DistributeLock with handlers:
+// they see the same Request on acquire and release, so it lives as long
+// as the grant. A grant without handlers keeps no pointer to a Request,
+// so that it is 8 bytes smaller.
 type grantRequest struct {
 	grant
-	req Request
+	req    Request
+	extras grantExtras
 }
 
-// acquire runs g's acquisition through the chain and commits it, or rolls
-// back what it acquired.
-func (d *DistributeLock) acquire(ctx context.Context, g *grant, actx *acqCtx) (*Lock, error) {
-	r := g.req
+// acquire runs g's acquisition, of the Request r, through the chain and
+// commits it, or rolls back what it acquired.
+func (d *DistributeLock) acquire(ctx context.Context, g *grant, r *Request, actx *acqCtx) (*Lock, error) {
 	actx.init(ctx, d, r)
 	defer actx.stop()
 	err := d.chain.acquire(actx, r)
@@ -339,7 +343,7 @@ func (d *DistributeLock) acquire(ctx context.Context, g *grant, actx *acqCtx) (*
 		}
 	}
 	if r.acquired != 0 {
-		d.rollback(actx, g, err)
+		d.rollback(actx, g, r, err)
 	}
 	return nil, d.acquireError(ctx, actx, r, err)
 }
@@ -349,13 +353,12 @@ func (d *DistributeLock) acquire(ctx context.Context, g *grant, actx *acqCtx) (*
 // the store, if it granted), in the background. The caller waits for it
 // while its acquisition context lives, so that on a healthy store the
 // rollback is over when TryLock returns.
-func (d *DistributeLock) rollback(actx *acqCtx, g *grant, cause error) {
+func (d *DistributeLock) rollback(actx *acqCtx, g *grant, r *Request, cause error) {
 	out := g.step(event{kind: evRollback, cause: cause})
 	g.apply(out)
 	if !out.ok {
 		return
 	}
-	r := g.req
 	r.RolledBack = true
 	done := d.bg.goRun("rolling back "+quote(r.Key), func(ctx context.Context) error {
 		err := d.chain.release(ctx, r)
@@ -488,7 +491,7 @@ func (d *DistributeLock) remoteAcquire(ctx context.Context, r *Request) error {
 	if kind == KindElection { // a leadership is a mutex to the store
 		kind = KindMutex
 	}
-	g.lease = backend.Lease{Key: r.Key, Kind: kind, Limit: r.Limit, Value: r.Value, TTL: r.TTL,
+	g.lease = backend.Lease{Key: r.Key, Kind: kind, Limit: int32(r.Limit), Value: r.Value, TTL: r.TTL,
 		AutoRenew: d.cfg.autoRenew, Label: r.label}
 	var start time.Time
 	var err error

@@ -261,8 +261,8 @@ func (e *partialRelease) Unwrap() error { return e.err }
 func (g *grant) watchLostAll(subs []*backend.Lease, stop <-chan struct{}) {
 	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(stop)}}
 	for _, l := range subs {
-		if l.Lost != nil {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.Lost.Done())})
+		if lost := l.Lost(); lost != nil {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(lost.Done())})
 		}
 	}
 	if i, _, _ := reflect.Select(cases); i > 0 {

@@ -127,7 +127,7 @@ type keptAlive struct {
 func (k *keptAlive) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
 	ok, ttl, err := k.Store.TryAcquire(ctx, l)
 	if ok && l.AutoRenew {
-		l.KeptAlive, l.Lost = true, backend.LostChan(k.lost)
+		l.KeptAlive, l.Handle = true, backend.LostChan(k.lost)
 	}
 	return ok, ttl, err
 }
@@ -181,7 +181,7 @@ func (s *signalling) TryAcquire(ctx context.Context, l *backend.Lease) (bool, ti
 		s.mu.Lock()
 		s.lost[l.Key] = ch
 		s.mu.Unlock()
-		l.KeptAlive, l.Lost = l.AutoRenew, backend.LostChan(ch)
+		l.KeptAlive, l.Handle = l.AutoRenew, backend.LostChan(ch)
 	}
 	return ok, ttl, err
 }

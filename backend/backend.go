@@ -41,7 +41,8 @@
 //     election's observers).
 //
 // A store that can tell when it has lost a lock (an etcd lease or a
-// ZooKeeper session ended) fires [Lease].Lost (a [LossSignal]).
+// ZooKeeper session ended) sets a [Lease].Handle that is a [LossSignal],
+// and fires it.
 //
 // # Adding a store
 //
@@ -179,7 +180,8 @@ var ErrLimitMismatch = errors.New("distlock: the semaphore is held with a differ
 
 // Lease is one acquisition as a backend sees it. The facade fills Key,
 // Value and TTL before the first attempt; the backend fills Token and may
-// fill Validity, Lost and Handle when it acquires.
+// fill Validity and Handle (its loss signal, see [Lease.Lost]) when it
+// acquires.
 type Lease struct {
 	// Key is the caller's lock name. Never empty.
 	Key string
@@ -211,9 +213,11 @@ type Lease struct {
 	// and its Deadline is unknown (the zero time). A key deleted from
 	// outside must fire Lost too (a watch, not polling).
 	KeptAlive bool
-	// Limit is a semaphore's limit (Kind == KindSemaphore), >= 1; 0 for the
-	// other kinds.
-	Limit int
+	// Limit is a semaphore's limit (Kind == KindSemaphore), 1 to
+	// math.MaxInt32; 0 for the other kinds. An int32, so that it packs
+	// with Kind and the flags above: the facade keeps a Lease in every
+	// held lock.
+	Limit int32
 
 	// Token is the fencing token: strictly increasing across successive
 	// holders of Key on one store. 0 when the store cannot make one. For a
@@ -227,11 +231,6 @@ type Lease struct {
 	// return). 0 means TTL. Redlock sets ttl - elapsed - drift here. A
 	// store that rounds the TTL up writes the effective TTL into TTL.
 	Validity time.Duration
-	// Lost, when non-nil, is the store's signal that it learned the lock
-	// is gone (session expired, lease revoked, key deleted from outside):
-	// the facade then closes the lock's Done channel. See [LossSignal].
-	Lost LossSignal
-
 	// Label is the holder's label (distlock.WithLabel: a host, a pid), at
 	// most MaxLabelLen bytes, empty by default. A store keeps it with the
 	// grant and returns it from Inspect; it is not part of the owner value
@@ -239,13 +238,29 @@ type Lease struct {
 	Label string
 
 	// Handle is backend-private state carried from acquire to release and
-	// refresh (an etcd lease ID, a znode path). The facade never reads it.
+	// refresh (an etcd lease ID, a znode path). The facade reads it only
+	// as the lock's loss signal: a Handle that implements [LossSignal] is
+	// the store's signal that it learned the lock is gone (session
+	// expired, lease revoked, key deleted from outside), and the facade
+	// then closes the lock's Done channel (see [Lease.Lost]). A Handle
+	// that does not is no signal: the store cannot tell.
 	Handle any
+}
+
+// Lost returns the lock's loss signal: l.Handle when it implements
+// [LossSignal], else nil (the store cannot tell when it loses the lock).
+// One field serves both, so that a Lease, which the facade keeps for every
+// held lock, is not 16 bytes larger for stores whose handle is their
+// signal.
+func (l *Lease) Lost() LossSignal {
+	s, _ := l.Handle.(LossSignal)
+	return s
 }
 
 // LossSignal is how a store that can tell when it lost a lock (an etcd
 // lease or a ZooKeeper session ended, the key deleted from outside) says
-// so: [Lease].Lost. The signal fires at most once, and never goes back.
+// so: a [Lease].Handle that implements it ([Lease.Lost]). The signal
+// fires at most once, and never goes back.
 //
 // The facade asks Closed whenever it looks at a lock's state (Unlock,
 // Extend, reentry, its scheduler), and calls Done only when somebody
@@ -362,8 +377,8 @@ type Waiter interface {
 	RemoteResource
 	// Acquire blocks until l is held, deadline passes, or ctx ends. A zero
 	// deadline means exactly one attempt: hold now or return
-	// ErrNotAcquired. On success it fills l.Token (and l.Lost, l.Handle as
-	// needed). When the deadline passes first it returns ErrNotAcquired;
+	// ErrNotAcquired. On success it fills l.Token (and l.Handle, the loss signal,
+	// as needed). When the deadline passes first it returns ErrNotAcquired;
 	// when ctx ends first, ctx.Err(). In both cases, and on any error, it
 	// leaves nothing behind in the store (no queued key, znode or lease),
 	// returning an [AbandonedError] when the clean-up must wait for the

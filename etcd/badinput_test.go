@@ -112,7 +112,7 @@ func TestClosedClientHeldLock(t *testing.T) {
 			shared := l.Handle.(*handle).sess != nil
 			if shared {
 				select {
-				case <-l.Lost.Done():
+				case <-l.Lost().Done():
 				case <-time.After(10 * time.Second):
 					t.Errorf("Lost still open 10s after the client was closed")
 				}

@@ -222,7 +222,7 @@ type handle struct {
 
 	ttl time.Duration // the lease's granted TTL
 
-	// The loss signal (Lease.Lost: the handle is its backend.LossSignal),
+	// The loss signal (the handle is the Lease's backend.LossSignal),
 	// and what the Resource's key watch knows of the key (guarded by its
 	// mutex).
 	lost chan struct{} // made by the first Done (under lostMu), closed when fired
@@ -264,7 +264,7 @@ func ttlSeconds(ttl time.Duration) int64 {
 // Acquire queues for l.Key and blocks until it holds the lock, the deadline
 // passes (ErrNotAcquired) or ctx ends (ctx.Err()); a zero deadline makes one
 // attempt. On success it sets l.Token to the create revision of our queue
-// key, l.TTL to the effective TTL, l.Validity, l.Lost and l.Handle. It
+// key, l.TTL to the effective TTL, l.Validity and l.Handle (its loss signal). It
 // returns when ctx ends, whatever the server does. On any failure our key
 // and lease are gone, or their clean-up runs on in the background: then,
 // if ctx ended first, the error is a [backend.AbandonedError] whose
@@ -360,7 +360,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	l.TTL = ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = h
+	l.Handle = h
 	l.Handle = h
 	return nil
 }

@@ -531,7 +531,7 @@ func TestSharedLeaseLost(t *testing.T) {
 	if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if l.Lost == nil {
+	if l.Lost() == nil {
 		t.Fatal("Lost is nil on a shared lease")
 	}
 	id := l.Handle.(*handle).lease
@@ -539,7 +539,7 @@ func TestSharedLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Lost.Done():
+	case <-l.Lost().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost not closed after the shared lease was revoked")
 	}
@@ -727,7 +727,7 @@ func TestAutoRenewTakesSharedLease(t *testing.T) {
 		if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
-		if l.Lost == nil {
+		if l.Lost() == nil {
 			t.Errorf("lock %d on the shared lease has no Lost channel", i)
 		}
 		renewed = append(renewed, l)

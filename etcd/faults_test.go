@@ -244,7 +244,7 @@ func TestOwnLeaseLost(t *testing.T) {
 			if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 				t.Fatal(err)
 			}
-			if l.Lost == nil {
+			if l.Lost() == nil {
 				t.Fatal("Lost is nil on a lock with a lease of its own")
 			}
 			h := l.Handle.(*handle)
@@ -252,7 +252,7 @@ func TestOwnLeaseLost(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-l.Lost.Done():
+			case <-l.Lost().Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("Lost not closed 10s after the lock ended on the server")
 			}
@@ -270,7 +270,7 @@ func TestOwnLeaseLost(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-l2.Lost.Done():
+			case <-l2.Lost().Done():
 				t.Error("Lost closed by the lock's own release")
 			default:
 			}
@@ -368,7 +368,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 		if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
-		l.Lost.Done() // the watch runs
+		l.Lost().Done() // the watch runs
 	}
 	<-r.watchReady()
 	f.freeze()
@@ -384,7 +384,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 	}
 	f.cut()
 	select {
-	case <-gone.Lost.Done():
+	case <-gone.Lost().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost of the lock whose key was deleted while the watch was away: still open after 10s")
 	}
@@ -392,7 +392,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 		t.Fatalf("Refresh of the lock whose key is there: %v", err)
 	}
 	select {
-	case <-kept.Lost.Done():
+	case <-kept.Lost().Done():
 		t.Error("Lost closed on the lock whose key is still there")
 	default:
 	}

@@ -150,8 +150,8 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		if err := r.Acquire(ctx, x, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
-		if !x.KeptAlive || x.Lost == nil {
-			t.Fatalf("KeptAlive = %v, Lost = %v; want true and a channel", x.KeptAlive, x.Lost)
+		if !x.KeptAlive || x.Lost() == nil {
+			t.Fatalf("KeptAlive = %v, Lost = %v; want true and a channel", x.KeptAlive, x.Lost())
 		}
 	}
 	// Nobody waits on Lost yet: no channel is made and no watch runs (a
@@ -167,13 +167,13 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 	if n := cc.watches.Load(); n != 0 || r.watchReady() != nil {
 		t.Errorf("%d watches opened before anybody waited for a loss; want none", n)
 	}
-	lost := l.Lost.Done() // starts the watch, which reads the held keys once
+	lost := l.Lost().Done() // starts the watch, which reads the held keys once
 	select {
 	case <-r.watchReady():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the key watch is not ready 5s after the first Done")
 	}
-	if l.Lost.Closed() || other.Lost.Closed() {
+	if l.Lost().Closed() || other.Lost().Closed() {
 		t.Fatal("Lost closed on a lock whose key is there")
 	}
 	unary := cc.unary.Load()
@@ -192,7 +192,7 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		t.Errorf("%d watches opened; want the Resource's one", n)
 	}
 	select {
-	case <-other.Lost.Done():
+	case <-other.Lost().Done():
 		t.Error("the lease's other lock reported lost")
 	default:
 	}
@@ -255,7 +255,7 @@ func TestKeyWatchStartsOnDone(t *testing.T) {
 	}
 	unary := cc.unary.Load()
 	select {
-	case <-ls[2].Lost.Done():
+	case <-ls[2].Lost().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost of a lock deleted before the first Done still open 5s after it")
 	}
@@ -263,10 +263,10 @@ func TestKeyWatchStartsOnDone(t *testing.T) {
 	if n := cc.unary.Load() - unary; n != 1 {
 		t.Errorf("%d requests to start the watch; want 1 (the held keys read in one transaction)", n)
 	}
-	if !ls[0].Lost.Closed() {
+	if !ls[0].Lost().Closed() {
 		t.Error("Lost of the other deleted lock (nobody waits on it) not fired once the watch started")
 	}
-	if ls[1].Lost.Closed() {
+	if ls[1].Lost().Closed() {
 		t.Error("Lost of the lock still held fired")
 	}
 	for i, l := range ls {
@@ -308,7 +308,7 @@ func TestKeptAliveLostBeforeExpiry(t *testing.T) {
 	cc.stallKeepAlives.Store(true)
 	var lostAt time.Time
 	select {
-	case <-l.Lost.Done():
+	case <-l.Lost().Done():
 		lostAt = time.Now()
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost still open 10s after the keep-alives stopped")

@@ -16,7 +16,7 @@ import (
 
 func kindLease(key string, kind backend.Kind, limit int, ttl time.Duration) *backend.Lease {
 	l := lease(key, ttl)
-	l.Kind, l.Limit = kind, limit
+	l.Kind, l.Limit = kind, int32(limit)
 	return l
 }
 

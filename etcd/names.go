@@ -85,7 +85,7 @@ func (r *Resource) newHandle(l *backend.Lease, ttl time.Duration) *handle {
 	dir := r.queueDir(l.Kind, l.Key)
 	limit := 0
 	if l.Kind == backend.KindSemaphore {
-		limit = l.Limit
+		limit = int(l.Limit)
 	}
 	tag := tag(l.Kind, limit)
 	nsLen := len(dir) + len(tag)

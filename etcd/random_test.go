@@ -258,7 +258,7 @@ func testLostRandomized(t *testing.T, kept bool) {
 				}
 				select {
 				case <-time.After(hold):
-				case <-l.Lost.Done():
+				case <-l.Lost().Done():
 				}
 				mu.Lock()
 				cur[key] = nil
@@ -271,7 +271,7 @@ func testLostRandomized(t *testing.T, kept bool) {
 				if !endedAt.IsZero() || call.After(end) {
 					// Ended from outside or by the TTL: Lost must close.
 					select {
-					case <-l.Lost.Done():
+					case <-l.Lost().Done():
 						lost.Add(1)
 					case <-time.After(10 * time.Second):
 						t.Errorf("%s: Lost still open 10s after the lock ended (from outside at %v, TTL end %v)",
@@ -282,7 +282,7 @@ func testLostRandomized(t *testing.T, kept bool) {
 				switch {
 				case err == nil:
 					select {
-					case <-l.Lost.Done():
+					case <-l.Lost().Done():
 						t.Errorf("%s: Lost closed although Release succeeded", who)
 					default:
 					}

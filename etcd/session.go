@@ -465,7 +465,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	l.TTL = s.ttl
 	l.Validity = validity
 	l.Token = uint64(h.rev)
-	l.Lost = h
+	l.Handle = h
 	l.Handle = h
 	return nil
 }

@@ -183,7 +183,7 @@ func TestRenewalSurvivesStallInLastThird(t *testing.T) {
 			resume := stalled(t, srv)
 			stallStart := time.Now()
 			select {
-			case <-l.Lost.Done():
+			case <-l.Lost().Done():
 				resume()
 				t.Fatalf("Lost closed %v into the stall (the lease lives %v)", time.Since(stallStart), s.life)
 			case <-time.After(stall):
@@ -199,14 +199,14 @@ func TestRenewalSurvivesStallInLastThird(t *testing.T) {
 				select {
 				case at := <-renewed:
 					t.Logf("renewed %v after the server answered again", at.Sub(answered).Round(time.Millisecond))
-				case <-l.Lost.Done():
+				case <-l.Lost().Done():
 					t.Fatalf("Lost closed %v after the last renewal before the stall, %v after the server answered again",
 						time.Since(last).Round(time.Millisecond), time.Since(answered).Round(time.Millisecond))
 				case <-time.After(s.life):
 					t.Fatalf("no renewal within %v of the server answering again", s.life)
 				}
 			}
-			if l.Lost.Closed() {
+			if l.Lost().Closed() {
 				t.Fatal("Lost closed")
 			}
 			in, err := other.Inspect(ctx, key, backend.KindMutex)

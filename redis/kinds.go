@@ -42,7 +42,7 @@ func (r *Resource) CheckKind(k backend.Kind) error {
 type khandle struct {
 	key, value string
 	kind       backend.Kind
-	limit      int
+	limit      int32
 	waits      bool
 	ms         int64
 	keys       []string

@@ -47,7 +47,7 @@ func kindsModel(t *testing.T, c goredis.UniversalClient, seed uint64) {
 	n := 0
 	newRequest := func(kind backend.Kind, limit int) request {
 		n++
-		l := backend.Lease{Key: key, Value: fmt.Sprintf("v%d", n), TTL: time.Minute, Kind: kind, Limit: limit, Label: fmt.Sprintf("l%d", n)}
+		l := backend.Lease{Key: key, Value: fmt.Sprintf("v%d", n), TTL: time.Minute, Kind: kind, Limit: int32(limit), Label: fmt.Sprintf("l%d", n)}
 		red, mem := l, l
 		return request{&red, &mem}
 	}

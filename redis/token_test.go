@@ -150,7 +150,7 @@ func TestFencesExpire(t *testing.T) {
 	take := func(key string, i int) *backend.Lease {
 		k := kinds[i%len(kinds)]
 		l := newLease(key, ttl)
-		l.Kind, l.Limit = k.kind, k.limit
+		l.Kind, l.Limit = k.kind, int32(k.limit)
 		mustAcquire(t, r, l)
 		return l
 	}

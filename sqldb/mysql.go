@@ -401,7 +401,7 @@ func (m *MySQL) outcome(ctx context.Context, l *backend.Lease, r myReply, bound 
 	}
 	u := uint64(r.id)
 	if lim, ok := myMismatch(u); ok && l.Kind == backend.KindSemaphore {
-		return false, 0, errLimitMismatch(l.Key, l.Limit, lim)
+		return false, 0, errLimitMismatch(l.Key, int(l.Limit), lim)
 	}
 	if u&contendedBit != 0 {
 		return false, time.Duration(u&^contendedBit) * time.Microsecond, nil

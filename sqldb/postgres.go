@@ -912,8 +912,8 @@ func (p *Postgres) outcome(ctx context.Context, l *backend.Lease, r pgReply, bou
 			l.Handle = waitedFor
 		}
 		return true, 0, nil
-	case r.err == nil && l.Kind == backend.KindSemaphore && int(r.lim) != l.Limit:
-		return false, 0, errLimitMismatch(l.Key, l.Limit, int(r.lim))
+	case r.err == nil && l.Kind == backend.KindSemaphore && r.lim != l.Limit:
+		return false, 0, errLimitMismatch(l.Key, int(l.Limit), int(r.lim))
 	case r.err == nil:
 		return false, max(0, time.Duration(r.left)*time.Microsecond), nil
 	case errors.Is(r.err, pgx.ErrNoRows), pgContention(r.err):

@@ -105,7 +105,7 @@ func testQueueOrder(t *testing.T, pg *pgFixture, kind backend.Kind) {
 	owner := map[*backend.Lease]*Postgres{}
 	lease := func(p *Postgres) *backend.Lease {
 		l := newLease(t, key, time.Minute)
-		l.Kind, l.Limit, l.Waits = kind, limit, true
+		l.Kind, l.Limit, l.Waits = kind, int32(limit), true
 		owner[l] = p
 		return l
 	}

@@ -280,7 +280,7 @@ func (s *hostile) queuedAcquireLocked(ln *line, l *backend.Lease) (bool, time.Du
 	}
 	if l.Kind == backend.KindSemaphore && len(ln.waiters) > 0 {
 		in, _ := s.mem.Inspect(context.Background(), l.Key, l.Kind)
-		free := l.Limit - len(in.Holders)
+		free := int(l.Limit) - len(in.Holders)
 		ahead := ln.at(l.Value)
 		if ahead < 0 {
 			ahead = len(ln.waiters)
@@ -725,7 +725,7 @@ func (s *hostile) grantedLocked(l *backend.Lease, storeTTL time.Duration, kept b
 	var lost chan struct{}
 	if s.lostSignal || kept {
 		lost = make(chan struct{})
-		l.Lost = backend.LostChan(lost)
+		l.Handle = backend.LostChan(lost)
 	}
 	l.KeptAlive = kept
 	s.tokens[l.Token] = l.Value
@@ -798,7 +798,7 @@ func (s *hostile) tryAcquire(ctx context.Context, l *backend.Lease) (bool, time.
 		return false, 0, s.abandoned(serr, l.Value, ids)
 	}
 	if ok {
-		l.Token, l.Lost, l.KeptAlive = lc.Token, lc.Lost, lc.KeptAlive
+		l.Token, l.Handle, l.KeptAlive = lc.Token, lc.Handle, lc.KeptAlive
 	}
 	return ok, holderTTL, err
 }
@@ -849,7 +849,7 @@ func (s *hostile) tryAcquireAll(ctx context.Context, ls []*backend.Lease) (bool,
 	}
 	if ok {
 		for i, l := range ls {
-			l.Token, l.Lost, l.KeptAlive = cs[i].Token, cs[i].Lost, cs[i].KeptAlive
+			l.Token, l.Handle, l.KeptAlive = cs[i].Token, cs[i].Handle, cs[i].KeptAlive
 		}
 	}
 	return ok, holderTTL, err
@@ -898,7 +898,7 @@ func (s *hostile) acquireWait(ctx context.Context, l *backend.Lease, deadline ti
 			return s.leave(ctx, lc, ids, err)
 		}
 		if ok && time.Now().Before(expires) {
-			l.Token, l.Lost, l.KeptAlive = lc.Token, lc.Lost, lc.KeptAlive
+			l.Token, l.Handle, l.KeptAlive = lc.Token, lc.Handle, lc.KeptAlive
 			// Valid from Acquire's return until the store's expiry.
 			l.Validity = time.Until(expires)
 			return nil

@@ -295,7 +295,7 @@ func RunRandomSpinStalls(t *testing.T, rs RandomSpinStalls) {
 							err = r.Release(context.Background(), l)
 						}
 						mu.Lock()
-						intervals[key] = append(intervals[key], interval{w, l.Kind, l.Limit, from, till})
+						intervals[key] = append(intervals[key], interval{w, l.Kind, int(l.Limit), from, till})
 						mu.Unlock()
 					}
 					break

@@ -158,7 +158,7 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 						mu.Unlock()
 					}
 					if err != nil {
-						if l.Handle != nil || l.Lost != nil || l.Token != 0 {
+						if l.Handle != nil || l.Lost() != nil || l.Token != 0 {
 							fail("a failed Acquire (%v) filled its lease: %+v", err, l)
 						}
 						switch {
@@ -173,7 +173,7 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 					}
 					grants.Add(1)
 					mu.Lock()
-					if o := owner[key]; o != nil && (o.Lost == nil || !o.Lost.Closed()) {
+					if o := owner[key]; o != nil && (o.Lost() == nil || !o.Lost().Closed()) {
 						fail("double grant of %s: %s (client %d/%d) while %s held", key, rs.Name(l), ci, g, rs.Name(o))
 					}
 					if l.Token <= lastToken[key] {
@@ -184,8 +184,8 @@ func RunRandomStalls(t *testing.T, rs RandomStalls) {
 
 					if intn(2) == 0 { // hold a while, refreshing once
 						var lost <-chan struct{}
-						if l.Lost != nil {
-							lost = l.Lost.Done()
+						if l.Lost() != nil {
+							lost = l.Lost().Done()
 						}
 						select {
 						case <-time.After(between(0, 300*time.Millisecond)):

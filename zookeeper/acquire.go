@@ -25,7 +25,7 @@ func newGUID() string {
 // until the queue grants it (see judge for each kind's rule), watching
 // only what it waits for. On success l.Token is the znode's czxid (see
 // "Fencing token" in the package doc), l.Handle the lock (its znode's
-// path and state) and l.Lost the signal that fires when the lock is lost: its session lost, its
+// path and state) and l.Lost() the signal that fires when the lock is lost: its session lost, its
 // TTL run out (deleted), or, for a lock the session keeps alive (l.AutoRenew:
 // then l.KeptAlive is set and no TTL runs), its znode deleted by another
 // client.
@@ -446,7 +446,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 		if i < 0 {
 			return g, errVanished
 		}
-		v := judge(q, i, l.Kind, l.Limit)
+		v := judge(q, i, l.Kind, int(l.Limit))
 		switch {
 		case v.mismatch:
 			return g, backend.ErrLimitMismatch
@@ -476,7 +476,7 @@ func (r *Resource) wait(ctx context.Context, l *backend.Lease, parent, guid stri
 					g.watch = ls.watch
 				} // else none: armed once something waits for a loss
 			}
-			g.signal = grantSignal(q, i, l.Kind, l.Limit)
+			g.signal = grantSignal(q, i, l.Kind, int(l.Limit))
 			return g, nil
 		}
 		if deadline.IsZero() || !time.Now().Before(deadline) {

@@ -55,7 +55,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 					continue
 				}
 				mu.Lock()
-				if owner != nil && !owner.Lost.Closed() {
+				if owner != nil && !owner.Lost().Closed() {
 					failures = append(failures, "double grant: "+pathOf(l)+" while "+pathOf(owner)+" held")
 				}
 				if l.Token <= lastToken {
@@ -67,7 +67,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 
 				select { // the critical section
 				case <-time.After(5 * time.Millisecond):
-				case <-l.Lost.Done():
+				case <-l.Lost().Done():
 				}
 
 				mu.Lock()
@@ -75,7 +75,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 					owner = nil
 				}
 				mu.Unlock()
-				if l.Lost.Closed() {
+				if l.Lost().Closed() {
 					lost.Add(1)
 				}
 				if err := r.Release(context.Background(), l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
@@ -109,7 +109,7 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 
 	// The session lived through the election: the long lock is still held,
 	// and nobody else gets it.
-	if long.Lost.Closed() {
+	if long.Lost().Closed() {
 		t.Error("the lock held across the failover was reported lost")
 	}
 	if err := admin.Refresh(t.Context(), long); err != nil {

@@ -109,7 +109,7 @@ func testCreateReplyLost(t *testing.T, addrs []string) {
 }
 
 // TestSessionExpiry cuts a holder off the network until the server expires
-// its session: Done (Lease.Lost) of every lock of the session closes
+// its session: Done (Lease.Lost()) of every lock of the session closes
 // within the session timeout plus a margin, and another client gets the
 // lock.
 func testSessionExpiry(t *testing.T, addrs []string) {
@@ -139,7 +139,7 @@ func testSessionExpiry(t *testing.T, addrs []string) {
 	sid := conn.SessionID()
 	start := time.Now()
 	fd.block()
-	for _, ch := range []<-chan struct{}{l1.Lost.Done(), l2.Lost.Done(), lk.Done()} {
+	for _, ch := range []<-chan struct{}{l1.Lost().Done(), l2.Lost().Done(), lk.Done()} {
 		select {
 		case <-ch:
 		case <-time.After(time.Until(start.Add(timeout + margin))):
@@ -196,7 +196,7 @@ func testSessionChangeIsLoss(t *testing.T, addrs []string) {
 	}
 	fd.unblock()
 	select {
-	case <-l.Lost.Done():
+	case <-l.Lost().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost open after the client came back to an expired session")
 	}
@@ -219,7 +219,7 @@ func testDisconnectionIsLossByDefault(t *testing.T, addrs []string) {
 	sid := conn.SessionID()
 	fd.block()
 	select {
-	case <-l.Lost.Done():
+	case <-l.Lost().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost open after the connection dropped")
 	}
@@ -256,7 +256,7 @@ func testShortDisconnectionRidden(t *testing.T, addrs []string) {
 	if conn.SessionID() != sid {
 		t.Fatalf("session changed over a %v disconnection (timeout %v)", timeout/4, timeout)
 	}
-	if l.Lost.Closed() {
+	if l.Lost().Closed() {
 		t.Error("Lost closed by a disconnection shorter than the session timeout")
 	}
 	if err := r.Refresh(t.Context(), l); err != nil {
@@ -380,7 +380,7 @@ func testSilentPartition(t *testing.T, addrs []string) {
 			}
 			sid := conn.SessionID()
 			lostAt := make(chan time.Time, 1)
-			go func() { <-l.Lost.Done(); lostAt <- time.Now() }()
+			go func() { <-l.Lost().Done(); lostAt <- time.Now() }()
 
 			start := time.Now()
 			fd.silence()
@@ -402,7 +402,7 @@ func testSilentPartition(t *testing.T, addrs []string) {
 				return conn.State() == zk.StateHasSession && conn.SessionID() != sid
 			})
 			select {
-			case <-l.Lost.Done():
+			case <-l.Lost().Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("Lost still open after the session expired")
 			}
@@ -453,7 +453,7 @@ func TestHandoffAfterLongWait(t *testing.T) {
 			}
 			granted := time.Now()
 			select {
-			case <-lb.Lost.Done():
+			case <-lb.Lost().Done():
 				t.Fatalf("Lost closed %v after the grant, the session alive", time.Since(granted))
 			case <-time.After(sessionTimeout):
 			}

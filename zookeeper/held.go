@@ -87,7 +87,7 @@ func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
 	r.mu.Unlock()
 	l.Token = uint64(g.token)
 	l.Handle = h
-	l.Lost = h
+	l.Handle = h
 	l.KeptAlive = h.kept
 	return nil
 }
@@ -325,7 +325,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	if err != nil {
 		return err
 	}
-	if l.Lost != nil && l.Lost.Closed() {
+	if lost := l.Lost(); lost != nil && lost.Closed() {
 		return backend.ErrNotHeld
 	}
 	if h != nil && !r.finish(h) {

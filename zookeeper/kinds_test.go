@@ -30,7 +30,7 @@ func TestKinds(t *testing.T) {
 
 func kindLease(key string, kind backend.Kind, limit int) *backend.Lease {
 	l := lease(key, ttl)
-	l.Kind, l.Limit = kind, limit
+	l.Kind, l.Limit = kind, int32(limit)
 	return l
 }
 
@@ -247,7 +247,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 				t.Fatalf("%d watches on the znode before anything waited for a loss; want 0", n)
 			}
 			time.Sleep(5 * l.TTL) // past the TTL: a check of the TTL, not synchronisation
-			if l.Lost.Closed() {
+			if l.Lost().Closed() {
 				t.Fatal("Lost closed: the TTL ran for a lock the session keeps")
 			}
 			if err := r.Refresh(t.Context(), l); err != nil {
@@ -264,7 +264,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			if made {
 				t.Error("a Lost channel was made before anybody asked for it")
 			}
-			lost := l.Lost.Done()
+			lost := l.Lost().Done()
 			waitFor(t, 5*time.Second, "a watch on the znode once Done was asked", func() bool { return pathWatchers(t, conn, path) == 1 })
 			if err := admin.Delete(path, -1); err != nil {
 				t.Fatal(err)
@@ -274,7 +274,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("Lost still open 5s after the znode was deleted")
 			}
-			if !l.Lost.Closed() {
+			if !l.Lost().Closed() {
 				t.Error("Lost's channel closed but Closed reports false")
 			}
 			if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
@@ -290,7 +290,7 @@ func testKeptAlive(t *testing.T, addrs []string) {
 			t.Fatal(err)
 		}
 		select {
-		case <-l.Lost.Done():
+		case <-l.Lost().Done():
 		case <-time.After(5 * time.Second):
 			t.Fatal("Lost still open 5s after Done was asked of a lock whose znode was deleted before")
 		}
@@ -324,7 +324,7 @@ func testKeptAliveNoRequestPerLock(t *testing.T, addrs []string) {
 	}
 	t.Logf("%d requests in %v while holding %d kept locks", got, window, n)
 	for _, l := range ls {
-		if l.Lost.Closed() {
+		if l.Lost().Closed() {
 			t.Fatalf("a kept lock lost within %v", window)
 		}
 		mustRelease(t, r, l)

@@ -42,7 +42,7 @@ const (
 func tagOf(l *backend.Lease) string {
 	switch l.Kind {
 	case backend.KindSemaphore:
-		return semTag + strconv.Itoa(l.Limit)
+		return semTag + strconv.Itoa(int(l.Limit))
 	case backend.KindRead:
 		return readTag
 	case backend.KindWrite:

@@ -117,7 +117,7 @@ func TestRandomized(t *testing.T) {
 					}
 					grants.Add(1)
 					mu.Lock()
-					if o := owner[key]; o != nil && !o.Lost.Closed() {
+					if o := owner[key]; o != nil && !o.Lost().Closed() {
 						failures = append(failures, fmt.Sprintf("double grant of %s: %s (client %d/%d) while %s held",
 							key, pathOf(l), ci, g, pathOf(o)))
 					}
@@ -133,7 +133,7 @@ func TestRandomized(t *testing.T) {
 					}
 					select { // the critical section
 					case <-time.After(hold):
-					case <-l.Lost.Done():
+					case <-l.Lost().Done():
 					}
 
 					mu.Lock()
@@ -141,7 +141,7 @@ func TestRandomized(t *testing.T) {
 						owner[key] = nil
 					}
 					mu.Unlock()
-					if l.Lost.Closed() {
+					if l.Lost().Closed() {
 						lost.Add(1)
 					}
 					err = c.r.Release(context.Background(), l)

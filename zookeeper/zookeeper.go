@@ -72,7 +72,7 @@ func WithACL(acl ...zk.ACL) Option {
 // its [2, 20] tickTime bounds). While locks are held or waits are in
 // progress, the resource then sends the server a small read when it has
 // answered none for d/3 (as often as go-zookeeper pings it), and reports the locks lost
-// (Lease.Lost closed) when nine tenths of d have passed since it sent the
+// (Lease.Lost() fired) when nine tenths of d have passed since it sent the
 // last request the server answered: the server cannot expire the session
 // before d has passed since it last heard from the client, so Lost closes
 // a tenth of d before the earliest moment another client can be granted

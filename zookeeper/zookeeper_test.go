@@ -64,8 +64,8 @@ func testAcquireRelease(t *testing.T, addrs []string) {
 	if rec := decodeRecord(data); err != nil || rec.value != l.Value || rec.ttl != ttl || rec.kept {
 		t.Errorf("znode data = %q (%+v), %v; want a record of the owner value %q and the TTL %v", data, rec, err, l.Value, ttl)
 	}
-	if l.Lost == nil || l.Lost.Closed() {
-		t.Errorf("Lost = %v; want an open channel", l.Lost)
+	if l.Lost() == nil || l.Lost().Closed() {
+		t.Errorf("Lost = %v; want an open channel", l.Lost())
 	}
 	if got := mustChildren(t, conn, r, key); len(got) != 1 {
 		t.Errorf("children = %v; want one", got)
@@ -277,7 +277,7 @@ func testTTLDeletesNode(t *testing.T, addrs []string) {
 	if err := r2.Acquire(t.Context(), next, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatalf("Acquire after the holder's TTL: %v", err)
 	}
-	if !l.Lost.Closed() {
+	if !l.Lost().Closed() {
 		t.Error("Lost still open after the TTL deleted the znode")
 	}
 	if ok, _, err := conn.Exists(pathOf(l)); ok || err != nil {
@@ -312,7 +312,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 			t.Fatalf("Refresh: %v", err)
 		}
 		select {
-		case <-l.Lost.Done():
+		case <-l.Lost().Done():
 			t.Fatal("lock lost while refreshed")
 		case <-time.After(short / 4):
 		}
@@ -322,7 +322,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 	}
 	// Without refreshes the TTL runs out.
 	select {
-	case <-l.Lost.Done():
+	case <-l.Lost().Done():
 	case <-time.After(5 * short):
 		t.Fatal("Lost not closed after the TTL ran out")
 	}
@@ -339,7 +339,7 @@ func testRefreshPushesTTLBack(t *testing.T, addrs []string) {
 	if err := r.Refresh(t.Context(), l2); !errors.Is(err, backend.ErrNotHeld) {
 		t.Errorf("Refresh of a deleted znode = %v; want ErrNotHeld", err)
 	}
-	if !l2.Lost.Closed() {
+	if !l2.Lost().Closed() {
 		t.Error("Lost open after Refresh found the znode gone")
 	}
 }
@@ -355,7 +355,7 @@ func testCloseDeletesHeld(t *testing.T, addrs []string) {
 	if err := r.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if !l.Lost.Closed() {
+	if !l.Lost().Closed() {
 		t.Error("Lost open after Close")
 	}
 	if got := mustChildren(t, conn, r, key); len(got) != 0 {

@@ -156,10 +156,10 @@ func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Dura
 	var ok bool
 	switch l.Kind {
 	case backend.KindSemaphore:
-		if len(g.holders) > 0 && g.limit != l.Limit {
+		if len(g.holders) > 0 && g.limit != int(l.Limit) {
 			return false, 0, backend.ErrLimitMismatch
 		}
-		ok = len(g.holders) < l.Limit
+		ok = len(g.holders) < int(l.Limit)
 	case backend.KindRead:
 		ok = !g.hasWriter() && !g.precedes(l.Value, backend.KindWrite)
 	case backend.KindWrite:
@@ -178,7 +178,7 @@ func (s *Store) TryAcquire(_ context.Context, l *backend.Lease) (bool, time.Dura
 		return false, g.firstExpiry(now), nil
 	}
 	if len(g.holders) == 0 {
-		g.limit = l.Limit
+		g.limit = int(l.Limit)
 	}
 	delete(g.intents, l.Value)
 	s.token++
