@@ -15,10 +15,26 @@ import (
 	"github.com/distlock/distlock/backend"
 )
 
-func newGUID() string {
-	var b [16]byte
+// newID returns a resource's id: 64 random bits in hex.
+func newID() string {
+	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return hex.EncodeToString(b[:])
+}
+
+// guidLen is the length of a znode's guid: a resource's id and a count,
+// 16 hex digits each.
+const guidLen = 32
+
+// guidOf writes into g the guid of the znode r creates with count ctr: r's
+// id and ctr in 16 hex digits, and returns it.
+func (r *Resource) guidOf(g *[guidLen]byte, ctr uint64) []byte {
+	n := copy(g[:], r.id)
+	for i := guidLen - 1; i >= n; i-- {
+		g[i] = "0123456789abcdef"[ctr&15]
+		ctr >>= 4
+	}
+	return g[:]
 }
 
 // Acquire queues for l's lock with an ephemeral sequential znode and waits
@@ -61,9 +77,12 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 		return err
 	}
 	parent := r.kindParent(l.Key, l.Kind)
-	guid := newGUID()
+	ctr := r.ctr.Add(1)
+	var gb [guidLen]byte
+	prefix := parent + "/" + guidPrefix + string(r.guidOf(&gb, ctr)) + "-" + tagOf(l) + "-"
+	guid := prefix[len(parent)+1+len(guidPrefix):][:guidLen]
 	data := recordOf(l).encode()
-	c, err := r.create(ctx, parent, guid, tagOf(l), data)
+	c, err := r.create(ctx, parent, prefix, guid, data)
 	if err != nil {
 		return r.wrap("acquire", l.Key, err)
 	}
@@ -76,7 +95,7 @@ func (r *Resource) Acquire(ctx context.Context, l *backend.Lease, deadline time.
 	sid := r.conn.SessionID()
 	g, err := r.wait(ctx, l, parent, guid, c, sid, deadline)
 	if err == nil {
-		err = r.track(l, path, g)
+		err = r.track(l, path, ctr, g)
 	}
 	if err != nil {
 		return r.wrap("acquire", l.Key, r.discard(ctx, cleanup{path: path}, err))
@@ -128,9 +147,10 @@ type created struct {
 	sent  time.Time
 }
 
-// create makes our ephemeral sequential child of parent, named with guid
-// and tag, and returns its path and czxid. The guid in its name finds it
-// again when the reply was lost.
+// create makes our ephemeral sequential child of parent, named prefix
+// and its sequence number (prefix has the guid, and the tag), and returns
+// its path and czxid. The guid in its name finds it again when the reply
+// was lost.
 //
 // The create is a multi-op with a write of the parent's (empty) data: the
 // parent's new stat, in the reply, has the zxid of the transaction as
@@ -141,8 +161,7 @@ type created struct {
 // When ctx ends with a create in flight, or after a create whose reply
 // was lost, the error is an AbandonedError: its job waits for the
 // create's reply and deletes what it made, or whatever carries the guid.
-func (r *Resource) create(ctx context.Context, parent, guid, tag string, data []byte) (c created, err error) {
-	prefix := parent + "/" + guidPrefix + guid + "-" + tag + "-"
+func (r *Resource) create(ctx context.Context, parent, prefix, guid string, data []byte) (c created, err error) {
 	byGUID := cleanup{parent: parent, guid: guid}
 	lostReply := false
 	defer func() {

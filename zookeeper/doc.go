@@ -90,8 +90,9 @@
 // delayed at random (TestQueueModel) checks that the holders never
 // exceed what the kind allows and that no child the queue grants waits.
 //
-// The guid in the name makes creation safe when the connection drops
-// after the request was sent: the client lists the parent and finds its
+// The guid in the name (32 hex digits: 64 random bits that name the
+// Resource, and a count of its creates) makes creation safe when the
+// connection drops after the request was sent: the client lists the parent and finds its
 // node again instead of orphaning it (Curator's "protected" mode). If it
 // is not there, the client creates it again under the same guid; the
 // first request cannot land later: when the session reconnects, the
@@ -186,11 +187,12 @@
 //     (ErrNotHeld), as for a lock with a TTL; its session's end is always
 //     noticed (below). The session watcher looks at the watches every
 //     100ms: Lost closes within that, and a round trip, of the deletion.
-//     The resource keeps, per such lock, its record and the znode's path
-//     (about 170 bytes of heap; the facade's grant adds about 250:
-//     BenchmarkHeldFacade), go-zookeeper's registration of the watch once
-//     there is one (about 250 bytes), a Lost channel only once somebody
-//     waits on it, and no goroutine or timer. A lock with a TTL notices a
+//     The resource keeps, per such lock, its record (64 bytes, and 8 in
+//     its list of locks; the znode's path is made again from the lease's
+//     key when a request needs it; the facade's grant and owner value add
+//     about 210: BenchmarkHeldFacade), go-zookeeper's registration of the
+//     watch once there is one (about 250 bytes), a Lost channel only once
+//     somebody waits on it, and no goroutine or timer. A lock with a TTL notices a
 //     deletion by another client at its next Refresh or Release, as
 //     ErrNotHeld.
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,54 +23,137 @@ type armed struct {
 	version int32
 }
 
-// held is one granted lock, the lease's Handle and its Lost (a
-// backend.LossSignal). It is what a held lock costs the resource besides
-// its watch, so it is kept small (56 bytes): the key is not kept (the
-// path says it, see inQueue), a TTL timer is in the resource's timers,
-// the Lost channel is made only for a caller that waits on it, and the
+// held is one granted lock, the lease's Handle and its loss signal (a
+// backend.LossSignal). It is what a held lock costs the resource, so it is
+// kept small (62 bytes, in the 64-byte size class): its znode's path is
+// not kept but made again when needed (see path), from the lease's key
+// (the same string, shared) and the parts of the name that vary; a TTL
+// timer, and the loss watch of a lock the session keeps alive, are in the
+// resource's maps (timers, lossWatch), for the locks that have one; the
+// Lost channel is made only for a caller that waits on it; the
 // resource's mu guards the fields that change.
 type held struct {
 	r    *Resource     // that holds it: Done arms the loss watch there
-	path string        // the znode's; also the key of its watch in the client
+	key  string        // the lease's Key: the parent of the znode (with kind)
 	lost chan struct{} // made by the first Done (under lostMu), closed by fire
-
-	// watch, for a lock the session keeps alive, fires when its znode
-	// may have gone: a data watch on the znode (set while it waited, or
-	// once something waits for its loss), or the child watch of the
-	// listing that granted it (at no cost), which rearm replaces with a
-	// data watch at the first change of the queue; unarmed until
-	// something waits for its loss, when the grant came with no watch;
-	// nil while a request arms it. Guarded by the resource's mu: the
-	// session watcher looks at it.
-	watch <-chan zk.Event
-	sid   int64 // session that owns the znode
+	sid  int64         // session that owns the znode
+	ctr  uint64        // the znode's name: its guid is the resource's id and ctr (see guidOf)
+	seq  uint32        // the znode's sequence number (see sequence)
 	// at is the lock's index in the resource's held, or notHeld once it
 	// is done with (released, expired or lost: nothing more to do), and
 	// lostAt once fire reported it lost. Written under the resource's mu
 	// (but for lostAt, which follows notHeld), read atomically by Closed.
-	at   atomic.Int32
-	kind backend.Kind // the lease's
-	kept bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
+	at    atomic.Int32
+	limit int32        // a semaphore's limit, in the znode's tag (tagOf)
+	kind  backend.Kind // the lease's
+	kept  bool         // kept alive by the session (Lease.KeptAlive): no TTL timer
 }
 
-// track records a granted lock: its loss watch (a lock the session keeps
-// alive) or TTL timer (any other), and the lease's fields.
-func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
+// path returns the path of h's znode:
+// kindParent(key, kind) + "/" + guidPrefix + guid + "-" + tag + "-" + the
+// sequence number as the server writes it (%010d of its signed 32 bits),
+// made in one allocation.
+func (h *held) path() string {
+	var b strings.Builder
+	b.Grow(h.pathLen())
+	b.WriteString(h.r.cfg.root)
+	b.WriteByte('/')
+	writeEncodedKey(&b, h.key)
+	b.WriteString(kindSuffix(h.kind))
+	b.WriteString("/" + guidPrefix)
+	var g [guidLen]byte
+	b.Write(h.r.guidOf(&g, h.ctr))
+	b.WriteByte('-')
+	writeTagTo(&b, h.kind, int(h.limit))
+	b.WriteByte('-')
+	var n [12]byte
+	b.Write(seqText(n[:0], h.seq))
+	return b.String()
+}
+
+// pathLen is the length of h.path().
+func (h *held) pathLen() int {
+	var n [12]byte
+	return len(h.r.cfg.root) + 1 + encodedKeyLen(h.key) + len(kindSuffix(h.kind)) + 1 + len(guidPrefix) +
+		guidLen + 1 + tagLen(h.kind, int(h.limit)) + 1 + len(seqText(n[:0], h.seq))
+}
+
+// isPath reports whether p is h's znode path, with no allocation.
+func (h *held) isPath(p string) bool {
+	rest, ok := strings.CutPrefix(p, h.r.cfg.root)
+	if !ok || !strings.HasPrefix(rest, "/") {
+		return false
+	}
+	if rest, ok = cutEncodedKey(rest[1:], h.key); !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, kindSuffix(h.kind)+"/"+guidPrefix); !ok {
+		return false
+	}
+	var g [guidLen]byte
+	if rest, ok = strings.CutPrefix(rest, string(h.r.guidOf(&g, h.ctr))); !ok || !strings.HasPrefix(rest, "-") {
+		return false
+	}
+	var t [16]byte
+	if rest, ok = strings.CutPrefix(rest[1:], string(appendTag(t[:0], h.kind, int(h.limit)))); !ok || !strings.HasPrefix(rest, "-") {
+		return false
+	}
+	var n [12]byte
+	return rest[1:] == string(seqText(n[:0], h.seq))
+}
+
+// seqText appends the sequence number seq as ZooKeeper writes it in a
+// name: %010d of its signed 32 bits (see sequence).
+func seqText(b []byte, seq uint32) []byte {
+	v := int64(int32(seq))
+	if v < 0 {
+		b = append(b, '-')
+		v = -v
+		if v < 1e9 {
+			b = append(b, "000000000"[:9-digits(v)]...)
+		}
+		return strconv.AppendInt(b, v, 10)
+	}
+	b = append(b, "0000000000"[:10-digits(v)]...)
+	return strconv.AppendInt(b, v, 10)
+}
+
+// digits is the number of decimal digits of v > 0 (1 for 0).
+func digits(v int64) int {
+	n := 1
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
+}
+
+// track records a granted lock, its znode at path: its loss watch (a
+// lock the session keeps alive) or TTL timer (any other), and the
+// lease's fields.
+func (r *Resource) track(l *backend.Lease, path string, ctr uint64, g grantReply) error {
 	if r.conn.SessionID() != g.owner {
 		return errVanished
 	}
+	seq, _, ok := sequence(path)
+	h := &held{r: r, key: l.Key, kind: l.Kind, limit: l.Limit, sid: g.owner, ctr: ctr, seq: seq, kept: l.AutoRenew}
+	if !ok || !h.isPath(path) {
+		return fmt.Errorf("server named the znode %q, not as this client makes it again", path)
+	}
 	// Before the lock is in r.held, where poll reads heard.
 	r.hear(g.heard)
-	h := &held{r: r, path: path, kind: l.Kind, sid: g.owner, kept: l.AutoRenew}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		return ErrClosed
 	}
 	if h.kept {
-		h.watch = g.watch
-		if h.watch == nil { // armed once something waits for a loss (Done)
-			h.watch = unarmed
+		// Without a watch, armed once something waits for a loss (Done).
+		if g.watch != nil {
+			if r.lossWatch == nil {
+				r.lossWatch = make(map[*held]<-chan zk.Event)
+			}
+			r.lossWatch[h] = g.watch
 		}
 	} else {
 		// Under r.mu, once h is in r.held: expire waits for it.
@@ -86,7 +170,6 @@ func (r *Resource) track(l *backend.Lease, path string, g grantReply) error {
 	r.startPollLocked()
 	r.mu.Unlock()
 	l.Token = uint64(g.token)
-	l.Handle = h
 	l.Handle = h
 	l.KeptAlive = h.kept
 	return nil
@@ -138,22 +221,24 @@ func (h *held) Done() <-chan struct{} {
 	return ch
 }
 
-// unarmed is the watch of a lock its session keeps alive that was granted
-// with none, until something waits for its loss: it never fires. A watch
-// costs the grant a request, and go-zookeeper keeps a registration of
-// about 250 bytes for it, which a lock nobody waits on does without: its
-// znode's deletion by another client is then found by Refresh or Release
+// armLoss sets a data watch on h's znode unless h has a watch already
+// (r.lossWatch). rearm's read finds a deletion from before, its watch
+// one after. A lock its session keeps alive that was granted with no
+// watch has none until something waits for its loss: a watch costs the
+// grant a request, and go-zookeeper keeps a registration of about 250
+// bytes for it, which a lock nobody waits on does without: its znode's
+// deletion by another client is then found by Refresh or Release
 // (ErrNotHeld), as for a lock with a TTL, and its session's end by the
 // session watcher.
-var unarmed = make(chan zk.Event)
-
-// armLoss sets a data watch on h's znode unless h has a watch already.
-// rearm's read finds a deletion from before, its watch one after.
 func (r *Resource) armLoss(h *held) {
 	r.mu.Lock()
-	arm := h.at.Load() >= 0 && h.watch == unarmed
+	_, armed := r.lossWatch[h]
+	arm := h.at.Load() >= 0 && !armed
 	if arm {
-		h.watch = nil // a request arms it
+		if r.lossWatch == nil {
+			r.lossWatch = make(map[*held]<-chan zk.Event)
+		}
+		r.lossWatch[h] = nil // a request arms it
 	}
 	r.mu.Unlock()
 	if arm {
@@ -199,6 +284,8 @@ func (r *Resource) finishLocked(h *held) bool {
 	if !h.kept {
 		r.timers[h].Stop()
 		delete(r.timers, h)
+	} else {
+		delete(r.lossWatch, h)
 	}
 	return true
 }
@@ -218,7 +305,7 @@ func (r *Resource) expire(h *held) {
 		return
 	}
 	h.fire()
-	r.later(cleanup{path: h.path})
+	r.later(cleanup{path: h.path()})
 }
 
 // lose reports the loss of h, whose znode is gone already (deleted by
@@ -239,7 +326,7 @@ func (r *Resource) lose(h *held) {
 // costs no request when the queue changes again.
 func (r *Resource) onWatch(h *held, ev zk.Event) {
 	switch {
-	case ev.Err != nil, ev.Type == zk.EventNodeDeleted && ev.Path == h.path:
+	case ev.Err != nil, ev.Type == zk.EventNodeDeleted && h.isPath(ev.Path):
 		r.lose(h)
 	default:
 		go r.rearm(h)
@@ -250,7 +337,7 @@ func (r *Resource) onWatch(h *held, ev zk.Event) {
 // exists (under h's session). A connection in trouble is the session
 // watcher's business (loss deadline): rearm tries again later.
 func (r *Resource) rearm(h *held) {
-	_, st, ch, err := r.conn.GetW(h.path)
+	_, st, ch, err := r.conn.GetW(h.path())
 	switch {
 	case err == nil && st.EphemeralOwner != h.sid, errors.Is(err, zk.ErrNoNode):
 		r.lose(h)
@@ -262,8 +349,8 @@ func (r *Resource) rearm(h *held) {
 		}
 	}
 	r.mu.Lock()
-	if h.at.Load() >= 0 {
-		h.watch = ch
+	if h.at.Load() >= 0 && r.lossWatch != nil {
+		r.lossWatch[h] = ch
 	} // else released or lost: a data watch fires with the deletion
 	r.mu.Unlock()
 }
@@ -273,40 +360,20 @@ func (r *Resource) rearm(h *held) {
 const rearmBackoff = 100 * time.Millisecond
 
 // handle returns the znode path of the lock in l.Handle, checked to be
-// one of ours for l's key and kind, and that lock if it is still held
+// one of r's for l's key and kind, and that lock if it is still held
 // through r (nil once released, expired or lost).
 func (r *Resource) handle(op string, l *backend.Lease) (string, *held, error) {
 	if r.conn == nil {
 		return "", nil, errNotNew
 	}
 	h, ok := l.Handle.(*held)
-	if !ok || h == nil || h.kind != l.Kind || !r.inQueue(h.path, l.Key, l.Kind) {
+	if !ok || h == nil || h.r != r || h.kind != l.Kind || h.key != l.Key || h.limit != l.Limit {
 		return "", nil, fmt.Errorf("zookeeper: %s %q: the lease holds no znode of this resource", op, l.Key)
 	}
 	if r.tracked(h) {
-		return h.path, h, nil
+		return h.path(), h, nil
 	}
-	return h.path, nil, nil
-}
-
-// inQueue reports whether path is a child of kindParent(key, kind), as
-// strings.HasPrefix(path, r.kindParent(key, kind)+"/") does, with no
-// allocation: Release and Refresh check every lease's handle with it.
-func (r *Resource) inQueue(path, key string, kind backend.Kind) bool {
-	rest, ok := strings.CutPrefix(path, r.cfg.root)
-	if !ok || !strings.HasPrefix(rest, "/") {
-		return false
-	}
-	if rest, ok = cutEncodedKey(rest[1:], key); !ok {
-		return false
-	}
-	switch kind {
-	case backend.KindSemaphore:
-		rest, ok = strings.CutPrefix(rest, semSuffix)
-	case backend.KindRead, backend.KindWrite:
-		rest, ok = strings.CutPrefix(rest, rwSuffix)
-	}
-	return ok && strings.HasPrefix(rest, "/")
+	return h.path(), nil, nil
 }
 
 // Release deletes the lock's znode. It returns [backend.ErrNotHeld], with

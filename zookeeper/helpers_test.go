@@ -118,7 +118,7 @@ func uniqueKey(t testing.TB) string {
 // pathOf is the znode path of the lock l holds ("" if none).
 func pathOf(l *backend.Lease) string {
 	if h, ok := l.Handle.(*held); ok && h != nil {
-		return h.path
+		return h.path()
 	}
 	return ""
 }

@@ -27,20 +27,36 @@ func keySafe(c byte) bool {
 // '%' is always escaped, so every name decodes back to exactly one key.
 // The names "." and "..", illegal in ZooKeeper, get their first dot escaped.
 func encodeKey(key string) string {
-	n := 0
-	for i := 0; i < len(key); i++ {
-		if !keySafe(key[i]) {
-			n++
-		}
-	}
-	if n == 0 && key != "." && key != ".." {
+	if encodedKeyLen(key) == len(key) {
 		return key
 	}
 	var b strings.Builder
-	b.Grow(len(key) + 2*n + 2)
+	writeEncodedKey(&b, key)
+	return b.String()
+}
+
+// escaped reports whether byte i of key is escaped in its name.
+func escaped(key string, i int) bool {
+	return !keySafe(key[i]) || i == 0 && (key == "." || key == "..")
+}
+
+// encodedKeyLen is len(encodeKey(key)), with no allocation.
+func encodedKeyLen(key string) int {
+	n := len(key)
+	for i := 0; i < len(key); i++ {
+		if escaped(key, i) {
+			n += 2
+		}
+	}
+	return n
+}
+
+// writeEncodedKey writes encodeKey(key) to b.
+func writeEncodedKey(b *strings.Builder, key string) {
+	b.Grow(encodedKeyLen(key))
 	for i := 0; i < len(key); i++ {
 		c := key[i]
-		if keySafe(c) && (i > 0 || (key != "." && key != "..")) {
+		if !escaped(key, i) {
 			b.WriteByte(c)
 			continue
 		}
@@ -48,7 +64,6 @@ func encodeKey(key string) string {
 		b.WriteByte(hexDigits[c>>4])
 		b.WriteByte(hexDigits[c&15])
 	}
-	return b.String()
 }
 
 // cutEncodedKey returns what follows encodeKey(key) in s, and whether s

@@ -80,33 +80,63 @@ func FuzzEncodeKey(f *testing.F) {
 	})
 }
 
-// TestInQueue checks inQueue against what it stands for,
-// strings.HasPrefix(path, r.kindParent(key, kind)+"/"), on paths made
-// for nearby keys and kinds, and that it allocates nothing.
-func TestInQueue(t *testing.T) {
+// TestHeldPath: a held lock makes its znode's path again as the server
+// named it (ZooKeeper writes the sequence number with %010d, signed), for
+// keys that need escaping, every kind and sequence numbers across the
+// counter's wrap; isPath knows it, and no nearby path; path allocates once
+// and isPath never.
+func TestHeldPath(t *testing.T) {
 	r := mustNew(t, &zk.Conn{}, WithRoot("/a/root"))
-	keys := []string{"k", "k/", "k%", "k%2F", "kk", ".", "..", "...", "%2E", "a/b", "a%2Fb", "é", "k%sem", "k%rw", ""}
-	kinds := []backend.Kind{backend.KindMutex, backend.KindSemaphore, backend.KindRead, backend.KindWrite}
-	var paths []string
+	keys := []string{"k", "k/", "k%", "k%2F", ".", "..", "...", "a/b", "é", "k%sem", "k%rw"}
+	kinds := []struct {
+		kind  backend.Kind
+		limit int32
+	}{{backend.KindMutex, 0}, {backend.KindSemaphore, 1}, {backend.KindSemaphore, 2147483647}, {backend.KindRead, 0}, {backend.KindWrite, 0}}
+	seqs := []int32{0, 1, 999999999, 1000000000, 2147483647, -2147483648, -1000000000, -999999999, -1}
 	for _, k := range keys {
-		for _, kind := range kinds {
-			p := r.kindParent(k, kind)
-			paths = append(paths, p, p+"/", p+"/_c_x-0000000001", p+"x/_c_x", strings.TrimSuffix(p, "m")+"/_c_x")
-		}
-	}
-	paths = append(paths, "", "/", "/a", "/a/root", "/a/root/", "/a/rootk/_c_x", "/b/root/k/_c_x")
-	for _, k := range keys {
-		for _, kind := range kinds {
-			for _, p := range paths {
-				want := strings.HasPrefix(p, r.kindParent(k, kind)+"/")
-				if got := r.inQueue(p, k, kind); got != want {
-					t.Errorf("inQueue(%q, %q, %v) = %v; want %v", p, k, kind, got, want)
+		for _, kl := range kinds {
+			for _, seq := range seqs {
+				h := &held{r: r, key: k, kind: kl.kind, limit: kl.limit, ctr: 0x1234abcd, seq: uint32(seq)}
+				l := backend.Lease{Kind: kl.kind, Limit: kl.limit}
+				var g [guidLen]byte
+				want := r.kindParent(k, kl.kind) + "/" + guidPrefix + string(r.guidOf(&g, h.ctr)) + "-" + tagOf(&l) + "-" + fmt.Sprintf("%010d", seq)
+				p := h.path()
+				if p != want || len(p) != h.pathLen() {
+					t.Fatalf("path of %q %v seq %d = %q (pathLen %d); want %q", k, kl.kind, seq, p, h.pathLen(), want)
+				}
+				if got, _, ok := sequence(p); !ok || got != uint32(seq) {
+					t.Errorf("sequence(%q) = %d, %v; want %d", p, got, ok, seq)
+				}
+				if !h.isPath(p) {
+					t.Errorf("isPath(%q) = false", p)
+				}
+				for _, other := range []string{p[:len(p)-1], p + "0", strings.Replace(p, "/a/root", "/a/rooT", 1), "", p[:len(p)-10] + "0000000002", p + "/x"} {
+					if other != p && h.isPath(other) {
+						t.Errorf("isPath(%q) = true for %q", other, p)
+					}
 				}
 			}
 		}
 	}
-	p := r.kindParent("a/b", backend.KindRead) + "/_c_x-r-0000000001"
-	if n := testing.AllocsPerRun(100, func() { r.inQueue(p, "a/b", backend.KindRead) }); n != 0 {
-		t.Errorf("inQueue allocates %v times; want 0", n)
+	for _, other := range []struct {
+		key   string
+		kind  backend.Kind
+		limit int32
+		ctr   uint64
+		seq   uint32
+	}{{"k", backend.KindMutex, 0, 1, 2}, {"K", backend.KindMutex, 0, 1, 1}, {"k", backend.KindRead, 0, 1, 1}, {"k", backend.KindSemaphore, 1, 1, 1}, {"k", backend.KindSemaphore, 3, 1, 1}} {
+		h := &held{r: r, key: "k", kind: backend.KindMutex, ctr: 1, seq: 1}
+		o := &held{r: r, key: other.key, kind: other.kind, limit: other.limit, ctr: other.ctr, seq: other.seq}
+		if h.isPath(o.path()) {
+			t.Errorf("isPath(%q) = true for %q", o.path(), h.path())
+		}
+	}
+	h := &held{r: r, key: "a/b", kind: backend.KindSemaphore, limit: 7, ctr: 99, seq: 12}
+	p := h.path()
+	if n := testing.AllocsPerRun(100, func() { h.isPath(p) }); n != 0 {
+		t.Errorf("isPath allocates %v times; want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = h.path() }); n != 1 {
+		t.Errorf("path allocates %v times; want 1", n)
 	}
 }

@@ -168,7 +168,7 @@ func testInspectBesideFailingPermit(t *testing.T, addrs []string) {
 	h := kindLease(key, backend.KindSemaphore, 2)
 	mustAcquire(t, r, h)
 	parent := r.kindParent(key, backend.KindSemaphore)
-	failing, err := conn.Create(parent+"/"+guidPrefix+newGUID()+"-"+semTag+"5-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	failing, err := conn.Create(parent+"/"+guidPrefix+"ffffffffffffffffffffffffffffffff"+"-"+semTag+"5-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,15 +40,42 @@ const (
 
 // tagOf returns the tag of a child for l.
 func tagOf(l *backend.Lease) string {
-	switch l.Kind {
-	case backend.KindSemaphore:
+	if l.Kind == backend.KindSemaphore {
 		return semTag + strconv.Itoa(int(l.Limit))
+	}
+	return fixedTag(l.Kind)
+}
+
+// fixedTag is the tag of a child of kind, but for a semaphore's (whose
+// tag has its limit).
+func fixedTag(kind backend.Kind) string {
+	switch kind {
 	case backend.KindRead:
 		return readTag
 	case backend.KindWrite:
 		return writeTag
 	}
 	return mutexTag
+}
+
+// appendTag appends the tag of a child of kind and limit to b.
+func appendTag(b []byte, kind backend.Kind, limit int) []byte {
+	if kind == backend.KindSemaphore {
+		return strconv.AppendInt(append(b, semTag...), int64(limit), 10)
+	}
+	return append(b, fixedTag(kind)...)
+}
+
+// tagLen is the length of the tag of a child of kind and limit.
+func tagLen(kind backend.Kind, limit int) int {
+	var t [16]byte
+	return len(appendTag(t[:0], kind, limit))
+}
+
+// writeTagTo writes the tag of a child of kind and limit to b.
+func writeTagTo(b *strings.Builder, kind backend.Kind, limit int) {
+	var t [16]byte
+	b.Write(appendTag(t[:0], kind, limit))
 }
 
 // sequence returns the sequence number of a lock child and the length

@@ -171,13 +171,13 @@ func (r *Resource) poll() {
 			r.sidSeen, r.recheck = sid, false
 		}
 		if tick%scanEvery == 0 {
-			for _, h := range r.held {
-				if h.watch == nil || h.watch == unarmed {
+			for h, ch := range r.lossWatch {
+				if ch == nil {
 					continue
 				}
 				select {
-				case ev := <-h.watch:
-					h.watch = nil
+				case ev := <-ch:
+					r.lossWatch[h] = nil
 					events = append(events, event{h, ev})
 				default:
 				}
@@ -192,7 +192,7 @@ func (r *Resource) poll() {
 			h.fire()
 			if h.sid == sid {
 				// The session may live on: free the lock for others.
-				r.later(cleanup{path: h.path})
+				r.later(cleanup{path: h.path()})
 			}
 		}
 		for _, e := range events {

@@ -106,6 +106,13 @@ type Resource struct {
 
 	noContainers atomic.Bool // the server rejected CreateContainer
 
+	// id is 64 random bits in hex, and ctr counts the creates: the guid
+	// in the name of every znode the resource makes is id and the
+	// count (guidOf), unique across resources as a random guid is, and
+	// kept by a held lock in 8 bytes.
+	id  string
+	ctr atomic.Uint64
+
 	// epoch is the monotonic origin of heard, which is the latest moment
 	// the server is known to have heard from this client: the send time
 	// of the latest request it answered, in nanoseconds since epoch.
@@ -122,6 +129,14 @@ type Resource struct {
 	// alive by the session (each deletes its znode when it fires): a
 	// lock the session keeps, the many, has no field for one.
 	timers map[*held]*time.Timer
+	// lossWatch has the loss watch of each held lock the session keeps
+	// alive that has one: it fires when the lock's znode may have gone
+	// (a data watch on the znode, set while it waited or once something
+	// waits for its loss, or the child watch of the listing that granted
+	// it, which rearm replaces with a data watch at the first change of
+	// the queue); nil while a request arms it. A lock nobody waits on for
+	// a loss, the many, has none (see armLoss).
+	lossWatch map[*held]<-chan zk.Event
 	// waiting counts the waits in progress that count a loss deadline
 	// (WithSessionTimeout): the session watcher runs while there are
 	// locks held or waits in progress.
@@ -174,6 +189,7 @@ func New(conn *zk.Conn, opts ...Option) (*Resource, error) {
 		epoch:   time.Now(),
 		stop:    make(chan struct{}),
 		watches: make(map[string]armed),
+		id:      newID(),
 	}, nil
 }
 
@@ -202,13 +218,19 @@ func (r *Resource) parentPath(key string) string {
 // kindParent is the znode whose children queue for key's lock of kind:
 // each kind has its own (see semSuffix).
 func (r *Resource) kindParent(key string, kind backend.Kind) string {
+	return r.parentPath(key) + kindSuffix(kind)
+}
+
+// kindSuffix is what follows the encoded key in the name of the parent of
+// kind (see semSuffix).
+func kindSuffix(kind backend.Kind) string {
 	switch kind {
 	case backend.KindSemaphore:
-		return r.parentPath(key) + semSuffix
+		return semSuffix
 	case backend.KindRead, backend.KindWrite:
-		return r.parentPath(key) + rwSuffix
+		return rwSuffix
 	}
-	return r.parentPath(key)
+	return ""
 }
 
 // CheckKind implements [backend.KindChecker]: the resource holds every
@@ -255,7 +277,7 @@ func (r *Resource) Close() error {
 	for _, t := range r.timers {
 		t.Stop()
 	}
-	r.timers = nil
+	r.timers, r.lossWatch = nil, nil
 	r.mu.Unlock()
 	r.wmu.Lock()
 	r.watches = nil // the watches fire or end with the connection
@@ -269,7 +291,8 @@ func (r *Resource) Close() error {
 	var ds []deletion
 	for _, h := range hs {
 		h.fire()
-		ds = append(ds, deletion{h.path, r.later(cleanup{path: h.path})})
+		p := h.path()
+		ds = append(ds, deletion{p, r.later(cleanup{path: p})})
 	}
 	t := time.NewTimer(closeWait)
 	defer t.Stop()

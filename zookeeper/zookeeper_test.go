@@ -414,9 +414,10 @@ func TestBadInputNoIO(t *testing.T) {
 	if err := r.ValidateKey(strings.Repeat("k", MaxKeyLen)); err != nil {
 		t.Errorf("ValidateKey of %d bytes = %v; want nil", MaxKeyLen, err)
 	}
+	other := mustNew(t, &zk.Conn{})
 	for _, h := range []any{nil, 42, "/elsewhere/x", DefaultRoot + "/k/_c_x", (*held)(nil),
-		&held{path: "/elsewhere/x"}, &held{path: DefaultRoot + "/other/_c_x"},
-		&held{path: DefaultRoot + "/k%sem/_c_x"}, &held{path: DefaultRoot + "/k/_c_x", kind: backend.KindRead}} {
+		&held{key: "k"}, &held{r: other, key: "k"}, &held{r: r, key: "other"},
+		&held{r: r, key: "k", kind: backend.KindSemaphore, limit: 1}, &held{r: r, key: "k", kind: backend.KindRead}} {
 		l := lease("k", ttl)
 		l.Handle = h
 		if err := r.Release(ctx, l); err == nil || errors.Is(err, backend.ErrNotHeld) {
