@@ -361,7 +361,6 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	l.Validity = validity
 	l.Token = uint64(h.rev)
 	l.Handle = h
-	l.Handle = h
 	return nil
 }
 

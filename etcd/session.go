@@ -466,7 +466,6 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	l.Validity = validity
 	l.Token = uint64(h.rev)
 	l.Handle = h
-	l.Handle = h
 	return nil
 }
 

@@ -25,7 +25,7 @@ type armed struct {
 
 // held is one granted lock, the lease's Handle and its loss signal (a
 // backend.LossSignal). It is what a held lock costs the resource, so it is
-// kept small (62 bytes, in the 64-byte size class): its znode's path is
+// kept small (64 bytes, a size class): its znode's path is
 // not kept but made again when needed (see path), from the lease's key
 // (the same string, shared) and the parts of the name that vary; a TTL
 // timer, and the loss watch of a lock the session keeps alive, are in the
