@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/distlock/distlock"
@@ -210,4 +214,24 @@ func byStore(ps []*peer) [][]*peer {
 		groups = append(groups, []*peer{p})
 	}
 	return groups
+}
+
+// floorValues makes a bare floor's owner values: the instance's random
+// prefix (values are unique across instances) and a counter.
+type floorValues struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+func newFloorValues() floorValues {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return floorValues{prefix: hex.EncodeToString(b[:])}
+}
+
+// value is a fresh owner value, built with one allocation.
+func (v *floorValues) value() string {
+	b := make([]byte, 0, 40)
+	b = append(b, v.prefix...)
+	return string(strconv.AppendUint(b, v.n.Add(1), 16))
 }

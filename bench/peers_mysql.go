@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,8 +105,7 @@ type myFloor struct {
 	db     *sql.DB
 	micros int64
 	retry  time.Duration
-	prefix string
-	n      atomic.Uint64
+	floorValues
 }
 
 // myMaxConns is the size of every instance's pool, as pgMaxConns.
@@ -138,16 +134,8 @@ func openMyFloor(ctx context.Context, s *servers, o openOpts) (instance, error) 
 		db.Close()
 		return nil, err
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
 	return &myFloor{myProbe: &myProbe{s: s}, db: db, micros: int64((o.ttl + time.Microsecond - 1) / time.Microsecond),
-		retry: o.retry, prefix: hex.EncodeToString(b[:])}, nil
-}
-
-func (f *myFloor) value() string {
-	b := make([]byte, 0, 40)
-	b = append(b, f.prefix...)
-	return string(strconv.AppendUint(b, f.n.Add(1), 16))
+		retry: o.retry, floorValues: newFloorValues()}, nil
 }
 
 // try makes one attempt: false when another owner holds key.

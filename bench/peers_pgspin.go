@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/distlock/distlock/backend"
@@ -15,19 +13,12 @@ func init() {
 		name: "distlock-spin", store: "postgres", serverRequests: true, only: []string{"contended"},
 		note: "sqldb.NewPostgres without its wake-up (the store wrapped to hide Subscribe, the line and the head notices): waiters spin with random sleeps, as on MySQL",
 		open: func(ctx context.Context, s *servers, o openOpts) (instance, error) {
-			dsn, err := s.postgresDSN()
+			raw, err := pgDistlockURL(s)
 			if err != nil {
 				return nil, err
 			}
-			u, err := url.Parse(dsn)
-			if err != nil {
-				return nil, err
-			}
-			q := u.Query()
-			q.Set("pool_max_conns", strconv.Itoa(pgMaxConns))
-			u.RawQuery = q.Encode()
 			sc := &stmtCounter{}
-			res, closeClients, err := stores.Open(ctx, u.String(), o.ttl, stores.Options{PostgresTracer: sc})
+			res, closeClients, err := stores.Open(ctx, raw, o.ttl, stores.Options{PostgresTracer: sc})
 			if err != nil {
 				return nil, err
 			}

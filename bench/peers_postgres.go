@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -97,19 +95,29 @@ func newPGPool(ctx context.Context, s *servers, sc *stmtCounter) (*pgxpool.Pool,
 }
 
 func openPGDistlock(ctx context.Context, s *servers, o openOpts) (instance, error) {
-	dsn, err := s.postgresDSN()
+	raw, err := pgDistlockURL(s)
 	if err != nil {
 		return nil, err
 	}
+	sc := &stmtCounter{}
+	return openDistlock(ctx, raw, o, sc, stores.Options{PostgresTracer: sc})
+}
+
+// pgDistlockURL is the store URL of a distlock instance: the server's
+// DSN with the pool of every instance (pgMaxConns).
+func pgDistlockURL(s *servers) (string, error) {
+	dsn, err := s.postgresDSN()
+	if err != nil {
+		return "", err
+	}
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	q := u.Query()
 	q.Set("pool_max_conns", strconv.Itoa(pgMaxConns))
 	u.RawQuery = q.Encode()
-	sc := &stmtCounter{}
-	return openDistlock(ctx, u.String(), o, sc, stores.Options{PostgresTracer: sc})
+	return u.String(), nil
 }
 
 // --- floor ---
@@ -137,8 +145,7 @@ type pgFloor struct {
 	pool   *pgxpool.Pool
 	micros int64
 	retry  time.Duration
-	prefix string
-	n      atomic.Uint64
+	floorValues
 }
 
 func openPGFloor(ctx context.Context, s *servers, o openOpts) (instance, error) {
@@ -159,16 +166,8 @@ func newPGFloor(ctx context.Context, s *servers, o openOpts, ddl string) (*pgFlo
 		pool.Close()
 		return nil, err
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
 	return &pgFloor{stmtCounter: sc, pool: pool, micros: int64((o.ttl + time.Microsecond - 1) / time.Microsecond),
-		retry: o.retry, prefix: hex.EncodeToString(b[:])}, nil
-}
-
-func (f *pgFloor) value() string {
-	b := make([]byte, 0, 40)
-	b = append(b, f.prefix...)
-	return string(strconv.AppendUint(b, f.n.Add(1), 16))
+		retry: o.retry, floorValues: newFloorValues()}, nil
 }
 
 // try makes one attempt: false when another owner holds key.

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -196,11 +194,10 @@ var floorRelease = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] t
 
 type redisFloor struct {
 	*redisClients
-	c      *goredis.Client
-	ttl    time.Duration
-	retry  time.Duration
-	prefix string // random per instance: values are unique across instances
-	n      atomic.Uint64
+	c     *goredis.Client
+	ttl   time.Duration
+	retry time.Duration
+	floorValues
 }
 
 func openRedisFloor(_ context.Context, s *servers, o openOpts) (instance, error) {
@@ -212,17 +209,7 @@ func newRedisFloor(s *servers, o openOpts) (*redisFloor, error) {
 	if err != nil {
 		return nil, err
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return &redisFloor{redisClients: rc, c: rc.cs[0], ttl: o.ttl, retry: o.retry, prefix: hex.EncodeToString(b[:])}, nil
-}
-
-// value is a fresh owner value: the instance's random prefix and a
-// counter, built with one allocation.
-func (f *redisFloor) value() string {
-	b := make([]byte, 0, 40)
-	b = append(b, f.prefix...)
-	return string(strconv.AppendUint(b, f.n.Add(1), 16))
+	return &redisFloor{redisClients: rc, c: rc.cs[0], ttl: o.ttl, retry: o.retry, floorValues: newFloorValues()}, nil
 }
 
 func (f *redisFloor) cycle(ctx context.Context, key string) error {

@@ -3,8 +3,6 @@ package sqldb
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,23 +151,7 @@ func testShortWaitsManyProcesses(t *testing.T, pg *pgFixture) {
 // connection stays (no new one is made for the next attempt), the lock
 // it took after the caller gave up is deleted, and nothing is left.
 func testLateReplyRead(t *testing.T, pg *pgFixture) {
-	cfg, err := pgxpool.ParseConfig(pg.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	_, port, _ := net.SplitHostPort(px.Addr)
-	pool := pg.pool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host = "127.0.0.1"
-		p, _ := strconv.Atoi(port)
-		c.ConnConfig.Port = uint16(p)
-		c.ConnConfig.Fallbacks = nil
-		c.MinConns, c.MaxConns = 1, 1
-	})
+	pool, px := pg.proxiedPool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 1, 1 })
 	r := pg.resource(t, pool)
 	key := testsuite.Key(t)
 	// Warm: the statement is prepared on the one connection.
@@ -260,23 +242,7 @@ func testTakenLateCleanedOnOwnConn(t *testing.T, pg *pgFixture) {
 // slow to make (the server's replies held back), 12 such calls in a row
 // start about one connection, not one each (the storm of issue 36).
 func testGatedStatements(t *testing.T, pg *pgFixture) {
-	cfg, err := pgxpool.ParseConfig(pg.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	_, port, _ := net.SplitHostPort(px.Addr)
-	pool := pg.pool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host = "127.0.0.1"
-		p, _ := strconv.Atoi(port)
-		c.ConnConfig.Port = uint16(p)
-		c.ConnConfig.Fallbacks = nil
-		c.MinConns, c.MaxConns = 0, 16
-	})
+	pool, px := pg.proxiedPool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 0, 16 })
 	r := pg.resource(t, pool)
 	key := testsuite.Key(t)
 	warm := newLease(t, key, time.Minute)
@@ -294,6 +260,7 @@ func testGatedStatements(t *testing.T, pg *pgFixture) {
 	before := pool.Stat().NewConnsCount()
 	l := newLease(t, key, time.Minute)
 	const calls = 12
+	var err error
 	for i := range calls {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 		switch i % 4 {

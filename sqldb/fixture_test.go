@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/distlock/distlock/backend"
+	"github.com/distlock/distlock/internal/testserver/proxy"
 	"github.com/distlock/distlock/testsuite"
 )
 
@@ -157,6 +159,33 @@ func (f *pgFixture) pool(t testing.TB, tweak func(*pgxpool.Config)) *pgxpool.Poo
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// proxiedPool returns a new pool whose connections go through a proxy of
+// their own (to hold back or delay the server's bytes), closed when t
+// ends; tweak may change the pool's config first.
+func (f *pgFixture) proxiedPool(t testing.TB, tweak func(*pgxpool.Config)) (*pgxpool.Pool, *proxy.Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr)
+	pool := f.pool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Host = "127.0.0.1"
+		p, _ := strconv.Atoi(port)
+		c.ConnConfig.Port = uint16(p)
+		c.ConnConfig.Fallbacks = nil
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+	return pool, px
 }
 
 // resource returns a Postgres over pool, closed when t ends (before pool:

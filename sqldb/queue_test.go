@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -478,23 +476,8 @@ func testWithdrawnInFlight(t *testing.T, pg *pgFixture) {
 }
 
 func withdrawnInFlight(t *testing.T, pg *pgFixture, freed, late bool) {
-	cfg, err := pgxpool.ParseConfig(pg.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	_, port, _ := net.SplitHostPort(px.Addr)
-	r := pg.resource(t, pg.pool(t, func(c *pgxpool.Config) {
-		c.ConnConfig.Host = "127.0.0.1"
-		p, _ := strconv.Atoi(port)
-		c.ConnConfig.Port = uint16(p)
-		c.ConnConfig.Fallbacks = nil
-		c.MinConns, c.MaxConns = 1, 1
-	}))
+	pool, px := pg.proxiedPool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 1, 1 })
+	r := pg.resource(t, pool)
 	a := pg.resource(t, pg.pool(t, nil))
 	key := testsuite.Key(t)
 	holder := newLease(t, key, time.Minute)
