@@ -3,6 +3,8 @@ package distlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -557,4 +559,38 @@ func TestReleaseFailingAfterCloseIsLoss(t *testing.T) {
 		t.Errorf("Unlock whose release failed = nil")
 	}
 	within(t, done, "Done of the lock whose release failed after Close")
+}
+
+// timerNotFired is a caller's context whose deadline has passed while its
+// timer has not fired yet: Err is still nil.
+type timerNotFired struct {
+	context.Context
+	dl time.Time
+}
+
+func (c timerNotFired) Deadline() (time.Time, bool) { return c.dl, true }
+
+// ioTimeoutAtDeadline fails an attempt as a client whose I/O deadline is
+// the context's does once that deadline has passed (go-redis with
+// ContextTimeoutEnabled: "i/o timeout").
+type ioTimeoutAtDeadline struct{ *memory.Store }
+
+func (s ioTimeoutAtDeadline) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Duration, error) {
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return false, 0, fmt.Errorf("fake: read: %w", os.ErrDeadlineExceeded)
+	}
+	return s.Store.TryAcquire(ctx, l)
+}
+
+// A store's own timeout at the caller's deadline, before the caller's
+// context says it ended, is the caller's end: ErrNotAcquired joined with
+// context.DeadlineExceeded, not the store's error (a CI run saw "i/o
+// timeout" from TryLock under load).
+func TestStoreTimeoutAtCallersDeadline(t *testing.T) {
+	d := mustNew(t, ioTimeoutAtDeadline{memory.New()})
+	ctx := timerNotFired{context.Background(), time.Now().Add(-time.Millisecond)}
+	_, err := d.TryLock(ctx, "k", time.Second)
+	if !errors.Is(err, distlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("TryLock past the caller's deadline, the store timing out = %v; want ErrNotAcquired joined with context.DeadlineExceeded", err)
+	}
 }

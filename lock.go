@@ -389,8 +389,8 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 			return err
 		}
 		return fmt.Errorf("%w: TryLock of %s ended by Close", ErrClosed, quote(r.Key))
-	case ctx.Err() != nil:
-		return errors.Join(ErrNotAcquired, ctx.Err())
+	case callerEnded(ctx) != nil:
+		return errors.Join(ErrNotAcquired, callerEnded(ctx))
 	case errors.Is(err, ErrNotAcquired):
 		return err
 	case actx.pastBound() && r.answered > 0:
@@ -399,6 +399,21 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 		return unansweredError(r, err)
 	}
 	return err
+}
+
+// callerEnded returns the caller's context's error, or
+// context.DeadlineExceeded once its deadline has passed on the clock: a
+// store whose I/O deadline is the context's (go-redis, gRPC) fails at that
+// instant with its own timeout, and the context's timer may not have
+// fired yet.
+func callerEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // cleanups appends to fns the Cleanup of every [backend.AbandonedError]
