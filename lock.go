@@ -381,6 +381,7 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 			return retry(ctx, clean)
 		})
 	}
+	ended := callerEnded(ctx)
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return err
@@ -389,8 +390,8 @@ func (d *DistributeLock) acquireError(ctx context.Context, actx *acqCtx, r *Requ
 			return err
 		}
 		return fmt.Errorf("%w: TryLock of %s ended by Close", ErrClosed, quote(r.Key))
-	case callerEnded(ctx) != nil:
-		return errors.Join(ErrNotAcquired, callerEnded(ctx))
+	case ended != nil:
+		return errors.Join(ErrNotAcquired, ended)
 	case errors.Is(err, ErrNotAcquired):
 		return err
 	case actx.pastBound() && r.answered > 0:

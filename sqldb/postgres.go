@@ -1033,9 +1033,8 @@ func (p *Postgres) release(ctx context.Context, c *pgxpool.Conn, l *backend.Leas
 	if took {
 		defer c.Release()
 	}
-	q := c
 	if l.Kind != backend.KindMutex {
-		return p.groupRemove(ctx, q, p.kRel, l)
+		return p.groupRemove(ctx, c, p.kRel, l)
 	}
 	m := p.mutex(l.Key)
 	err = retryConflicts(pgContention, func() error {
@@ -1056,16 +1055,16 @@ func (p *Postgres) release(ctx context.Context, c *pgxpool.Conn, l *backend.Leas
 		var empty bool
 		err = pgx.ErrNoRows
 		if l.Handle != waitedFor && !l.Waits {
-			err = q.QueryRow(ctx, m.relAlone, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+			err = c.QueryRow(ctx, m.relAlone, keyArg(l.Key), l.Value, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			err = q.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+			err = c.QueryRow(ctx, m.rel, keyArg(l.Key), l.Value, p.ln.qchannel, p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
 		if err == nil && empty {
-			_, err = q.Exec(ctx, m.gone, keyArg(l.Key))
+			_, err = c.Exec(ctx, m.gone, keyArg(l.Key))
 		}
 		return err
 	})
@@ -1120,9 +1119,8 @@ func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lea
 	if took {
 		defer c.Release()
 	}
-	q := c
 	if l.Kind != backend.KindMutex {
-		_, err := p.groupRemove(ctx, q, p.kWithdraw, l)
+		_, err := p.groupRemove(ctx, c, p.kWithdraw, l)
 		return err
 	}
 	m := p.mutex(l.Key)
@@ -1132,12 +1130,12 @@ func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lea
 		if mark > 0 {
 			life = micros(mark)
 		}
-		err := q.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel, life).Scan(nil, &empty)
+		err := c.QueryRow(ctx, m.withdraw, keyArg(l.Key), l.Value, p.ln.qchannel, life).Scan(nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		if err == nil && empty {
-			_, err = q.Exec(ctx, m.gone, keyArg(l.Key))
+			_, err = c.Exec(ctx, m.gone, keyArg(l.Key))
 		}
 		return err
 	})
@@ -1145,10 +1143,10 @@ func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lea
 
 // groupRemove runs a groupRemove statement for l, and deletes the row
 // if that left it empty. It reports whether l's entry was live.
-func (p *Postgres) groupRemove(ctx context.Context, q *pgxpool.Conn, stmt string, l *backend.Lease) (live bool, err error) {
+func (p *Postgres) groupRemove(ctx context.Context, c *pgxpool.Conn, stmt string, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
-		err := q.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		err := c.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}
@@ -1156,7 +1154,7 @@ func (p *Postgres) groupRemove(ctx context.Context, q *pgxpool.Conn, stmt string
 	})
 	if err == nil && empty {
 		err = retryConflicts(pgContention, func() error {
-			_, err := q.Exec(ctx, p.kGone, bytesArg(l.Key), groupRow(l.Kind))
+			_, err := c.Exec(ctx, p.kGone, bytesArg(l.Key), groupRow(l.Kind))
 			return err
 		})
 	}
