@@ -389,3 +389,41 @@ func TestCleanupOfContendedRoundWaitsForUnanswered(t *testing.T) {
 	waitFor(t, "the delayed clean-ups to run on node 4", func() bool { return evalshaCalls(t, c.inspect[4]) >= before+1+int64(held) })
 	c.noneHoldNow(t, key, l.Value)
 }
+
+// TestContendedRoundDeletesUnansweredNodeAgain: a contended round (other
+// owners hold nodes 0, 1 and 2; node 3 sets the key) whose request to
+// node 4 is delayed on the network, and whose first clean-up of node 4 is
+// held too, so that it fails without saying what happened. TryAcquire
+// returns (false, nil): the lock is held by others, and no Cleanup of the
+// facade's follows. The delayed request then sets the key on node 4. The
+// round's value must not stay there for its TTL (30s), keeping node 4 from
+// every other owner: the round sends node 4 its delete again.
+func TestContendedRoundDeletesUnansweredNodeAgain(t *testing.T) {
+	ctx := t.Context()
+	c := startNodes(t, 5, nil)
+	p4 := c.viaProxy(t, 4)
+	c.loadScripts(t)
+	r := c.newResource(t, redlock.WithNodeTimeout(delayTestNodeTimeout))
+	key := uniqueKey(t)
+	c.hold(t, key, "other", time.Minute, 0, 1, 2)
+
+	set := holdScript(t, p4, redisscript.AcquireQuiet)
+	first := holdScript(t, p4, redisscript.Cleanup, redisscript.Release)
+	l := newLease(key, 30*time.Second)
+	ok, _, err := r.TryAcquire(ctx, l)
+	if ok || err != nil {
+		t.Fatalf("TryAcquire = %v, %v; want false, nil (other owners hold a majority)", ok, err)
+	}
+	seen(t, set, "the round's request to node 4")
+	seen(t, first, "the round's clean-up of node 4")
+	value := redlock.Stored(l)
+	if v := c.valueOn(key, 3); v == value {
+		t.Fatalf("node 3 still holds the round's value after TryAcquire returned")
+	}
+	// The delayed request reaches node 4 now.
+	before := evalshaCalls(t, c.inspect[4])
+	set.Release()
+	waitFor(t, "the delayed request to run on node 4", func() bool { return evalshaCalls(t, c.inspect[4]) > before })
+	waitFor(t, "node 4 to lose the round's value", func() bool { return c.valueOn(key, 4) != value })
+	first.Release()
+}

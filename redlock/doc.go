@@ -137,7 +137,12 @@
 // and its Cleanup waits, as any other's, for every node that may hold the
 // key, those that did not answer the round included: once it has
 // succeeded, no node holds the round's value, and a request of the round
-// still on its way meets the tombstone described below.
+// still on its way meets the tombstone described below. A contended round
+// that returns (no Cleanup follows it) sends a node that did not answer
+// the round its delete again, spaced by the per-node timeout, while the
+// delete fails without saying what happened and until the round's key
+// would expire (or [Resource.Close]): a request that landed late does not
+// keep that node from other owners for the TTL.
 // Requests are not cut when the caller gives up or a majority has decided:
 // they run on, bounded by the per-node timeout, and a reply that arrives
 // late still counts. When it says the key was set after a delete of it (a

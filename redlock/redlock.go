@@ -401,7 +401,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 	l.Handle = h
 	start := time.Now()
 	timeout := r.timeout(ttl, validity)
-	rd := r.start(ctx, opAcquire, h, h.acquireCmd(), timeout, r.quorum, nil, nil)
+	rd := r.start(ctx, opAcquire, h, h.acquireCmd(), timeout, r.quorum, nil, nil, time.Time{})
 	rd.wait()
 	if testHookAfterWait != nil {
 		testHookAfterWait()
@@ -445,7 +445,7 @@ func (r *Resource) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time
 		return false, 0, rd.noQuorum("acquire", l.Key, r.quorum)
 	}
 	contended := ctxErr == nil && yes < r.quorum && yes+no >= r.quorum
-	cl := r.cleanUp(rd, timeout, !contended || unanswered > 0, contended)
+	cl := r.cleanUp(rd, timeout, !contended || unanswered > 0, contended, start.Add(ttl))
 	var err error
 	switch {
 	case ctxErr != nil:
@@ -519,7 +519,7 @@ type cleaner struct {
 // cleanUp makes the cleaner of the decided acquire round acq, and sends its
 // first round, with the round's per-node timeout. With contended, the
 // first round's wait ends once the nodes that set the key answered.
-func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool) *cleaner {
+func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bool, expires time.Time) *cleaner {
 	n := len(acq.res)
 	nodes := make([]bool, 2*n)
 	c := &cleaner{r: r, acq: acq, o: opRelease, args: acq.h.releaseCmd(), timeout: timeout,
@@ -536,10 +536,12 @@ func (r *Resource) cleanUp(acq *round, timeout time.Duration, bury, contended bo
 		}
 	}
 	want := c.need
+	var until time.Time
 	if contended {
 		want = c.set
+		until = expires
 	}
-	c.rd = r.start(context.Background(), c.o, acq.h, c.args, timeout, 0, acq, slices.Clone(want))
+	c.rd = r.start(context.Background(), c.o, acq.h, c.args, timeout, 0, acq, slices.Clone(want), until)
 	return c
 }
 
@@ -584,7 +586,7 @@ func (c *cleaner) settle(ctx context.Context, setOnly bool) error {
 			return nil
 		}
 		c.timeout = max(c.timeout, lateCleanupTimeout)
-		c.rd = c.r.start(context.Background(), c.o, c.acq.h, c.args, c.timeout, 0, c.acq, slices.Clone(c.need))
+		c.rd = c.r.start(context.Background(), c.o, c.acq.h, c.args, c.timeout, 0, c.acq, slices.Clone(c.need), time.Time{})
 	}
 	rd := c.rd
 	rd.waitCtx(ctx)
@@ -663,7 +665,7 @@ func holderTTL(res []reply, need int) time.Duration {
 func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	h := r.handleOf(l)
 	ttl := time.Duration(h.ms) * time.Millisecond
-	rd := r.start(ctx, opRelease, h, h.releaseCmd(), r.timeout(ttl, ttl), r.quorum, h.acq, nil)
+	rd := r.start(ctx, opRelease, h, h.releaseCmd(), r.timeout(ttl, ttl), r.quorum, h.acq, nil, time.Time{})
 	rd.wait()
 	deleted, failed := rd.decide()
 	switch {
@@ -700,7 +702,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if !h.labeled {
 		args = args[:6]
 	}
-	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil, nil)
+	rd := r.start(ctx, opExtend, h, args, r.timeout(ttl, validity), r.quorum, nil, nil, time.Time{})
 	rd.wait()
 	extended, failed := rd.decide()
 	elapsed := time.Since(start)

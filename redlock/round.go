@@ -96,6 +96,12 @@ type round struct {
 	want    []bool // nodes whose replies end the wait; nil: every node
 	early   int32  // > 0: end the wait once this many nodes said yes
 	op      op
+	// until, for the delete round of a contended acquire round, is when
+	// the acquire round's key expires: a node that did not answer the
+	// acquire round, and whose delete fails without saying what happened,
+	// is sent the delete again until it answers or until then (see
+	// [round.persist]).
+	until time.Time
 
 	ctx    context.Context    // the requests'
 	cancel context.CancelFunc // of ctx; called by the last request
@@ -119,9 +125,11 @@ type round struct {
 // early > 0 ends the wait as soon as that many nodes said yes (v > 0).
 // acq, for a delete round, is the acquire round whose key it deletes.
 // want, when not nil, names the nodes whose replies end the wait (the
-// others' requests are sent all the same).
-func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round, want []bool) *round {
-	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: int32(early), acq: acq, want: want, done: make(chan struct{})}
+// others' requests are sent all the same). until, for a delete round, is
+// when acq's key expires if the round must persist (see round.until); zero
+// otherwise.
+func (r *Resource) start(ctx context.Context, o op, h *handle, args []any, timeout time.Duration, early int, acq *round, want []bool, until time.Time) *round {
+	rd := &round{nodes: r.nodes, op: o, h: h, args: args, timeout: timeout, early: int32(early), acq: acq, want: want, until: until, done: make(chan struct{})}
 	rctx := ctx
 	if rd.caller = ctx.Done(); rd.caller != nil {
 		rctx = context.WithoutCancel(ctx)
@@ -240,6 +248,9 @@ func (j joined) Unwrap() []error { return j }
 func (rd *round) run(i int) {
 	nd := rd.nodes[i]
 	v, err := nd.eval(rd.ctx, rd.op, rd.args, rd.h)
+	if err != nil && !rd.until.IsZero() {
+		v, err = rd.persist(i, err)
+	}
 	yes := err == nil && v > 0
 	again := false
 	rd.mu.Lock()
@@ -286,6 +297,41 @@ func (rd *round) run(i int) {
 	if last {
 		rd.cancel()
 	}
+}
+
+// persist sends a contended round's delete to node i again, after its
+// first failed with err, while the node may hold the round's key: it did
+// not answer the acquire round (its request may land later, or may have
+// landed), err does not say the delete was refused or never sent
+// (settled), and the key has not expired (until). Nobody else would: a
+// contended round returns no error, so no Cleanup of the facade's comes
+// after it, and without this the key could stay on the node until its TTL,
+// keeping it from every other owner. The tries are spaced by the round's
+// per-node timeout and stop at Close (the key then expires with its TTL).
+// It returns the last reply.
+func (rd *round) persist(i int, err error) (int64, error) {
+	a := rd.acq
+	a.mu.Lock()
+	unanswered := a.res[i].err != nil
+	a.mu.Unlock()
+	nd := rd.nodes[i]
+	var v int64
+	for unanswered && !settled(err) && time.Until(rd.until) > 0 {
+		pause := time.NewTimer(rd.timeout)
+		select {
+		case <-pause.C:
+		case <-nd.quit:
+			pause.Stop()
+			return v, err
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), min(max(rd.timeout, lateCleanupTimeout), time.Until(rd.until)))
+		v, err = nd.eval(ctx, rd.op, rd.args, rd.h)
+		cancel()
+		if err == nil {
+			return v, nil
+		}
+	}
+	return v, err
 }
 
 // node is one Redis master and its worker goroutines.
