@@ -188,12 +188,15 @@ func (r *Resource) revoker(id clientv3.LeaseID, gone func()) func(ctx context.Co
 // clean-up still fails a TTL after the first try makes the Resource give
 // the lease up, as the TTL timer does: the lease then expires on the
 // server, with the key, and the retries end once they find it gone.
-func (r *Resource) discarder(h *handle) func(ctx context.Context) bool {
-	giveUp := time.Now().Add(h.ttl)
+//
+// value is what the key holds (the fence-off compares it): needed only
+// while h.rev is 0.
+func (r *Resource) discarder(h *handle, value string) func(ctx context.Context) bool {
+	giveUp := time.Now().Add(h.ttl())
 	return func(ctx context.Context) bool {
 		var err error
 		if h.rev == 0 {
-			err = r.fenceOff(ctx, h)
+			err = r.fenceOff(ctx, h, value)
 		} else {
 			_, err = r.deleteOurs(ctx, h)
 		}
@@ -213,20 +216,21 @@ func (r *Resource) discarder(h *handle) func(ctx context.Context) bool {
 // fence key of h's name (see session), so that such a transaction, should
 // it land later, makes nothing. A lease gone is a fence too: nothing can
 // be made on it any more, and its keys went with it.
-func (r *Resource) fenceOff(ctx context.Context, h *handle) error {
+func (r *Resource) fenceOff(ctx context.Context, h *handle, value string) error {
 	s := h.sess
+	key := r.name(h).key
 	mine := []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(h.key), "=", h.value()),
-		clientv3.Compare(clientv3.LeaseValue(h.key), "=", int64(h.lease)),
+		clientv3.Compare(clientv3.Value(key), "=", value),
+		clientv3.Compare(clientv3.LeaseValue(key), "=", int64(s.id)),
 	}
-	bump := clientv3.OpPut(s.fenceKey(h.key), "", clientv3.WithLease(h.lease))
-	resp, err := r.c.Txn(ctx).If(mine...).Then(clientv3.OpDelete(h.key), bump).Else(bump).Commit()
+	bump := clientv3.OpPut(s.fenceKey(key), "", clientv3.WithLease(s.id))
+	resp, err := r.c.Txn(ctx).If(mine...).Then(clientv3.OpDelete(key), bump).Else(bump).Commit()
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil
 		}
 		return err
 	}
-	s.fenced(h.key, resp.Header.Revision, false)
+	s.fenced(key, resp.Header.Revision, false)
 	return nil
 }

@@ -59,16 +59,17 @@
 // operator or a tool; for a lock on a shared lease, also when that lease
 // is lost. The Resource learns of deletions from one watch on its prefix,
 // for deletions only, that serves all its locks, on leases of their own
-// and shared (a lock costs a map entry, not a watch). The price of one
-// watch for all locks is that the Resource hears of every deletion under
-// its prefix, other processes' releases and its own included, so the
-// watch starts only when something first waits for a loss (the first
-// Done of any lock's Lost: distlock asks for it when the lock's Done is
-// asked for, for loss observers, and while a waiter queues; or a shared
-// lease lost), and runs from then until [Resource.Close] or until the
-// client is closed, after which Lost no longer fires for deletions. When
-// it starts it reads the keys of the locks then held, in transactions of
-// 64, so a deletion before it is reported too. Until then a deletion from
+// and shared (a lock costs its place in a table of names, not a watch).
+// The price of one watch for all locks is that the Resource hears of
+// every deletion under its prefix, other processes' releases and its own
+// included, so the watch starts only when something first waits for a
+// loss (the first Done of any lock's Lost: distlock asks for it when the
+// lock's Done is asked for, for loss observers, and while a waiter
+// queues; or a shared lease lost), and runs from then until
+// [Resource.Close] or until the client is closed, after which Lost no
+// longer fires for deletions. When it starts it reads the keys of the
+// locks then held, in transactions of 64, so a deletion before it is
+// reported too. Until then a deletion from
 // outside is found by the lock's next Release or Refresh (ErrNotHeld),
 // not by Lost: an uncontended lock and unlock that nobody watches cost
 // the transaction and the delete alone.

@@ -38,9 +38,10 @@ func (r *Resource) Relabel(ctx context.Context, l *backend.Lease) error {
 	if r.clientClosed() {
 		return fmt.Errorf("etcd: relabel %q: client closed", l.Key)
 	}
+	key := r.name(h).key
 	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-		Then(clientv3.OpPut(h.key, entryValue(h.owner, l.Label, int(h.limit), h.ttl), clientv3.WithIgnoreLease())).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", h.rev)).
+		Then(clientv3.OpPut(key, h.value(l.Value, l.Label), clientv3.WithIgnoreLease())).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("etcd: relabel %q: %w", l.Key, err)

@@ -68,9 +68,8 @@ type Resource struct {
 	nextTask uint64
 	bg       sync.WaitGroup // the tasks' goroutines
 
-	id      string // names this Resource's queue keys, with a slot
-	names   names
-	watch   keyWatch     // deletions of keys on leases of their own
+	id      string       // names this Resource's queue keys, with a slot
+	watch   keyWatch     // the names in use, and deletions of keys on leases of their own
 	wakeups atomic.Int64 // predecessor deletions seen by waiters
 
 	// hook, set only by tests before any use, is called at the named
@@ -201,54 +200,6 @@ func (r *Resource) Leftovers(ctx context.Context, key string) ([]string, error) 
 	return keys, nil
 }
 
-// handle is the backend state of one held lock (backend.Lease.Handle).
-type handle struct {
-	r      *Resource
-	key    string // our queue key, <queue directory><tag><resource id>-<slot>
-	rev    int64  // its create revision: the token; 0 until known
-	owner  string // the owner value, and the label: with the kind, limit and
-	label  string // TTL, what the key holds (value)
-	lease  clientv3.LeaseID
-	limit  int32        // a semaphore's limit (the facade bounds it by math.MaxInt32)
-	dirLen int32        // key[:dirLen] is the queue's directory (dir)
-	nsLen  int32        // key[:nsLen] the name space of its name: dir and tag (ns)
-	slot   int32        // its name's slot in the name space
-	kind   backend.Kind // the lock's kind
-	state  uint8        // held, released, expired (guarded by mu)
-	wcheck bool         // the key needs a read once its revision is known (guarded by the key watch's mutex)
-	wrel   bool         // our release is deleting the key (guarded by the key watch's mutex)
-	freed  atomic.Bool  // the name was given back
-	fired  atomic.Bool  // the key was seen deleted, or its shared lease lost (set under the key watch's mutex)
-
-	ttl time.Duration // the lease's granted TTL
-
-	// The loss signal (the handle is the Lease's backend.LossSignal),
-	// and what the Resource's key watch knows of the key (guarded by its
-	// mutex).
-	lost chan struct{} // made by the first Done (under lostMu), closed when fired
-	wrev int64         // the key's create revision, once known
-	wdel int64         // the latest deletion of the name seen before
-
-	// Only for a lock on a shared lease: the lease, and, unless the lease
-	// alone keeps the lock alive (KeptAlive), the timer that expires it.
-	sess *session
-	mu   sync.Mutex
-	exp  *expiry // nil when the lease alone keeps the lock alive
-}
-
-// expiry is the TTL timer of a lock on a shared lease that the lease alone
-// does not keep alive, guarded by its handle's mutex.
-type expiry struct {
-	deadline time.Time
-	timer    *time.Timer
-}
-
-const (
-	held = iota
-	released
-	expired
-)
-
 // ttlSeconds rounds ttl up to whole seconds, at least one.
 func ttlSeconds(ttl time.Duration) int64 {
 	s := int64(ttl / time.Second) // ttl+1s-1 would wrap negative near math.MaxInt64
@@ -309,8 +260,8 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		}
 		return err // never sent: nothing to revoke
 	}
-	h := r.newHandle(l, ttl)
-	h.lease = id
+	h := r.newHandle(l, nil, id, ttl)
+	n, value := r.name(h), h.value(l.Value, l.Label)
 	defer func() {
 		if err != nil {
 			r.unwatchKey(h)
@@ -320,7 +271,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 	if err := r.watchKey(h); err != nil {
 		return acquireErr(l.Key, err)
 	}
-	isHolder, err := r.enqueue(ctx, h)
+	isHolder, err := r.enqueue(ctx, h, n, value)
 	if r.hook != nil {
 		r.hook("enqueued")
 	}
@@ -328,7 +279,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 		return acquireErr(l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
-		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, n.key, rpctypes.ErrLeaseNotFound)
 	}
 	lastSent := start // the grant was sent after this
 	if !isHolder {
@@ -346,7 +297,7 @@ func (r *Resource) acquireOwn(ctx context.Context, l *backend.Lease, deadline ti
 			lastSent = sent // read by this goroutine after await's wait for renew
 			return nil
 		}
-		if err := r.await(ctx, h, deadline, ttl, renew, h.Done()); err != nil {
+		if err := r.await(ctx, h, n, value, deadline, ttl, renew, h.Done()); err != nil {
 			if err == backend.ErrNotAcquired {
 				return err
 			}
@@ -412,7 +363,7 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 	return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 }
 
-// enqueue creates h.key under h.lease unless it exists, sets h.rev to its
+// enqueue creates n, h's key, holding value, on h's lease unless it exists, sets h.rev to its
 // create revision and reports whether it holds the lock (see
 // standingAfterPut), all in one transaction. On a shared lease the
 // transaction also compares the fence of our key's name (see session):
@@ -420,13 +371,13 @@ func (r *Resource) revokeNow(ctx context.Context, id clientv3.LeaseID) bool {
 // sent again. A semaphore's transaction makes nothing, and enqueue fails
 // with backend.ErrLimitMismatch, when the queue holds a key of another
 // limit (see otherLimits).
-func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
+func (r *Resource) enqueue(ctx context.Context, h *handle, n qname, value string) (bool, error) {
 	for range 100 {
 		var epoch int64
 		if h.sess != nil {
-			epoch = h.sess.epoch(h.key)
+			epoch = h.sess.epoch(n.key)
 		}
-		resp, err := r.enqueueTxn(ctx, h, epoch)
+		resp, err := r.enqueueTxn(ctx, h, n, value, epoch)
 		if err != nil {
 			return false, err
 		}
@@ -439,8 +390,8 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 			return standingAfterPut(h, rs), nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 && h.kind == backend.KindSemaphore {
-			if err := limitMismatch(h, resp.Responses[len(resp.Responses)-2:]); err != nil {
+		if len(kvs) == 0 && h.kind() == backend.KindSemaphore {
+			if err := limitMismatch(h, n, resp.Responses[len(resp.Responses)-2:]); err != nil {
 				return false, err
 			}
 		}
@@ -450,18 +401,18 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 			if f := resp.Responses[1].GetResponseRange().Kvs; len(f) > 0 {
 				rev = f[0].ModRevision
 			}
-			h.sess.fenced(h.key, rev, true)
+			h.sess.fenced(n.key, rev, true)
 			continue
 		}
 		// Only our own retried request can have made our key.
-		if len(kvs) == 0 || kvs[0].Lease != int64(h.lease) {
-			return false, fmt.Errorf("queue key %s exists with another lease", h.key)
+		if len(kvs) == 0 || kvs[0].Lease != int64(h.leaseID()) {
+			return false, fmt.Errorf("queue key %s exists with another lease", n.key)
 		}
 		h.rev = kvs[0].CreateRevision
-		w, _, err := r.standing(ctx, h)
+		w, _, err := r.standing(ctx, h, n)
 		return w.key == "", err
 	}
-	return false, fmt.Errorf("queue key %s: its fence key keeps moving", h.key)
+	return false, fmt.Errorf("queue key %s: its fence key keeps moving", n.key)
 }
 
 // enqueueTxn is enqueue's transaction, comparing the fence key of h's
@@ -469,21 +420,21 @@ func (r *Resource) enqueue(ctx context.Context, h *handle) (bool, error) {
 // no key of another limit exists (otherLimits). Then: the put of our key
 // and enqueueReads; else: our key, the fence key, and a key of another
 // limit before and after ours (otherLimitReads).
-func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*clientv3.TxnResponse, error) {
+func (r *Resource) enqueueTxn(ctx context.Context, h *handle, n qname, value string, epoch int64) (*clientv3.TxnResponse, error) {
 	cmps := make([]clientv3.Cmp, 1, 4)
-	cmps[0] = clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)
+	cmps[0] = clientv3.Compare(clientv3.CreateRevision(n.key), "=", 0)
 	other := make([]clientv3.Op, 1, 4)
-	other[0] = clientv3.OpGet(h.key, clientv3.WithKeysOnly())
+	other[0] = clientv3.OpGet(n.key, clientv3.WithKeysOnly())
 	if s := h.sess; s != nil {
-		f := s.fenceKey(h.key)
+		f := s.fenceKey(n.key)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(f), "=", epoch))
 		other = append(other, clientv3.OpGet(f, clientv3.WithKeysOnly()))
 	}
-	if h.kind == backend.KindSemaphore {
-		cmps = append(cmps, otherLimits(h)...)
-		other = append(other, otherLimitReads(h)...)
+	if h.kind() == backend.KindSemaphore {
+		cmps = append(cmps, otherLimits(n)...)
+		other = append(other, otherLimitReads(n)...)
 	}
-	then := append([]clientv3.Op{clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))}, enqueueReads(h)...)
+	then := append([]clientv3.Op{clientv3.OpPut(n.key, value, clientv3.WithLease(h.leaseID()))}, enqueueReads(h, n)...)
 	return r.c.Txn(ctx).If(cmps...).Then(then...).Else(other...).Commit()
 }
 
@@ -504,7 +455,7 @@ func (r *Resource) enqueueTxn(ctx context.Context, h *handle, epoch int64) (*cli
 // (a release, another waiter's key), and etcd then serves the watch from
 // its catch-up loop, which runs every 100 ms: each hand-off waited up to
 // 100 ms for it.
-func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
+func (r *Resource) await(ctx context.Context, h *handle, n qname, value string, deadline time.Time,
 	ttl time.Duration, renew func(context.Context) error, lost <-chan struct{}) error {
 	// Requests here must not outlive the deadline.
 	dctx, cancel := context.WithDeadline(ctx, deadline)
@@ -536,7 +487,7 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 	woke := false
 	for {
 		if wch == nil {
-			c, wc, err := r.watchQueue(dctx, h, lost)
+			c, wc, err := r.watchQueue(dctx, h, n, lost)
 			if errors.Is(err, errNoWatch) {
 				if err := pause(dctx, lost); err != nil { // no leader, the client closing: do not spin
 					return stop(err)
@@ -553,10 +504,10 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 			renewed = make(chan error, 1)
 			go func() { renewed <- renew(dctx) }()
 		}
-		w, rev, err := r.standing(dctx, h)
+		w, rev, err := r.standing(dctx, h, n)
 		if renewed != nil {
 			if rerr := <-renewed; errors.Is(rerr, rpctypes.ErrLeaseNotFound) && err == nil {
-				err = fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), rerr)
+				err = fmt.Errorf("queue key %s: lease %x gone: %w", n.key, int64(h.leaseID()), rerr)
 			}
 		}
 		if err != nil {
@@ -571,8 +522,8 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 			continue
 		}
 		if w.key == "" {
-			if h.kind == backend.KindSemaphore {
-				r.touch(h)
+			if h.kind() == backend.KindSemaphore {
+				r.touch(h, n, value)
 			}
 			return nil
 		}
@@ -598,11 +549,11 @@ func (r *Resource) await(ctx context.Context, h *handle, deadline time.Time,
 			case <-tick:
 				if err := renew(dctx); err != nil {
 					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-						return stop(fmt.Errorf("queue key %s: lease %x gone: %w", h.key, int64(h.lease), err))
+						return stop(fmt.Errorf("queue key %s: lease %x gone: %w", n.key, int64(h.leaseID()), err))
 					}
 				}
 			case <-lost:
-				return stop(fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound))
+				return stop(fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", n.key, int64(h.leaseID()), rpctypes.ErrLeaseNotFound))
 			case <-dctx.Done():
 				return stop(nil)
 			}
@@ -626,13 +577,13 @@ var errNoWatch = errors.New("queue watch not made")
 // fails with errNoWatch when the watch ends first (no leader, the
 // client closing), and with ctx's error or rpctypes.ErrLeaseNotFound
 // (lost closed) when it cannot wait any longer.
-func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct{}) (clientv3.WatchChan, context.CancelFunc, error) {
+func (r *Resource) watchQueue(ctx context.Context, h *handle, n qname, lost <-chan struct{}) (clientv3.WatchChan, context.CancelFunc, error) {
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
-	if h.kind != backend.KindSemaphore {
+	if h.kind() != backend.KindSemaphore {
 		opts = append(opts, clientv3.WithFilterPut()) // only a semaphore waiter wakes on a put (touch)
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	wch := r.c.Watch(wctx, h.dir(), opts...)
+	wch := r.c.Watch(wctx, n.dir(), opts...)
 	for {
 		select {
 		case wr, ok := <-wch:
@@ -645,7 +596,7 @@ func (r *Resource) watchQueue(ctx context.Context, h *handle, lost <-chan struct
 			}
 		case <-lost:
 			cancel()
-			return nil, nil, fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
+			return nil, nil, fmt.Errorf("queue key %s gone (lease %x ended, or the key deleted): %w", n.key, int64(h.leaseID()), rpctypes.ErrLeaseNotFound)
 		case <-ctx.Done():
 			cancel()
 			return nil, nil, ctx.Err()
@@ -703,10 +654,7 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	// operator, or by a tool that cleans up) leaves the lease alive, and
 	// the revoke would succeed on a lock we no longer hold.
 	r.releasing(h, true)
-	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-		Then(clientv3.OpDelete(h.key)).
-		Commit()
+	deleted, err := r.deleteOurs(ctx, h)
 	if err != nil {
 		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
@@ -715,8 +663,8 @@ func (r *Resource) Release(ctx context.Context, l *backend.Lease) error {
 	r.free(h) // our key is gone either way: only we make keys of its name
 	// The lease now holds no key: revoke it so that it does not linger for
 	// its TTL (within ctx, else in the background).
-	r.soon(ctx, r.revoker(h.lease, nil))
-	if !resp.Succeeded {
+	r.soon(ctx, r.revoker(h.leaseID(), nil))
+	if !deleted {
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -737,15 +685,15 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if r.clientClosed() {
 		return fmt.Errorf("etcd: refresh %q: client closed", l.Key)
 	}
-	if ttlSeconds(l.TTL) > ttlSeconds(h.ttl) {
+	if ttlSeconds(l.TTL) > ttlSeconds(h.ttl()) {
 		// An etcd lease keeps the TTL it was granted with (a shorter
 		// one is that TTL rounded up).
-		return fmt.Errorf("etcd: refresh %q to %v: %w: a lock keeps its lease's TTL (%v)", l.Key, l.TTL, errors.ErrUnsupported, h.ttl)
+		return fmt.Errorf("etcd: refresh %q to %v: %w: a lock keeps its lease's TTL (%v)", l.Key, l.TTL, errors.ErrUnsupported, h.ttl())
 	}
 	if h.sess != nil {
 		return r.refreshShared(ctx, l, h)
 	}
-	if _, err := r.c.KeepAliveOnce(ctx, h.lease); err != nil {
+	if _, err := r.c.KeepAliveOnce(ctx, h.leaseID()); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return backend.ErrNotHeld
 		}
@@ -758,7 +706,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 	if !exists { // deleted behind our back: the lease alone holds nothing
 		r.unwatchKey(h)
 		r.free(h)
-		r.later(0, r.revoker(h.lease, nil))
+		r.later(0, r.revoker(h.leaseID(), nil))
 		return backend.ErrNotHeld
 	}
 	return nil
@@ -766,7 +714,7 @@ func (r *Resource) Refresh(ctx context.Context, l *backend.Lease) error {
 
 // keyExists reports whether h's key is still the one we made.
 func (r *Resource) keyExists(ctx context.Context, h *handle) (bool, error) {
-	resp, err := r.c.Get(ctx, h.key, clientv3.WithKeysOnly())
+	resp, err := r.c.Get(ctx, r.name(h).key, clientv3.WithKeysOnly())
 	if err != nil {
 		return false, err
 	}

@@ -384,7 +384,7 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 			if err := b.Acquire(t.Context(), lease(key, 10*time.Second), time.Time{}); err != backend.ErrNotAcquired {
 				t.Errorf("zero wait = %v; want ErrNotAcquired", err)
 			}
-			if keys := waitKeys(t, a, key, 1); keys[0] != la.Handle.(*handle).key {
+			if keys := waitKeys(t, a, key, 1); keys[0] != la.Handle.(*handle).queueKey() {
 				t.Errorf("queue holds %q; want only the holder's key", keys)
 			}
 			if m.name == "SharedLease" {
@@ -534,7 +534,7 @@ func TestSharedLeaseLost(t *testing.T) {
 	if l.Lost() == nil {
 		t.Fatal("Lost is nil on a shared lease")
 	}
-	id := l.Handle.(*handle).lease
+	id := l.Handle.(*handle).leaseID()
 	if _, err := admin.Revoke(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -553,7 +553,7 @@ func TestSharedLeaseLost(t *testing.T) {
 	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
 		t.Fatalf("Acquire after loss: %v", err)
 	}
-	if got := l2.Handle.(*handle).lease; got == id {
+	if got := l2.Handle.(*handle).leaseID(); got == id {
 		t.Errorf("new lock on the revoked lease %x", int64(id))
 	}
 	if err := r.Release(t.Context(), l2); err != nil {
@@ -574,7 +574,7 @@ func TestSharedLeaseRevokedBetweenAcquires(t *testing.T) {
 	if err := r.Release(t.Context(), l); err != nil {
 		t.Fatal(err)
 	}
-	id := l.Handle.(*handle).lease
+	id := l.Handle.(*handle).leaseID()
 	if _, err := admin.Revoke(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +582,7 @@ func TestSharedLeaseRevokedBetweenAcquires(t *testing.T) {
 	if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
 		t.Fatalf("Acquire after the shared lease was revoked: %v", err)
 	}
-	if l2.Handle.(*handle).lease == id {
+	if l2.Handle.(*handle).leaseID() == id {
 		t.Errorf("acquired on the revoked lease")
 	}
 	if err := r.Release(t.Context(), l2); err != nil {
@@ -641,7 +641,7 @@ func TestNamesReused(t *testing.T) {
 				if err := r.Acquire(t.Context(), l, time.Time{}); err != nil {
 					t.Fatal(err)
 				}
-				name := l.Handle.(*handle).key
+				name := l.Handle.(*handle).queueKey()
 				if i == 0 {
 					first = name
 				} else if name != first {
@@ -683,26 +683,26 @@ func TestReleaseAfterKeyDeleted(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := l.Handle.(*handle)
-			if resp, err := admin.Delete(t.Context(), h.key); err != nil || resp.Deleted != 1 {
-				t.Fatalf("Delete(%s) = %v, %v; want 1 key deleted", h.key, resp, err)
+			if resp, err := admin.Delete(t.Context(), h.queueKey()); err != nil || resp.Deleted != 1 {
+				t.Fatalf("Delete(%s) = %v, %v; want 1 key deleted", h.queueKey(), resp, err)
 			}
 			if err := r.Release(t.Context(), l); !errors.Is(err, backend.ErrNotHeld) {
 				t.Errorf("Release after the key was deleted = %v; want ErrNotHeld", err)
 			}
-			ttl, err := admin.TimeToLive(t.Context(), h.lease)
+			ttl, err := admin.TimeToLive(t.Context(), h.leaseID())
 			if err != nil {
 				t.Fatalf("TimeToLive: %v", err)
 			}
 			if gone := ttl.TTL == -1; gone != (h.sess == nil) {
-				t.Errorf("lease %x after Release: TTL %ds; want it revoked only when it was the lock's own", int64(h.lease), ttl.TTL)
+				t.Errorf("lease %x after Release: TTL %ds; want it revoked only when it was the lock's own", int64(h.leaseID()), ttl.TTL)
 			}
 			// The name is free again: the next acquire reuses it.
 			l2 := lease(l.Key, 10*time.Second)
 			if err := r.Acquire(t.Context(), l2, time.Time{}); err != nil {
 				t.Fatal(err)
 			}
-			if got := l2.Handle.(*handle).key; got != h.key {
-				t.Errorf("next acquire made %s; want the freed name %s", got, h.key)
+			if got := l2.Handle.(*handle).queueKey(); got != h.queueKey() {
+				t.Errorf("next acquire made %s; want the freed name %s", got, h.queueKey())
 			}
 			if err := r.Release(t.Context(), l2); err != nil {
 				t.Errorf("Release: %v", err)
@@ -798,3 +798,6 @@ func TestNestedPrefixes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// queueKey is h's queue key (see Resource.name).
+func (h *handle) queueKey() string { return h.resource().name(h).key }

@@ -55,7 +55,7 @@ func TestLateReleaseSparesNextHolder(t *testing.T) {
 			return
 		}
 		hooked = true
-		waitFor(t, 10*time.Second, "the TTL timer to expire the first lock", h1.freed.Load)
+		waitFor(t, 10*time.Second, "the TTL timer to expire the first lock", h1.freed)
 		if err := r.Acquire(ctx, next, time.Time{}); err != nil {
 			t.Fatalf("next Acquire: %v", err)
 		}
@@ -67,8 +67,8 @@ func TestLateReleaseSparesNextHolder(t *testing.T) {
 		t.Fatal("Release did not reach its delete")
 	}
 	h2 := next.Handle.(*handle)
-	if h2.key != h1.key {
-		t.Fatalf("the next acquisition made %s; the test needs the freed name %s again", h2.key, h1.key)
+	if h2.queueKey() != h1.queueKey() {
+		t.Fatalf("the next acquisition made %s; the test needs the freed name %s again", h2.queueKey(), h1.queueKey())
 	}
 	if ok, err := r.keyExists(ctx, h2); err != nil || !ok {
 		t.Errorf("the next holder's key exists: %v, %v; want true: the late release deleted it", ok, err)
@@ -235,8 +235,8 @@ func TestOwnLeaseLost(t *testing.T) {
 		name string
 		end  func(h *handle) error
 	}{
-		{"LeaseRevoked", func(h *handle) error { _, err := admin.Revoke(ctx, h.lease); return err }},
-		{"KeyDeleted", func(h *handle) error { _, err := admin.Delete(ctx, h.key); return err }},
+		{"LeaseRevoked", func(h *handle) error { _, err := admin.Revoke(ctx, h.leaseID()); return err }},
+		{"KeyDeleted", func(h *handle) error { _, err := admin.Delete(ctx, h.queueKey()); return err }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			key := uniqueKey(t)
@@ -263,8 +263,8 @@ func TestOwnLeaseLost(t *testing.T) {
 			if err := r.Acquire(ctx, l2, time.Time{}); err != nil {
 				t.Fatal(err)
 			}
-			if got := l2.Handle.(*handle).key; got != h.key {
-				t.Errorf("next acquire made %s; want the freed name %s", got, h.key)
+			if got := l2.Handle.(*handle).queueKey(); got != h.queueKey() {
+				t.Errorf("next acquire made %s; want the freed name %s", got, h.queueKey())
 			}
 			if err := r.Release(ctx, l2); err != nil {
 				t.Fatal(err)
@@ -372,7 +372,7 @@ func TestKeyWatchAfterCompaction(t *testing.T) {
 	}
 	<-r.watchReady()
 	f.freeze()
-	if _, err := admin.Delete(ctx, gone.Handle.(*handle).key); err != nil {
+	if _, err := admin.Delete(ctx, gone.Handle.(*handle).queueKey()); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := admin.Put(ctx, "/"+uniqueKey(t)+"/after", "x")

@@ -177,7 +177,7 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 		t.Fatal("Lost closed on a lock whose key is there")
 	}
 	unary := cc.unary.Load()
-	if _, err := admin.Delete(ctx, l.Handle.(*handle).key); err != nil {
+	if _, err := admin.Delete(ctx, l.Handle.(*handle).queueKey()); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -204,8 +204,8 @@ func TestKeptAliveKeyDeleted(t *testing.T) {
 	if err := r.Acquire(ctx, again, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if again.Handle.(*handle).key != l.Handle.(*handle).key {
-		t.Errorf("the next acquisition made %s; want the name given back, %s", again.Handle.(*handle).key, l.Handle.(*handle).key)
+	if again.Handle.(*handle).queueKey() != l.Handle.(*handle).queueKey() {
+		t.Errorf("the next acquisition made %s; want the name given back, %s", again.Handle.(*handle).queueKey(), l.Handle.(*handle).queueKey())
 	}
 	for _, x := range []*backend.Lease{again, other} {
 		if err := r.Release(ctx, x); err != nil {
@@ -249,7 +249,7 @@ func TestKeyWatchStartsOnDone(t *testing.T) {
 		t.Fatalf("%d watches opened by acquires and releases; want none", n)
 	}
 	for _, i := range []int{0, 2} {
-		if _, err := admin.Delete(ctx, ls[i].Handle.(*handle).key); err != nil {
+		if _, err := admin.Delete(ctx, ls[i].Handle.(*handle).queueKey()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -66,15 +66,21 @@ var queueKinds = []backend.Kind{backend.KindMutex, backend.KindSemaphore, backen
 // tag is what the names of the keys of kind k (and limit, for a
 // semaphore) start with in their directory.
 func tag(k backend.Kind, limit int) string {
+	var b [semTagLen]byte
+	return string(appendTag(b[:0], k, limit))
+}
+
+// appendTag appends tag(k, limit) to b.
+func appendTag(b []byte, k backend.Kind, limit int) []byte {
 	switch k {
 	case backend.KindRead:
-		return readTag
+		return append(b, readTag...)
 	case backend.KindWrite:
-		return writeTag
+		return append(b, writeTag...)
 	case backend.KindSemaphore:
-		return semTag(limit)
+		return appendSemTag(b, limit)
 	}
-	return ""
+	return b
 }
 
 // semTagLen is the length of a semaphore key's tag.
@@ -84,14 +90,17 @@ const semTagLen = 17
 // hex digits and '-'. Tags of different limits are the same length, so
 // none is a prefix of another.
 func semTag(limit int) string {
-	const hex = "0123456789abcdef"
 	var b [semTagLen]byte
+	return string(appendSemTag(b[:0], limit))
+}
+
+// appendSemTag appends semTag(limit) to b.
+func appendSemTag(b []byte, limit int) []byte {
+	const hex = "0123456789abcdef"
 	for i := 15; i >= 0; i-- {
-		b[i] = hex[limit&15]
-		limit >>= 4
+		b = append(b, hex[(limit>>(4*i))&15])
 	}
-	b[16] = '-'
-	return string(b[:])
+	return append(b, '-')
 }
 
 // semTagLimit reads a semaphore key's limit from its name (after the
@@ -150,14 +159,14 @@ func parseEntry(v []byte) (owner string, e entry, ok bool) {
 // our key, at that revision, from which standingAfterPut tells whether we
 // hold: the oldest key of the queue (a mutex, a writer), the number of
 // keys (a semaphore) or of writers (a reader).
-func enqueueReads(h *handle) []clientv3.Op {
-	switch h.kind {
+func enqueueReads(h *handle, n qname) []clientv3.Op {
+	switch h.kind() {
 	case backend.KindSemaphore:
-		return []clientv3.Op{clientv3.OpGet(h.dir(), clientv3.WithPrefix(), clientv3.WithCountOnly())}
+		return []clientv3.Op{clientv3.OpGet(n.dir(), clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	case backend.KindRead:
-		return []clientv3.Op{clientv3.OpGet(h.dir()+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
+		return []clientv3.Op{clientv3.OpGet(n.dir()+writeTag, clientv3.WithPrefix(), clientv3.WithCountOnly())}
 	}
-	return []clientv3.Op{clientv3.OpGet(h.dir(), firstKeyOnly...)}
+	return []clientv3.Op{clientv3.OpGet(n.dir(), firstKeyOnly...)}
 }
 
 // firstKeyOnly reads the key of a directory's oldest key, made once: the
@@ -169,9 +178,9 @@ var firstKeyOnly = append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())
 // semaphore's transaction made our key only if every key of the queue
 // has our limit: see enqueueTxn.)
 func standingAfterPut(h *handle, rs []*pb.RangeResponse) bool {
-	switch h.kind {
+	switch h.kind() {
 	case backend.KindSemaphore:
-		return rs[0].Count-1 < int64(h.limit)
+		return rs[0].Count-1 < int64(h.limit())
 	case backend.KindRead:
 		return rs[0].Count == 0
 	}
@@ -188,8 +197,8 @@ func standingAfterPut(h *handle, rs []*pb.RangeResponse) bool {
 // and every key in a semaphore's queue has the limit of the others. The
 // holders therefore agree on the limit at every revision, and no
 // acquire fails for a key whose own acquire is failing.
-func otherLimits(h *handle) []clientv3.Cmp {
-	dir, ns := h.dir(), h.ns()
+func otherLimits(n qname) []clientv3.Cmp {
+	dir, ns := n.dir(), n.ns()
 	after := clientv3.GetPrefixRangeEnd(ns)
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithRange(ns),
@@ -199,8 +208,8 @@ func otherLimits(h *handle) []clientv3.Cmp {
 
 // otherLimitReads are the reads, in enqueueTxn's else branch, of a key of
 // another limit before and after the range of ours (see otherLimits).
-func otherLimitReads(h *handle) []clientv3.Op {
-	dir, ns := h.dir(), h.ns()
+func otherLimitReads(n qname) []clientv3.Op {
+	dir, ns := n.dir(), n.ns()
 	after := clientv3.GetPrefixRangeEnd(ns)
 	return []clientv3.Op{
 		clientv3.OpGet(dir, clientv3.WithRange(ns), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
@@ -211,17 +220,17 @@ func otherLimitReads(h *handle) []clientv3.Op {
 // limitMismatch returns the error of an acquire of h, a semaphore's,
 // whose transaction found the keys of other limits in rs (the responses
 // of otherLimitReads), or nil when it found none.
-func limitMismatch(h *handle, rs []*pb.ResponseOp) error {
+func limitMismatch(h *handle, n qname, rs []*pb.ResponseOp) error {
 	for _, r := range rs {
 		kvs := r.GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			continue
 		}
-		name := strings.TrimPrefix(string(kvs[0].Key), h.dir())
+		name := strings.TrimPrefix(string(kvs[0].Key), n.dir())
 		if limit, ok := semTagLimit(name); ok {
-			return fmt.Errorf("%w: held with limit %d, asked with %d", backend.ErrLimitMismatch, limit, h.limit)
+			return fmt.Errorf("%w: held with limit %d, asked with %d", backend.ErrLimitMismatch, limit, h.limit())
 		}
-		return fmt.Errorf("%w: queue key %s of an unknown limit, asked with %d", backend.ErrLimitMismatch, kvs[0].Key, h.limit)
+		return fmt.Errorf("%w: queue key %s of an unknown limit, asked with %d", backend.ErrLimitMismatch, kvs[0].Key, h.limit())
 	}
 	return nil
 }
@@ -263,36 +272,36 @@ func (t target) wakes(ev *clientv3.Event) bool {
 //     before it, a waiter too, which puts its key again once it holds
 //     (see touch): so one release wakes one waiter, as the internal lock
 //     of Curator's InterProcessSemaphoreV2 does.
-func (r *Resource) standing(ctx context.Context, h *handle) (target, int64, error) {
+func (r *Resource) standing(ctx context.Context, h *handle, n qname) (target, int64, error) {
 	before := clientv3.WithMaxCreateRev(h.rev - 1)
 	var op clientv3.Op
-	switch h.kind {
+	switch h.kind() {
 	case backend.KindSemaphore:
 		// The newest Limit keys before ours (the server ignores a limit
 		// combined with a revision filter until it has filtered).
-		op = clientv3.OpGet(h.dir(), clientv3.WithPrefix(), before, clientv3.WithKeysOnly(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(int64(h.limit)))
+		op = clientv3.OpGet(n.dir(), clientv3.WithPrefix(), before, clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(int64(h.limit())))
 	case backend.KindRead:
-		op = clientv3.OpGet(h.dir()+writeTag, append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
+		op = clientv3.OpGet(n.dir()+writeTag, append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
 	default:
-		op = clientv3.OpGet(h.dir(), append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
+		op = clientv3.OpGet(n.dir(), append(clientv3.WithLastCreate(), before, clientv3.WithKeysOnly())...)
 	}
-	resp, err := r.c.Txn(ctx).Then(op, clientv3.OpGet(h.key, clientv3.WithKeysOnly())).Commit()
+	resp, err := r.c.Txn(ctx).Then(op, clientv3.OpGet(n.key, clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return target{}, 0, err
 	}
 	if own := resp.Responses[1].GetResponseRange().Kvs; len(own) == 0 || own[0].CreateRevision != h.rev {
 		return target{}, 0, fmt.Errorf("queue key %s is gone (lease %x expired or revoked): %w",
-			h.key, int64(h.lease), rpctypes.ErrLeaseNotFound)
+			n.key, int64(h.leaseID()), rpctypes.ErrLeaseNotFound)
 	}
 	rr := resp.Responses[0].GetResponseRange()
 	rev := resp.Header.Revision
-	if h.kind == backend.KindSemaphore {
+	if h.kind() == backend.KindSemaphore {
 		switch {
-		case len(rr.Kvs) < int(h.limit):
+		case len(rr.Kvs) < h.limit():
 			return target{}, rev, nil
 		case !rr.More:
-			return target{key: h.dir(), dir: true}, rev, nil
+			return target{key: n.dir(), dir: true}, rev, nil
 		}
 		return target{key: string(rr.Kvs[0].Key), puts: true}, rev, nil
 	}
@@ -306,11 +315,11 @@ func (r *Resource) standing(ctx context.Context, h *handle) (target, int64, erro
 // ours: the waiter behind it, which watches it, then looks whether it
 // holds too (see standing). It runs in the background: a failed touch
 // only delays that waiter until our release.
-func (r *Resource) touch(h *handle) {
+func (r *Resource) touch(h *handle, n qname, value string) {
 	r.later(0, func(ctx context.Context) bool {
 		_, err := r.c.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-			Then(clientv3.OpPut(h.key, h.value(), clientv3.WithLease(h.lease))).
+			If(clientv3.Compare(clientv3.CreateRevision(n.key), "=", h.rev)).
+			Then(clientv3.OpPut(n.key, value, clientv3.WithLease(h.leaseID()))).
 			Commit()
 		return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound)
 	})

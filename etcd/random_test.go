@@ -209,15 +209,15 @@ func testLostRandomized(t *testing.T, kept bool) {
 			var gone bool
 			if !kept && between(0, 1) == 0 {
 				// Revoke only a lease that still holds this key.
-				resp, err := admin.Get(t.Context(), c.h.key)
+				resp, err := admin.Get(t.Context(), c.h.queueKey())
 				if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == c.h.rev {
-					_, err = admin.Revoke(t.Context(), c.h.lease)
+					_, err = admin.Revoke(t.Context(), c.h.leaseID())
 					gone = err == nil
 				}
 			} else {
 				resp, err := admin.Txn(t.Context()).
-					If(clientv3.Compare(clientv3.CreateRevision(c.h.key), "=", c.h.rev)).
-					Then(clientv3.OpDelete(c.h.key)).Commit()
+					If(clientv3.Compare(clientv3.CreateRevision(c.h.queueKey()), "=", c.h.rev)).
+					Then(clientv3.OpDelete(c.h.queueKey())).Commit()
 				gone = err == nil && resp.Succeeded
 			}
 			if gone {
@@ -316,7 +316,13 @@ func testLostRandomized(t *testing.T, kept bool) {
 	}
 	for _, r := range rs {
 		r.watch.mu.Lock()
-		n := len(r.watch.keys)
+		n := 0
+		r.watch.names.each(func(h *handle) {
+			if watched(h) {
+				n++
+			}
+		})
+		n += len(r.watch.wdel)
 		r.watch.mu.Unlock()
 		if n != 0 {
 			t.Errorf("the key watch still holds %d keys after every lock ended", n)

@@ -386,8 +386,8 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		return acquireErr(l.Key, err)
 	}
 	start := time.Now()
-	h := r.newHandle(l, s.ttl)
-	h.lease, h.sess = s.id, s
+	h := r.newHandle(l, s, 0, 0)
+	n, value := r.name(h), h.value(l.Value, l.Label)
 	sent := false // the enqueue was sent: a key may exist
 	defer func() {
 		if err == nil {
@@ -395,9 +395,9 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		}
 		r.unwatchKey(h)
 		switch {
-		case h.freed.Load():
+		case h.freed():
 		case sent:
-			err = r.undo(ctx, err, r.discarder(h))
+			err = r.undo(ctx, err, r.discarder(h, value))
 		default:
 			r.free(h)
 		}
@@ -409,7 +409,7 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		return fmt.Errorf("etcd: acquire %q: shared lease %x lost", l.Key, int64(s.id))
 	}
 	sent = true
-	isHolder, err := r.enqueue(ctx, h)
+	isHolder, err := r.enqueue(ctx, h, n, value)
 	if r.hook != nil {
 		r.hook("enqueued")
 	}
@@ -430,14 +430,14 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 		return acquireErr(l.Key, err)
 	}
 	if !r.keyMade(h, h.rev) {
-		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, h.key, rpctypes.ErrLeaseNotFound)
+		return fmt.Errorf("etcd: acquire %q: queue key %s deleted as it was made: %w", l.Key, n.key, rpctypes.ErrLeaseNotFound)
 	}
 	grant := start
 	if !isHolder {
 		if deadline.IsZero() || !time.Now().Before(deadline) {
 			return backend.ErrNotAcquired
 		}
-		if err := r.await(ctx, h, deadline, s.ttl, nil, h.Done()); err != nil {
+		if err := r.await(ctx, h, n, value, deadline, s.ttl, nil, h.Done()); err != nil {
 			if err == backend.ErrNotAcquired {
 				return err
 			}
@@ -457,10 +457,14 @@ func (r *Resource) acquireShared(ctx context.Context, l *backend.Lease, deadline
 	if l.AutoRenew {
 		l.KeptAlive = true
 	} else {
-		h.mu.Lock()
-		h.exp = &expiry{deadline: end}
-		h.exp.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
-		h.mu.Unlock()
+		w := &r.watch
+		w.mu.Lock()
+		if h.x == nil {
+			h.x = &extra{}
+		}
+		h.x.deadline = end
+		h.x.timer = time.AfterFunc(time.Until(end), func() { r.expire(h) })
+		w.mu.Unlock()
 	}
 	l.TTL = s.ttl
 	l.Validity = validity
@@ -481,18 +485,19 @@ func isClosed(ch <-chan struct{}) bool {
 
 // expire deletes h's key when its deadline passed without a Refresh.
 func (r *Resource) expire(h *handle) {
-	h.mu.Lock()
-	if h.state != held {
-		h.mu.Unlock()
+	w := &r.watch
+	w.mu.Lock()
+	if h.state() != held {
+		w.mu.Unlock()
 		return
 	}
-	if d := time.Until(h.exp.deadline); d > 0 {
-		h.exp.timer.Reset(d)
-		h.mu.Unlock()
+	if d := time.Until(h.x.deadline); d > 0 {
+		h.x.timer.Reset(d)
+		w.mu.Unlock()
 		return
 	}
-	h.state = expired
-	h.mu.Unlock()
+	h.setState(expired)
+	w.mu.Unlock()
 	r.releasing(h, true) // our own deletion: Lost stays open (the facade expired the lock already)
 	r.unwatchKey(h)
 	if _, err := r.deleteKey(context.Background(), h); err == nil {
@@ -502,7 +507,7 @@ func (r *Resource) expire(h *handle) {
 	// Our key would outlive its TTL: let the lease, and every key on it,
 	// expire instead, and give the name back once the key is gone.
 	h.sess.abandon()
-	r.later(firstRetry, r.discarder(h))
+	r.later(firstRetry, r.discarder(h, ""))
 }
 
 // deleteKey is deleteOurs once, detached from ctx and bounded by
@@ -521,9 +526,10 @@ func (r *Resource) deleteKey(ctx context.Context, h *handle) (bool, error) {
 // key another acquisition made under the same name once h's name was given
 // back. It reports whether it deleted the key.
 func (r *Resource) deleteOurs(ctx context.Context, h *handle) (bool, error) {
+	key := r.name(h).key
 	resp, err := r.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)).
-		Then(clientv3.OpDelete(h.key)).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", h.rev)).
+		Then(clientv3.OpDelete(key)).
 		Commit()
 	if err != nil {
 		return false, err
@@ -533,9 +539,10 @@ func (r *Resource) deleteOurs(ctx context.Context, h *handle) (bool, error) {
 
 // releaseShared deletes our key if it is still ours.
 func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handle) error {
-	h.mu.Lock()
-	state := h.state
-	h.mu.Unlock()
+	w := &r.watch
+	w.mu.Lock()
+	state := h.state()
+	w.mu.Unlock()
 	if state != held {
 		return backend.ErrNotHeld
 	}
@@ -553,13 +560,13 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 		r.releasing(h, false)
 		return fmt.Errorf("etcd: release %q: %w", l.Key, err)
 	}
-	h.mu.Lock()
-	wasHeld := h.state == held
-	h.state = released
-	if h.exp != nil {
-		h.exp.timer.Stop()
+	w.mu.Lock()
+	wasHeld := h.state() == held
+	h.setState(released)
+	if h.x != nil && h.x.timer != nil {
+		h.x.timer.Stop()
 	}
-	h.mu.Unlock()
+	w.mu.Unlock()
 	if wasHeld { // else expire deletes and frees
 		r.unwatchKey(h)
 		r.free(h)
@@ -574,14 +581,15 @@ func (r *Resource) releaseShared(ctx context.Context, l *backend.Lease, h *handl
 // known to live that long; otherwise it renews the lease first.
 func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handle) error {
 	s := h.sess
-	h.mu.Lock()
-	state := h.state
-	h.mu.Unlock()
+	w := &r.watch
+	w.mu.Lock()
+	state := h.state()
+	w.mu.Unlock()
 	if state != held || s.isDone() {
 		return backend.ErrNotHeld
 	}
 	now := time.Now()
-	if s.until().Before(now.Add(h.ttl)) {
+	if s.until().Before(now.Add(s.ttl)) {
 		if _, err := r.c.KeepAliveOnce(ctx, s.id); err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				s.abandon()
@@ -599,22 +607,22 @@ func (r *Resource) refreshShared(ctx context.Context, l *backend.Lease, h *handl
 	if err != nil {
 		return fmt.Errorf("etcd: refresh %q: %w", l.Key, err)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.state != held {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.state() != held {
 		return backend.ErrNotHeld
 	}
 	if !ok { // deleted behind our back
-		h.state = expired
-		if h.exp != nil {
-			h.exp.timer.Stop()
+		h.setState(expired)
+		if h.x != nil && h.x.timer != nil {
+			h.x.timer.Stop()
 		}
-		r.unwatchKey(h)
-		r.free(h)
+		r.unwatchLocked(h)
+		r.freeLocked(h)
 		return backend.ErrNotHeld
 	}
-	if h.exp != nil {
-		h.exp.deadline = now.Add(h.ttl)
+	if h.x != nil && h.x.timer != nil {
+		h.x.deadline = now.Add(s.ttl)
 	}
 	return nil
 }

@@ -45,24 +45,28 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	abandoned := func(value string) *handle {
-		h := r.newHandle(&backend.Lease{Key: key, Value: value}, s.ttl)
-		h.lease, h.sess = s.id, s
-		return h
+	type abandonedAcq struct {
+		*handle
+		n     qname
+		value string
+	}
+	abandoned := func(owner string) abandonedAcq {
+		h := r.newHandle(&backend.Lease{Key: key, Value: owner}, s, 0, 0)
+		return abandonedAcq{h, r.name(h), h.value(owner, "")}
 	}
 
 	// The transaction landed before the clean-up: the clean-up deletes it.
 	h := abandoned("landed-before")
-	epoch := s.epoch(h.key)
-	if resp, err := r.enqueueTxn(ctx, h, epoch); err != nil || !resp.Succeeded {
+	epoch := s.epoch(h.queueKey())
+	if resp, err := r.enqueueTxn(ctx, h.handle, h.n, h.value, epoch); err != nil || !resp.Succeeded {
 		t.Fatalf("enqueue = %v, %v; want the key made", resp, err)
 	}
 	waitKeys(t, r, key, 1)
-	if !r.discarder(h)(ctx) {
+	if !r.discarder(h.handle, h.value)(ctx) {
 		t.Fatal("the clean-up failed")
 	}
 	waitKeys(t, r, key, 0)
-	if got := s.epoch(h.key); got <= epoch {
+	if got := s.epoch(h.queueKey()); got <= epoch {
 		t.Errorf("the fence did not move: epoch %d, before %d", got, epoch)
 	}
 
@@ -70,36 +74,36 @@ func TestFenceStopsLateEnqueue(t *testing.T) {
 	// name's, in flight meanwhile, is not touched.
 	h = abandoned("landed-after")
 	other := abandoned("another acquisition")
-	epoch, otherEpoch := s.epoch(h.key), s.epoch(other.key)
-	if !r.discarder(h)(ctx) {
+	epoch, otherEpoch := s.epoch(h.queueKey()), s.epoch(other.queueKey())
+	if !r.discarder(h.handle, h.value)(ctx) {
 		t.Fatal("the clean-up failed")
 	}
-	if !h.freed.Load() {
+	if !h.freed() {
 		t.Error("the clean-up did not give the name back")
 	}
-	resp, err := r.enqueueTxn(ctx, h, epoch)
+	resp, err := r.enqueueTxn(ctx, h.handle, h.n, h.value, epoch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if resp.Succeeded {
 		t.Error("a transaction that landed after its clean-up made its key")
 	}
-	if resp, err := r.enqueueTxn(ctx, other, otherEpoch); err != nil || !resp.Succeeded {
+	if resp, err := r.enqueueTxn(ctx, other.handle, other.n, other.value, otherEpoch); err != nil || !resp.Succeeded {
 		t.Errorf("another name's enqueue after the clean-up = %v, %v; want the key made", resp, err)
-	} else if _, err := r.deleteOurs(ctx, &handle{key: other.key, rev: resp.Header.Revision}); err != nil {
+	} else if _, err := r.deleteOurs(ctx, &handle{lockKey: key, sess: s, slot: other.slot, rev: resp.Header.Revision}); err != nil {
 		t.Fatal(err)
 	}
-	r.free(other)
+	r.free(other.handle)
 	waitKeys(t, r, key, 0)
 
 	// An acquisition that knows its name's fence from before it moved.
-	s.fenced(h.key, epoch, true)
+	s.fenced(h.queueKey(), epoch, true)
 	l := lease(key, time.Minute)
 	if err := r.Acquire(ctx, l, time.Time{}); err != nil {
 		t.Fatalf("Acquire with a stale fence = %v; want the lock", err)
 	}
-	if l.Handle.(*handle).key != h.key {
-		t.Fatalf("the acquisition made %s; the test needs the fenced name %s", l.Handle.(*handle).key, h.key)
+	if l.Handle.(*handle).queueKey() != h.queueKey() {
+		t.Fatalf("the acquisition made %s; the test needs the fenced name %s", l.Handle.(*handle).queueKey(), h.queueKey())
 	}
 	if err := r.Release(ctx, l); err != nil {
 		t.Fatal(err)
@@ -131,7 +135,7 @@ func TestRandomizedStalls(t *testing.T) {
 			}
 			l.AutoRenew = intn(2) == 0
 		},
-		Name: func(l *backend.Lease) string { return l.Handle.(*handle).key },
+		Name: func(l *backend.Lease) string { return l.Handle.(*handle).queueKey() },
 		// Revokes of released locks' leases may still run: only keys count.
 		Empty: func(t *testing.T, key string) { waitKeys(t, admin, key, 0) },
 	})

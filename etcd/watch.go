@@ -17,7 +17,8 @@ import (
 // key deleted by an operator or a tool) by closing the lock's Lost
 // channel; for a lock on a shared lease, it also closes Lost when the
 // lease is lost (sessionLost). One watch serves every such lock of the
-// Resource: a lock costs a map entry, not a watch of its own (whose
+// Resource: a lock costs its place in the table of names in use (a
+// chain link and a share of a bucket), not a watch of its own (whose
 // creation would cost a round trip, one at a time on the client's watch
 // stream). The price is that the Resource hears of every deletion under
 // its prefix, other processes' releases and its own included: so the
@@ -37,16 +38,22 @@ type keyWatch struct {
 	started bool
 	ready   chan struct{} // closed once the watch is first created and the keys read, or stopped
 	err     error         // why the watch stopped (Close, client closed)
-	keys    map[string]*handle
-	on      atomic.Bool // started, read without the mutex
+	on      atomic.Bool   // started, read without the mutex
+
+	// names holds every handle whose name is in use (see take); those
+	// registered for the loss signal have bitWatched set.
+	names nameTable
+	// wdel is the latest deletion of a registered handle's name seen
+	// while its key was being made or released (bitReleasing).
+	wdel map[*handle]int64
 }
 
 var errWatchStopped = errors.New("key watch stopped")
 
-// watchKey registers h, whose key does not exist yet, for the loss
-// signal. It fails only once the watch has stopped (Close, the client
-// closed). It does no I/O: the watch starts when something waits for a
-// loss (needWatch).
+// watchKey registers h, whose key does not exist yet and whose name is
+// in use (take), for the loss signal. It fails only once the watch has
+// stopped (Close, the client closed). It does no I/O: the watch starts
+// when something waits for a loss (needWatch).
 func (r *Resource) watchKey(h *handle) error {
 	w := &r.watch
 	w.mu.Lock()
@@ -54,13 +61,39 @@ func (r *Resource) watchKey(h *handle) error {
 	if w.err != nil {
 		return w.err
 	}
-	if w.keys == nil {
-		w.keys = make(map[string]*handle)
-	}
-	h.wrev, h.wdel, h.wcheck, h.wrel = 0, 0, false, false
-	w.keys[h.key] = h
+	h.clear(bitMade | bitCheck | bitReleasing)
+	h.set(bitWatched)
+	delete(w.wdel, h)
 	return nil
 }
+
+// wdelOf is the latest deletion of h's name seen while h's key was being
+// made or released, 0 if none. w.mu is held.
+func (w *keyWatch) wdelOf(h *handle) int64 { return w.wdel[h] }
+
+// sawDeletion records a deletion of h's name at rev while h's key was
+// being made or released. w.mu is held.
+func (w *keyWatch) sawDeletion(h *handle, rev int64) {
+	if rev <= w.wdel[h] {
+		return
+	}
+	if w.wdel == nil {
+		w.wdel = make(map[*handle]int64)
+	}
+	w.wdel[h] = rev
+}
+
+// wrev is h's key's create revision as the watch knows it: 0 while it is
+// being made. w.mu is held.
+func wrev(h *handle) int64 {
+	if !h.has(bitMade) {
+		return 0
+	}
+	return h.rev
+}
+
+// watched reports whether h is registered for the loss signal. w.mu is held.
+func watched(h *handle) bool { return h.has(bitWatched) }
 
 // needWatch starts the Resource's key watch unless it runs already.
 func (r *Resource) needWatch() {
@@ -76,9 +109,6 @@ func (r *Resource) needWatch() {
 	w.started = true
 	w.on.Store(true)
 	w.ready = make(chan struct{})
-	if w.keys == nil {
-		w.keys = make(map[string]*handle)
-	}
 	if !r.background(r.runWatch) {
 		w.err = errors.New("resource closed")
 		close(w.ready)
@@ -97,20 +127,22 @@ func (r *Resource) watchReady() <-chan struct{} {
 
 // keyMade tells the watch h's create revision. It reports whether the key
 // is still there as far as the watch knows.
+//
+// rev is h.rev, written before: the watch reads h.rev once bitMade is set.
 func (r *Resource) keyMade(h *handle, rev int64) bool {
 	w := &r.watch
 	w.mu.Lock()
-	if w.keys[h.key] != h {
+	if !watched(h) {
 		w.mu.Unlock()
 		return false
 	}
-	h.wrev = rev
-	if h.wdel > rev {
+	h.set(bitMade)
+	if w.wdelOf(h) > rev {
 		r.lostLocked(h)
 		w.mu.Unlock()
 		return false
 	}
-	check := h.wcheck
+	check := h.has(bitCheck)
 	w.mu.Unlock()
 	if check { // the watch started afresh while the key was being made
 		r.background(func(ctx context.Context) { r.checkKey(ctx, h, rev) })
@@ -125,8 +157,12 @@ func (r *Resource) releasing(h *handle, on bool) {
 	w := &r.watch
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	h.wrel = on
-	if !on && w.keys[h.key] == h && h.wdel > h.wrev {
+	if on {
+		h.set(bitReleasing)
+	} else {
+		h.clear(bitReleasing)
+	}
+	if !on && watched(h) && w.wdelOf(h) > wrev(h) {
 		r.lostLocked(h)
 	}
 }
@@ -135,26 +171,36 @@ func (r *Resource) releasing(h *handle, on bool) {
 func (r *Resource) unwatchKey(h *handle) {
 	w := &r.watch
 	w.mu.Lock()
-	if w.keys[h.key] == h {
-		delete(w.keys, h.key)
-	}
+	r.unwatchLocked(h)
 	w.mu.Unlock()
+}
+
+// unwatchLocked is unwatchKey with w.mu held.
+func (r *Resource) unwatchLocked(h *handle) {
+	h.clear(bitWatched)
+	delete(r.watch.wdel, h)
 }
 
 // deleted is called for every deletion under the prefix.
 func (r *Resource) deleted(key string, rev int64) {
+	kind, limit, lockKey, slot, ok := r.parseName(key)
+	if !ok {
+		return // not one of our queue keys
+	}
 	w := &r.watch
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	h := w.keys[key]
-	switch {
-	case h == nil:
-	case h.fired.Load() && h.wrev != 0 && rev > h.wrev: // its lease was lost; now the key is gone
-		delete(w.keys, h.key)
-		r.free(h)
-	case h.wrev == 0 || h.wrel: // being made (an older key of the name, or ours), or released
-		h.wdel = max(h.wdel, rev)
-	case rev > h.wrev:
+	h := w.names.find(kind, limit, lockKey, slot)
+	if h == nil || !watched(h) {
+		return
+	}
+	switch made := wrev(h); {
+	case h.has(bitFired) && made != 0 && rev > made: // its lease was lost; now the key is gone
+		r.unwatchLocked(h)
+		r.freeLocked(h)
+	case made == 0 || h.has(bitReleasing): // being made (an older key of the name, or ours), or released
+		w.sawDeletion(h, rev)
+	case rev > made:
 		r.lostLocked(h)
 	}
 }
@@ -162,19 +208,19 @@ func (r *Resource) deleted(key string, rev int64) {
 // lostLocked closes h's Lost and forgets h; the key is known gone, so its
 // name is free again. w.mu is held.
 func (r *Resource) lostLocked(h *handle) {
-	delete(r.watch.keys, h.key)
+	r.unwatchLocked(h)
 	closeLost(h)
-	r.free(h)
+	r.freeLocked(h)
 }
 
 // closeLost fires h's Lost unless it fired already. The watch's mutex is
 // held: only holders of it fire Lost.
 func closeLost(h *handle) {
-	if h.fired.Load() {
+	if h.has(bitFired) {
 		return
 	}
 	lostMu.Lock()
-	h.fired.Store(true)
+	h.set(bitFired)
 	if h.lost != nil {
 		close(h.lost)
 	}
@@ -196,18 +242,18 @@ func (h *handle) Done() <-chan struct{} {
 	lostMu.Lock()
 	if h.lost == nil {
 		h.lost = make(chan struct{})
-		if h.fired.Load() {
+		if h.has(bitFired) {
 			close(h.lost)
 		}
 	}
 	ch := h.lost
 	lostMu.Unlock()
-	h.r.needWatch()
+	h.resource().needWatch()
 	return ch
 }
 
 // Closed reports whether h's Lost fired.
-func (h *handle) Closed() bool { return h.fired.Load() }
+func (h *handle) Closed() bool { return h.has(bitFired) }
 
 // sessionLost closes the Lost of every lock registered on s, whose lease
 // is lost. The locks stay registered until their key is seen deleted (the
@@ -217,12 +263,12 @@ func (r *Resource) sessionLost(s *session) {
 	w := &r.watch
 	w.mu.Lock()
 	any := false
-	for _, h := range w.keys {
-		if h.sess == s {
+	w.names.each(func(h *handle) {
+		if watched(h) && h.sess == s {
 			closeLost(h)
 			any = true
 		}
-	}
+	})
 	w.mu.Unlock()
 	if any {
 		// The watch sees their keys go, and frees their names.
@@ -301,13 +347,15 @@ func (r *Resource) watchCreated(ctx context.Context, fresh bool) {
 	var revs []int64
 	if fresh {
 		w.mu.Lock()
-		for _, h := range w.keys {
-			if h.wrev == 0 {
-				h.wcheck = true
-			} else {
-				check, revs = append(check, h), append(revs, h.wrev)
+		w.names.each(func(h *handle) {
+			switch {
+			case !watched(h):
+			case wrev(h) == 0:
+				h.set(bitCheck)
+			default:
+				check, revs = append(check, h), append(revs, h.rev)
 			}
-		}
+		})
 		w.mu.Unlock()
 	}
 	for len(check) > 0 {
@@ -333,7 +381,7 @@ const checkBatch = 64
 func (r *Resource) checkKeys(ctx context.Context, hs []*handle, revs []int64) {
 	ops := make([]clientv3.Op, len(hs))
 	for i, h := range hs {
-		ops[i] = clientv3.OpGet(h.key, clientv3.WithKeysOnly())
+		ops[i] = clientv3.OpGet(r.name(h).key, clientv3.WithKeysOnly())
 	}
 	for {
 		resp, err := r.c.Txn(ctx).Then(ops...).Commit()
@@ -343,9 +391,9 @@ func (r *Resource) checkKeys(ctx context.Context, hs []*handle, revs []int64) {
 			for i, h := range hs {
 				kvs := resp.Responses[i].GetResponseRange().Kvs
 				switch {
-				case len(kvs) == 1 && kvs[0].CreateRevision == revs[i], w.keys[h.key] != h:
-				case h.wrel: // our release deleted it, unless it fails (see releasing)
-					h.wdel = max(h.wdel, resp.Header.Revision)
+				case len(kvs) == 1 && kvs[0].CreateRevision == revs[i], !watched(h):
+				case h.has(bitReleasing): // our release deleted it, unless it fails (see releasing)
+					w.sawDeletion(h, resp.Header.Revision)
 				default:
 					r.lostLocked(h)
 				}
