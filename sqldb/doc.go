@@ -6,9 +6,10 @@
 // backend.KindChecker (mutexes, semaphores and read/write locks),
 // backend.Withdrawer, backend.Inspector, backend.Relabeler (an election's
 // Proclaim) and backend.KeyValidator, and are used through distlock.New.
-// [Postgres] also queues the waiters of mutexes that wait a second or more
-// in arrival order and wakes the head of the line only (backend.Queuer,
-// backend.MinQueueWaiter, backend.HeadNotifier; see "Waiting in line"):
+// [Postgres] also queues the waiters of mutexes and semaphores that wait
+// a second or more in arrival order, and wakes the head of a mutex's line
+// only (backend.Queuer, backend.MinQueueWaiter, backend.HeadNotifier; see
+// "Waiting in line"):
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
 //	res, err := sqldb.NewPostgres(ctx, pool)
@@ -205,24 +206,29 @@
 // any lock it waits for, and it would count without the rows inserted
 // meanwhile.) On the live entries:
 //
-//   - a permit is granted when fewer than the limit hold and the holders
-//     took the semaphore with the same limit; otherwise, with other
-//     holders' limit, the acquire fails with backend.ErrLimitMismatch (no
-//     holder: the next acquire sets the limit anew);
+//   - a permit is granted when fewer than the limit hold, the holders
+//     took the semaphore with the same limit, and fewer waiters' intents
+//     precede the attempt's own (all of them, without one) than permits
+//     are free (see Waiting in line); with other holders' limit the
+//     acquire fails with backend.ErrLimitMismatch (no holder: the next
+//     acquire sets the limit anew);
 //   - a writer holds when nobody holds and no intent precedes its own (or,
 //     without one, when there is none); a reader when no writer holds and
 //     no writer's intent precedes its own (or none at all);
 //   - a read or write attempt that cannot hold records its intent, or
 //     renews it (for another TTL from the attempt: the facade's spin
 //     makes the next attempt well within it), numbered by the token drawn
-//     for the attempt, which orders arrivals; a grant drops it;
-//     backend.Withdrawer deletes it when the wait ends without the lock;
+//     for the attempt, which orders arrivals; so does a semaphore
+//     attempt of an acquisition that waits in line, for the intent's
+//     life a mutex's waiter gets (see Waiting in line); a grant drops
+//     it; backend.Withdrawer deletes it when the wait ends without the
+//     lock;
 //   - expired entries are dropped by whichever statement next writes the
 //     row.
 //
-// Semaphore waiters keep no line (see Waiting in line for mutexes):
-// after a release, whichever waiter tries first gets the freed permit;
-// read and write requests are served in order of arrival as above.
+// Semaphore waiters that wait in line get freed permits in order of
+// arrival, and read and write requests are served in order of arrival,
+// as above.
 //
 // Tokens of a lock's grants (permits; read and write grants) increase,
 // ordered by commit as a mutex's are: drawn under the advisory lock of
@@ -279,9 +285,9 @@
 // passed over when its intent lapses, at most l.TTL after its last
 // attempt (and before the end of its wait), and the waiter behind it is
 // told, in its refused attempt's reply, to come back then (a waiter
-// further back, when every intent ahead of its own will have lapsed). A waiter whose wait ends withdraws its intent
-// (Withdraw), and, when the lock was kept for it, the next in line is
-// notified. When the waiter's last attempt was abandoned with its
+// further back, when every intent ahead of its own will have lapsed). A
+// waiter whose wait ends withdraws its intent (Withdraw), and, when the
+// lock was kept for it, the next in line is notified. When the waiter's last attempt was abandoned with its
 // statement in flight, that statement may reach the server after the
 // withdrawal: the withdrawal then leaves a marker of the owner value in
 // the row (column gone, for l.TTL at most), under which the acquire
@@ -292,10 +298,26 @@
 // cannot be a NOTIFY's payload: such a head is not woken and comes on
 // its own, within backend.HeadPoll.
 //
-// Semaphores keep no queue on either store, nor do [MySQL]'s mutexes (it
-// has no notifications to wake a head with): whichever waiter tries first
-// after a release takes the lock or permit, in no particular order.
-// Read/write locks keep their order of arrival on both.
+// A semaphore's waiters queue the same way on PostgreSQL, in its row
+// of the kinds table (see Semaphores and read/write locks): an attempt
+// of an acquisition that waits a second or more and cannot hold records
+// or renews an intent, numbered and bounded as a mutex waiter's, and a
+// permit is granted only while fewer live intents precede the attempt's
+// own than permits are free: the first k waiters in line can take k free
+// permits, and a newcomer without an intent only a permit that no waiter
+// in line waits for. No permit is kept for anybody: a release frees it
+// and notifies the key's waiters when a contender marked the row; the
+// waiters try again, and only the first ones in line get in. A waiter in
+// line that died holds a permit back from those behind it until its
+// intent lapses, at most l.TTL after its last attempt and before the end
+// of its wait. Shorter waits do not queue, as for a mutex: a permit waits
+// for the first waiters in line, and a line of short waits would hold
+// permits mostly for heads whose wait is ending.
+//
+// [MySQL]'s mutexes and semaphores keep no queue (it has no
+// notifications to wake a head with): whichever waiter tries first after
+// a release takes the lock or permit, in no particular order. Read/write
+// locks keep their order of arrival on both stores.
 //
 // # Contention and errors
 //

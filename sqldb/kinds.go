@@ -37,10 +37,25 @@ func groupRow(k backend.Kind) int {
 	return rowRW
 }
 
-// recordsIntent reports whether an attempt of kind k that does not hold
-// records an intent: the sides of a read/write lock.
-func recordsIntent(k backend.Kind) bool {
-	return k == backend.KindRead || k == backend.KindWrite
+// recordsIntent reports whether a refused attempt of l may record an
+// intent: one of a read/write lock's sides, or of a semaphore's
+// acquisition that waits in line (l.Waits).
+func recordsIntent(l *backend.Lease) bool {
+	return l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindSemaphore && l.Waits
+}
+
+// groupIntentLife is the life, in microseconds, of the intent a refused
+// attempt of l records in a group's row (0: none): l.TTL for a read or
+// write request; for a semaphore's, life (see intentLife) when its
+// acquisition waits in line.
+func groupIntentLife(l *backend.Lease, life time.Duration) int64 {
+	switch {
+	case l.Kind != backend.KindSemaphore:
+		return micros(l.TTL)
+	case l.Waits && life > 0:
+		return micros(life)
+	}
+	return 0
 }
 
 // mode is how a grant of kind k is written in a group's state: "s" a

@@ -343,7 +343,7 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 				return fmt.Errorf("sqldb: mysql: clean up %q: %w", l.Key, err)
 			}
 			if r.err != nil && !myAmbiguous(r.err) ||
-				r.err == nil && (r.id == 0 || uint64(r.id)&(contendedBit|mismatchBit) != 0) && !recordsIntent(l.Kind) {
+				r.err == nil && (r.id == 0 || uint64(r.id)&(contendedBit|mismatchBit) != 0) && !recordsIntent(l) {
 				return nil // it wrote nothing (a read or write attempt that did not hold recorded an intent)
 			}
 			return m.cleanup(ctx, l)

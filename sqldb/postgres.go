@@ -340,23 +340,32 @@ WHERE ` + where + ` AND expires_at > now()`
 func (p *Postgres) kindStmts(kq, seq string, class int32) {
 	// Parameters: $1 key, $2 owner, $3 TTL (µs), $4 bound (µs), $5 the
 	// row's kind, $6 the grant's mode ("s", "r", "w"), $7 the limit (0
-	// for a read/write lock), $8 the label.
+	// for a read/write lock), $8 the label, $9 the life of the intent a
+	// refused attempt records or renews (µs; 0: it records none).
 	//
 	// One statement. The row is locked by the upsert (ON CONFLICT DO
 	// UPDATE reads its latest version, whatever the statement's
 	// snapshot), so attempts on one lock are serialized, each deciding on
 	// the state the last one committed: never more than the limit. The
 	// decision, on the live entries (expiry after now):
-	//   s: fewer holders than $7, and no holder took it with another limit;
+	//   s: fewer holders than $7, no holder took it with another limit,
+	//      and fewer intents precede ours (all of them, with no intent of
+	//      ours) than permits are free: the first k waiters in line can
+	//      take k free permits, and nobody behind them can;
 	//   r: no writer holds, and no writer's intent precedes ours (or, with
 	//      no intent of ours, no writer's intent at all);
 	//   w: nobody holds, and no intent precedes ours (or none at all).
-	// A grant adds a holder with the token and drops our intent; a
-	// read or write attempt that cannot hold adds an intent numbered by
-	// the token drawn (arrival order) or renews ours; expired entries
-	// go. The token is drawn as a mutex's is, under the advisory lock of
-	// (the kinds table's oid, the row's kind and key), so grants draw in
-	// commit order even across the row's deletion and re-creation.
+	// A grant adds a holder with the token and drops our intent; an
+	// attempt that cannot hold (but a semaphore's refused for another
+	// limit) adds an intent, for $9 from now, numbered by the token
+	// drawn (arrival order), or renews ours, keeping its number;
+	// expired entries go. The token is drawn as a mutex's is, under the
+	// advisory lock of (the kinds table's oid, the row's kind and key),
+	// so grants draw in commit order even across the row's deletion and
+	// re-creation. It returns our token (when we hold), the limit the
+	// holders took it with (ours when nobody holds), and the time until
+	// the first event that may let us in unwoken: the expiry of another
+	// holder or the lapse of an intent ahead of ours.
 	own := `(SELECT x FROM jsonb_array_elements(g.state->'i') x WHERE (x->>'e')::bigint > a.n AND x->>'o' = $2::text LIMIT 1)`
 	precedes := `(b.own IS NULL OR (x->>'s')::bigint < (b.own->>'s')::bigint)`
 	me := `jsonb_build_object('o', $2::text, 'k', $6::text, 't', %s, 'e', %s + $3::bigint, 'l', encode($8::bytea, 'hex'))`
@@ -369,17 +378,18 @@ FROM (SELECT CASE WHEN pg_advisory_xact_lock(` + strconv.Itoa(int(class)) + `, h
 ON CONFLICT (lock_key, kind) DO UPDATE
 SET (state, lim, token, expires_at, waited) = (
   SELECT jsonb_build_object('h', s.nh, 'i', s.ni),
-    CASE WHEN s.ok THEN $7::int ELSE g.lim END,
+    CASE WHEN s.ok OR s.nh = '[]'::jsonb THEN $7::int ELSE g.lim END,
     CASE WHEN s.ok THEN EXCLUDED.token ELSE g.token END,
     timestamptz 'epoch' + (SELECT max((x->>'e')::bigint) FROM jsonb_array_elements(s.nh || s.ni) x) * interval '1 microsecond',
     g.waited OR NOT s.ok
   FROM (SELECT d.ok,
       CASE WHEN d.ok THEN d.h || jsonb_build_array(` + fmt.Sprintf(me, `EXCLUDED.token`, `d.n`) + `) ELSE d.h END AS nh,
-      CASE WHEN d.ok OR $6::text = 's' THEN d.io
+      CASE WHEN d.ok OR $9::bigint <= 0 OR $6::text = 's' AND jsonb_array_length(d.h) > 0 AND g.lim <> $7::int THEN d.io
         ELSE d.io || jsonb_build_array(jsonb_build_object('o', $2::text, 'k', $6::text,
-          's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $3::bigint)) END AS ni
+          's', coalesce((d.own->>'s')::bigint, EXCLUDED.token), 'e', d.n + $9::bigint)) END AS ni
     FROM (SELECT b.*, CASE $6::text
         WHEN 's' THEN jsonb_array_length(b.h) < $7::int AND (jsonb_array_length(b.h) = 0 OR g.lim = $7::int)
+          AND (b.io = '[]'::jsonb OR (SELECT count(*) FROM jsonb_array_elements(b.io) x WHERE ` + precedes + `) < $7::int - jsonb_array_length(b.h))
         WHEN 'r' THEN NOT EXISTS (SELECT FROM jsonb_array_elements(b.h) x WHERE x->>'k' = 'w')
           AND NOT EXISTS (SELECT FROM jsonb_array_elements(b.io) x WHERE x->>'k' = 'w' AND ` + precedes + `)
         ELSE jsonb_array_length(b.h) = 0
@@ -393,7 +403,8 @@ SET (state, lim, token, expires_at, waited) = (
 WHERE ` + inTime + `
 RETURNING (SELECT (x->>'t')::bigint FROM jsonb_array_elements(g.state->'h') x WHERE x->>'o' = $2::text LIMIT 1),
   g.lim,
-  (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE x->>'o' <> $2::text) - ` + nowMicros
+  (SELECT min((x->>'e')::bigint) FROM jsonb_array_elements((g.state->'h') || (g.state->'i')) x WHERE x->>'o' <> $2::text
+    AND NOT coalesce((x->>'s')::bigint > (SELECT (y->>'s')::bigint FROM jsonb_array_elements(g.state->'i') y WHERE y->>'o' = $2::text LIMIT 1), false)) - ` + nowMicros
 	p.kRel = groupRemove(kq, `h`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
 	p.kWithdraw = groupRemove(kq, `i`, `x->>'o' = $2::text AND x->>'k' = $4::text`)
 	p.kGone = `DELETE FROM ` + kq + ` AS g WHERE g.lock_key = $1::bytea AND g.kind = $2::smallint
@@ -827,15 +838,17 @@ func (p *Postgres) acquireOn(ctx context.Context, call *pgCall, c *pgxpool.Conn,
 	if l.Kind == backend.KindMutex {
 		return p.acquireDirect(ctx, call, c, l, b)
 	}
-	return p.acquireGroup(ctx, c, l, b)
+	return p.acquireGroup(ctx, c, l, b, call.life)
 }
 
 // acquireGroup runs a semaphore's or read/write lock's acquire statement
 // through pgx's query path (a function of its own: the scan's
-// destinations escape).
-func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64) (r pgReply) {
+// destinations escape). A refused read or write attempt records its
+// intent for l.TTL; a refused semaphore attempt for life (see
+// intentLife), when its acquisition waits (l.Waits) and life is left.
+func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend.Lease, b int64, life time.Duration) (r pgReply) {
 	var tok, left *int64
-	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label)).Scan(&tok, &r.lim, &left)
+	r.err = c.QueryRow(ctx, p.kAcq, bytesArg(l.Key), l.Value, micros(l.TTL), b, groupRow(l.Kind), mode(l.Kind), l.Limit, bytesArg(l.Label), groupIntentLife(l, life)).Scan(&tok, &r.lim, &left)
 	if tok != nil {
 		r.ours, r.token = true, *tok
 	}
@@ -846,7 +859,7 @@ func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend
 }
 
 // intentLife is the life of the intent a refused attempt of a waiting
-// mutex acquisition records: the lease's TTL, but no longer than the
+// mutex or semaphore acquisition records: the lease's TTL, but no longer than the
 // acquisition's context has left (its wait and the facade's grace) less
 // headMargin, and 0 (no intent: the attempt does not queue) when less
 // than headMargin is left. So the intent of a waiter that left lapses
@@ -955,7 +968,7 @@ func (p *Postgres) cleanupOn(ctx context.Context, c *pgxpool.Conn, l *backend.Le
 		defer c.Release()
 	}
 	_, err = p.release(cctx, c, l)
-	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Kind == backend.KindMutex && l.Waits) {
+	if err == nil && (l.Kind == backend.KindRead || l.Kind == backend.KindWrite || l.Waits) {
 		err = p.withdraw(cctx, c, l, 0) // the attempt may have queued; a marker goes
 	}
 	if err != nil {
@@ -1072,9 +1085,12 @@ func (p *Postgres) release(ctx context.Context, c *pgxpool.Conn, l *backend.Leas
 }
 
 // Withdraw implements backend.Withdrawer: it deletes l.Value's intent in
-// l.Key's mutex or read/write lock, if any, with the row when nothing
-// else is left in it, and notifies the waiters when one tried meanwhile
-// (for a mutex, the new head when the lock was kept for l.Value).
+// l.Key's mutex, semaphore or read/write lock, if any, with the row when
+// nothing else is left in it, and notifies the waiters when one tried
+// meanwhile (for a mutex, the new head when the lock was kept for
+// l.Value). For a semaphore whose acquisition does not wait in line
+// (l.Waits unset) it returns nil without I/O: its attempts record no
+// intent.
 //
 // When the last attempt of l was abandoned with its statement in flight
 // (TryAcquire returned a [backend.AbandonedError] for it), that statement
@@ -1091,8 +1107,8 @@ func (p *Postgres) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if err := p.ValidateKey(l.Key); err != nil {
 		return err
 	}
-	if l.Kind == backend.KindSemaphore {
-		return nil // not queued: nothing to withdraw
+	if l.Kind == backend.KindSemaphore && !l.Waits {
+		return nil // its attempts record no intent: nothing to withdraw
 	}
 	var mark time.Duration
 	if f, ok := l.Handle.(*pgFlight); ok {
@@ -1236,16 +1252,24 @@ func (p *Postgres) SubscribeHead(key, value string) (ch <-chan struct{}, cancel 
 }
 
 // Queues implements [backend.Queuer]: PostgreSQL queues the waiters of
-// mutexes (and the requests of read/write locks) in arrival order, not
-// those of semaphores: their waiters race for a freed permit.
-func (p *Postgres) Queues(k backend.Kind) bool { return k == backend.KindMutex }
+// mutexes and semaphores (and the requests of read/write locks) in
+// arrival order.
+func (p *Postgres) Queues(k backend.Kind) bool {
+	return k == backend.KindMutex || k == backend.KindSemaphore
+}
 
-// MinQueueWait implements [backend.MinQueueWaiter]: a mutex's line
-// serves waits of a second or more (lineMinWait); shorter waits do not
-// queue, and take the lock only while nobody waits in line.
+// MinQueueWait implements [backend.MinQueueWaiter]: a mutex's or a
+// semaphore's line serves waits of a second or more (lineMinWait);
+// shorter waits do not queue, and take the lock (a permit) only while
+// nobody waits in line (while more permits are free than waiters wait).
 func (p *Postgres) MinQueueWait(backend.Kind) time.Duration { return lineMinWait }
 
-// lineMinWait is the shortest wait that joins a mutex's line. The line
+// lineMinWait is the shortest wait that joins a mutex's or a semaphore's
+// line. A semaphore's line passes a freed permit on as a mutex's passes
+// the lock: a release's notice and the next waiter's attempt, while the
+// permit waits for the first waiters in line (a head near the end of its
+// wait holds it back from those behind until it withdraws), so the same
+// bound serves both. A mutex's line
 // hands the lock on one waiter at a time, each handoff a release with
 // its NOTIFY and the head's attempt: measured at load 11 on 2 cores, a
 // grant every 38ms with 20ms holds (about 18ms of handoff), so a wait

@@ -85,11 +85,11 @@ func noticeBarrier(t *testing.T, p *Postgres) {
 	noticed(t, ch, "the fence")
 }
 
-// testQueueOrder: the waiters of a mutex (or, given KindSemaphore, of a
-// semaphore of limit 2, which the facade does not queue yet), from
-// different resources as from processes, are granted in the order they
-// first tried, whatever order they try again in; a release wakes only the
-// waiter it lets in, in whichever process it waits.
+// testQueueOrder: the waiters of a mutex, from different resources as
+// from processes, are granted in the order they first tried, whatever
+// order they try again in; a release wakes only the waiter it lets in, in
+// whichever process it waits. (A semaphore's release wakes every waiter
+// of the key: its line is testSemaphoreLine.)
 func testQueueOrder(t *testing.T, pg *pgFixture, kind backend.Kind) {
 	limit := 0
 	if kind == backend.KindSemaphore {
@@ -306,7 +306,7 @@ func testHeadWithdraws(t *testing.T, pg *pgFixture) {
 
 // requests counts the requests PostgreSQL keeps for key's lock of kind:
 // its live holders and its queued waiters' live intents (the conformance
-// suite's ArrivalOrder case); semaphores keep no queue.
+// suite's ArrivalOrder case).
 func (f *pgFixture) requests(ctx context.Context, key string, kind backend.Kind) (int, error) {
 	live := `(x->>'e')::bigint > (extract(epoch FROM now()) * 1000000)::bigint`
 	var n int
@@ -318,6 +318,9 @@ func (f *pgFixture) requests(ctx context.Context, key string, kind backend.Kind)
 	case kind == backend.KindMutex:
 		err = f.admin.QueryRow(ctx, `SELECT coalesce(sum((expires_at > now())::int
   + (SELECT count(*) FROM jsonb_array_elements(state) x WHERE `+live+`)), 0)::int FROM distlock_locks_kinds WHERE lock_key = $1 AND kind = 0`, []byte(key)).Scan(&n)
+	case kind == backend.KindSemaphore:
+		err = f.admin.QueryRow(ctx, `SELECT coalesce(sum((SELECT count(*) FROM jsonb_array_elements(state->'h') x WHERE `+live+`)
+  + (SELECT count(*) FROM jsonb_array_elements(state->'i') x WHERE `+live+`)), 0)::int FROM distlock_locks_kinds WHERE lock_key = $1 AND kind = 1`, []byte(key)).Scan(&n)
 	default:
 		return 0, fmt.Errorf("requests of a %v: %w", kind, errors.ErrUnsupported)
 	}
@@ -684,4 +687,91 @@ func testUncancellableWaiterQueues(t *testing.T, pg *pgFixture) {
 		t.Fatal(err)
 	}
 	wantRows(t, pg.fixture(), key)
+}
+
+// testSemaphoreLine: a semaphore's waiters that wait in line
+// (Lease.Waits), from different resources as from processes, are granted
+// freed permits in the order they first tried, whatever order they try
+// again in: two permits freed at once go to the first two; a single
+// attempt (no intent) is refused a permit a waiter in line waits for,
+// and queues nothing; an attempt refused for another limit queues
+// nothing; a waiter that withdrew holds nobody back.
+func testSemaphoreLine(t *testing.T, f fixture) {
+	key := testsuite.Key(t)
+	res := []resource{f.newResource(t), f.newResource(t), f.newResource(t)}
+	owner := map[*backend.Lease]resource{}
+	lease := func(r resource, waits bool) *backend.Lease {
+		l := newLease(t, key, time.Minute)
+		l.Kind, l.Limit, l.Waits = backend.KindSemaphore, 2, waits
+		owner[l] = r
+		return l
+	}
+	requests := func(want int, when string) {
+		t.Helper()
+		if n, err := f.requests(t.Context(), key, backend.KindSemaphore); err != nil || n != want {
+			t.Fatalf("%s: requests kept = %d, %v; want %d", when, n, err, want)
+		}
+	}
+	h1, h2 := lease(res[0], false), lease(res[1], false)
+	mustAcquire(t, res[0], h1)
+	mustAcquire(t, res[1], h2)
+	ws := make([]*backend.Lease, 5)
+	for i := range ws {
+		ws[i] = lease(res[i%3], true)
+		if ok, left := attempt(t, owner[ws[i]], ws[i]); ok || left <= 0 {
+			t.Fatalf("waiter %d: acquired %v, time left %v; want false and a time left", i, ok, left)
+		}
+	}
+	requests(2+len(ws), "2 holders, 5 waiters")
+	other := lease(res[2], true)
+	other.Limit = 3
+	if _, _, err := res[2].TryAcquire(t.Context(), other); !errors.Is(err, backend.ErrLimitMismatch) {
+		t.Fatalf("an attempt with limit 3 on a semaphore held with 2: %v; want ErrLimitMismatch", err)
+	}
+	requests(2+len(ws), "after an attempt with another limit")
+
+	mustRelease(t, res[0], h1)
+	mustRelease(t, res[1], h2)
+	if ok, _ := attempt(t, res[2], lease(res[2], false)); ok {
+		t.Fatal("a single attempt took a permit that waiters in line wait for")
+	}
+	requests(len(ws), "after the releases and a single attempt")
+	var last uint64
+	grant := func(i int) {
+		t.Helper()
+		if ok, _ := attempt(t, owner[ws[i]], ws[i]); !ok {
+			t.Fatalf("waiter %d not granted a permit", i)
+		}
+		if ws[i].Token <= last {
+			t.Fatalf("waiter %d's token %d; want above %d", i, ws[i].Token, last)
+		}
+		last = ws[i].Token
+	}
+	refused := func(i int) {
+		t.Helper()
+		if ok, _ := attempt(t, owner[ws[i]], ws[i]); ok {
+			t.Fatalf("waiter %d got a permit before a waiter that came first", i)
+		}
+	}
+	// Two permits free: the last comers try first and are refused.
+	refused(4)
+	refused(3)
+	refused(2)
+	grant(1)
+	refused(4)
+	grant(0)
+	refused(2)
+	// Waiter 2 leaves the line: 3 is next.
+	if err := res[2].(backend.Withdrawer).Withdraw(t.Context(), ws[2]); err != nil {
+		t.Fatal(err)
+	}
+	requests(4, "2 holders, 2 waiters")
+	mustRelease(t, owner[ws[0]], ws[0])
+	refused(4)
+	grant(3)
+	mustRelease(t, owner[ws[1]], ws[1])
+	grant(4)
+	mustRelease(t, owner[ws[3]], ws[3])
+	mustRelease(t, owner[ws[4]], ws[4])
+	wantRows(t, f, key)
 }

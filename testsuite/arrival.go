@@ -139,11 +139,15 @@ func queuedSpinner(t *testing.T, h *Harness, kind backend.Kind) backend.Spinner 
 	return s
 }
 
-// deadWaiter queues a waiter of key's mutex that never comes back (its
-// process died): one refused attempt of a waiting acquisition, with ttl.
-func deadWaiter(t *testing.T, s backend.Spinner, key string, ttl time.Duration) *backend.Lease {
+// deadWaiter queues a waiter of key's lock of kind (a mutex, or a
+// semaphore of limit 2) that never comes back (its process died): one
+// refused attempt of a waiting acquisition, with ttl.
+func deadWaiter(t *testing.T, s backend.Spinner, key string, ttl time.Duration, kind backend.Kind) *backend.Lease {
 	t.Helper()
-	l := &backend.Lease{Key: key, Value: "dead-" + Key(t), TTL: ttl, Kind: backend.KindMutex, Waits: true}
+	l := &backend.Lease{Key: key, Value: "dead-" + Key(t), TTL: ttl, Kind: kind, Waits: true}
+	if kind == backend.KindSemaphore {
+		l.Limit = 2
+	}
 	ok, _, err := s.TryAcquire(t.Context(), l)
 	if ok || err != nil {
 		t.Fatalf("TryAcquire of a held lock = %v, %v; want false, nil", ok, err)
@@ -151,26 +155,50 @@ func deadWaiter(t *testing.T, s backend.Spinner, key string, ttl time.Duration) 
 	return l
 }
 
-// testDeadHeadPassedOver: on a pull store that queues mutex waiters, a
-// waiter at the head of the line whose process died (it never tries
-// again, nor withdraws) is passed over within its TTL: the next waiter
-// gets the lock once the dead one's place lapsed, at most a TTL and a
-// poll (backend.HeadPoll) after the release.
+// testDeadHeadPassedOver: on a pull store that queues mutex (semaphore)
+// waiters, a waiter at the head of the line whose process died (it never
+// tries again, nor withdraws) is passed over within its TTL: the next
+// waiter gets the lock (the permit a release freed, with the semaphore's
+// other permit held throughout) once the dead one's place lapsed, at
+// most a TTL and a poll (backend.HeadPoll) after the release.
 func testDeadHeadPassedOver(t *testing.T, h *Harness) {
-	s := queuedSpinner(t, h, backend.KindMutex)
+	for _, kind := range []backend.Kind{backend.KindMutex, backend.KindSemaphore} {
+		t.Run(kind.String(), func(t *testing.T) {
+			if h.Unsupported[kind] != "" {
+				t.Skip(h.Unsupported[kind])
+			}
+			deadHeadPassedOver(t, h, kind)
+		})
+	}
+}
+
+func deadHeadPassedOver(t *testing.T, h *Harness, kind backend.Kind) {
+	s := queuedSpinner(t, h, kind)
 	if s == nil {
-		t.Skip("the store keeps no line of mutex waiters that a dead waiter could block (a push store's goes with its session)")
+		t.Skipf("the store keeps no line of %v waiters that a dead waiter could block (a push store's goes with its session)", kind)
 	}
 	key := Key(t)
+	lock := func(ctx context.Context, d *distlock.DistributeLock, wait time.Duration) (*distlock.Lock, error) {
+		if kind == backend.KindSemaphore {
+			return d.Semaphore(key, 2).TryAcquire(ctx, wait)
+		}
+		return d.TryLock(ctx, key, wait)
+	}
 	d := newLock(t, h)
-	holder := mustLock(t, d, t.Context(), key, 0)
+	holder := mustOK(t)(lock(t.Context(), d, 0))
+	holders := 1
+	if kind == backend.KindSemaphore {
+		holders = 2
+		kept := mustOK(t)(lock(t.Context(), newLock(t, h), 0))
+		t.Cleanup(func() { _ = kept.Unlock(context.Background()) })
+	}
 	ttl := h.ttl()
-	deadWaiter(t, s, key, ttl)
+	deadWaiter(t, s, key, ttl, kind)
 	got := make(chan time.Duration, 1)
 	var released time.Time
 	var mu sync.Mutex
 	go func() {
-		lk, err := newLock(t, h).TryLock(t.Context(), key, time.Minute)
+		lk, err := lock(t.Context(), newLock(t, h), time.Minute)
 		if err != nil {
 			t.Errorf("the waiter behind the dead head: %v", err)
 			got <- -1
@@ -181,7 +209,7 @@ func testDeadHeadPassedOver(t *testing.T, h *Harness) {
 		mu.Unlock()
 		_ = lk.Unlock(context.Background())
 	}()
-	waitRequests(t, h, key, backend.KindMutex, 3)
+	waitRequests(t, h, key, kind, holders+2)
 	mu.Lock()
 	released = time.Now()
 	err := holder.Unlock(t.Context())
@@ -243,7 +271,7 @@ func testCancelledHeadLeaves(t *testing.T, h *Harness) {
 		key := Key(t)
 		d := newLock(t, h)
 		holder := mustLock(t, d, t.Context(), key, 0)
-		head := deadWaiter(t, s, key, long)
+		head := deadWaiter(t, s, key, long, backend.KindMutex)
 		next := make(chan error, 1)
 		go func() {
 			lk, err := newLock(t, h).TryLock(ctx, key, distlock.WaitForever)
