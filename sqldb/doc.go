@@ -6,10 +6,10 @@
 // backend.KindChecker (mutexes, semaphores and read/write locks),
 // backend.Withdrawer, backend.Inspector, backend.Relabeler (an election's
 // Proclaim) and backend.KeyValidator, and are used through distlock.New.
-// [Postgres] also queues the waiters of mutexes and semaphores that wait
-// a second or more in arrival order, and wakes the head of a mutex's line
-// only (backend.Queuer, backend.MinQueueWaiter, backend.HeadNotifier; see
-// "Waiting in line"):
+// Both queue the waiters of semaphores that wait a second or more in
+// arrival order, and [Postgres] those of mutexes too, waking the head of
+// a mutex's line only (backend.Queuer, backend.MinQueueWaiter,
+// backend.HeadNotifier; see "Waiting in line"):
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
 //	res, err := sqldb.NewPostgres(ctx, pool)
@@ -298,7 +298,7 @@
 // cannot be a NOTIFY's payload: such a head is not woken and comes on
 // its own, within backend.HeadPoll.
 //
-// A semaphore's waiters queue the same way on PostgreSQL, in its row
+// A semaphore's waiters queue the same way, on both stores, in its row
 // of the kinds table (see Semaphores and read/write locks): an attempt
 // of an acquisition that waits a second or more and cannot hold records
 // or renews an intent, numbered and bounded as a mutex waiter's, and a
@@ -306,7 +306,8 @@
 // own than permits are free: the first k waiters in line can take k free
 // permits, and a newcomer without an intent only a permit that no waiter
 // in line waits for. No permit is kept for anybody: a release frees it
-// and notifies the key's waiters when a contender marked the row; the
+// and, on PostgreSQL, notifies the key's waiters when a contender marked
+// the row (on MySQL the waiters find it on their next attempt); the
 // waiters try again, and only the first ones in line get in. A waiter in
 // line that died holds a permit back from those behind it until its
 // intent lapses, at most l.TTL after its last attempt and before the end
@@ -314,10 +315,10 @@
 // for the first waiters in line, and a line of short waits would hold
 // permits mostly for heads whose wait is ending.
 //
-// [MySQL]'s mutexes and semaphores keep no queue (it has no
-// notifications to wake a head with): whichever waiter tries first after
-// a release takes the lock or permit, in no particular order. Read/write
-// locks keep their order of arrival on both stores.
+// [MySQL]'s mutexes keep no queue (it has no notifications to wake a
+// head with): whichever waiter tries first after a release takes the
+// lock, in no particular order. Semaphores and read/write locks keep
+// their order of arrival on both stores.
 //
 // # Contention and errors
 //

@@ -443,6 +443,7 @@ func (f *myFixture) fixture() fixture {
 		newResource: func(t testing.TB) resource {
 			return f.resource(t, f.db(t, nil))
 		},
+		requests: f.requests,
 		rows: func(ctx context.Context, key string) ([]string, error) {
 			rows, err := f.admin.QueryContext(ctx, "SELECT owner FROM distlock_locks WHERE lock_key = ?", key)
 			if err != nil {
@@ -671,4 +672,18 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, e
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// requests counts the requests MySQL keeps for key's semaphore: its live
+// holders and its queued waiters' live intents (the conformance suite's
+// ArrivalOrder case). Mutexes keep no line on MySQL.
+func (f *myFixture) requests(ctx context.Context, key string, kind backend.Kind) (int, error) {
+	if kind != backend.KindSemaphore {
+		return 0, fmt.Errorf("requests of a %v: %w", kind, errors.ErrUnsupported)
+	}
+	var n int
+	err := f.admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM distlock_locks_kinds k,
+  JSON_TABLE(JSON_MERGE_PRESERVE(JSON_EXTRACT(k.state, '$.h'), JSON_EXTRACT(k.state, '$.i')), '$[*]' COLUMNS (e BIGINT PATH '$.e')) j
+WHERE k.lock_key = ? AND k.kind = 1 AND j.e > TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))`, key).Scan(&n)
+	return n, err
 }

@@ -309,7 +309,7 @@ func (m *MySQL) TryAcquire(ctx context.Context, l *backend.Lease) (bool, time.Du
 		ttl := micros(l.TTL)
 		args = []any{counterKey(l.Key), l.Key, l.Value, ttl, l.Label, l.Value, ttl}
 	} else {
-		args, acquireStmt = m.kindArgs(l), m.kindStmt
+		args, acquireStmt = m.kindArgs(l, intentLife(ctx, l.TTL)), m.kindStmt
 	}
 	if ctx.Done() == nil { // nothing can end the call: no flight, no bound
 		st := m.acq
@@ -439,7 +439,7 @@ func (m *MySQL) deleteAny(ctx context.Context, l *backend.Lease) error {
 		return err
 	}
 	_, err := m.groupRemove(ctx, m.kRel, m.kRelAny, l)
-	if err == nil && l.Kind != backend.KindSemaphore {
+	if err == nil && recordsIntent(l) {
 		_, err = m.groupRemove(ctx, m.kWdr, m.kWdrAny, l)
 	}
 	return err
@@ -502,7 +502,7 @@ func (m *MySQL) Refresh(ctx context.Context, l *backend.Lease) error {
 	if l.Kind == backend.KindMutex {
 		n, err = m.exec(ctx, m.ref, micros(l.TTL), l.Key, l.Value)
 	} else {
-		n, err = m.exec(ctx, m.kRef.Stmt, m.kRef.args(kindVals(l))...)
+		n, err = m.exec(ctx, m.kRef.Stmt, m.kRef.args(kindVals(l, 0))...)
 	}
 	if err != nil {
 		return fmt.Errorf("sqldb: mysql: refresh %q: %w", l.Key, err)

@@ -19,7 +19,22 @@ var (
 	_ backend.Withdrawer     = (*MySQL)(nil)
 	_ backend.Inspector      = (*MySQL)(nil)
 	_ backend.BatchRefresher = (*MySQL)(nil)
+	_ backend.Queuer         = (*MySQL)(nil)
+	_ backend.MinQueueWaiter = (*MySQL)(nil)
 )
+
+// Queues implements [backend.Queuer]: MySQL queues the waiters of
+// semaphores (and the requests of read/write locks) in arrival order, not
+// those of mutexes: whichever waiter tries first after a release takes
+// the lock. It has no notices: a waiter finds its turn on its next
+// attempt.
+func (m *MySQL) Queues(k backend.Kind) bool { return k == backend.KindSemaphore }
+
+// MinQueueWait implements [backend.MinQueueWaiter]: a semaphore's line
+// serves waits of a second or more (lineMinWait), as on PostgreSQL;
+// shorter waits do not queue, and take a permit only while more permits
+// are free than waiters wait in line.
+func (m *MySQL) MinQueueWait(backend.Kind) time.Duration { return lineMinWait }
 
 // mismatchBit marks the value a kinds acquire leaves in LAST_INSERT_ID()
 // when the semaphore's holders took it with another limit, which the low
@@ -49,7 +64,7 @@ var mysqlKindSQL = strings.NewReplacer(
 	"{ME}", "JSON_OBJECT('o', HEX(:o), 'k', :k, 't', LAST_INSERT_ID(), 'e', {N} + :ttl, 'l', HEX(:label))",
 	"{ME_O}", "HEX(:o)",
 	"{ME_K}", ":k",
-	"{ME_E}", "{N} + :ttl",
+	"{ME_E}", "{N} + :life",
 )
 
 // named turns a statement's :name parameters into ?s, and returns the
@@ -104,22 +119,30 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 	// UPDATE reads and locks its latest version: attempts on one lock are
 	// serialized, each deciding on the state the last committed, so the
 	// limit is never exceeded) is decided on its live entries:
-	//   s: fewer holders than the limit, and none took it with another;
+	//   s: fewer holders than the limit, none took it with another, and
+	//      fewer intents precede ours (all of them, with no intent of
+	//      ours) than permits are free;
 	//   r: no writer holds, and no writer's intent precedes ours (or,
 	//      with no intent of ours, no writer's intent at all);
 	//   w: nobody holds, and no intent precedes ours (or none at all).
-	// A grant adds a holder with the token and drops our intent; a read
-	// or write attempt that cannot hold adds an intent numbered by the
-	// token drawn (arrival order) or renews ours; expired entries go.
+	// A grant adds a holder with the token and drops our intent; an
+	// attempt that cannot hold (but a semaphore's refused for another
+	// limit) adds an intent for :life from now (0: none), numbered by
+	// the token drawn (arrival order), or renews ours, keeping its
+	// number; expired entries go.
 	// SET is evaluated left to right: state first from the old state,
 	// then the others read the new one (and token the old lim). The
 	// outcome leaves in LAST_INSERT_ID(): the token; contendedBit | the
 	// time until the first other entry expires; or mismatchBit | the
-	// holders' limit.
+	// holders' limit. (The time counts the intents behind ours too: a
+	// JSON_TABLE subquery nested in another here, after state was set,
+	// crashed MariaDB 10.11 under concurrent attempts.)
 	own := `(SELECT s FROM {JTI} j2 WHERE e > {N} AND o = {ME_O} LIMIT 1)`
 	ok := `CASE {ME_K}
     WHEN 's' THEN (SELECT COUNT(*) FROM {JTH} j WHERE e > {N}) < :lim
       AND ((SELECT COUNT(*) FROM {JTH} j WHERE e > {N}) = 0 OR lim = :lim)
+      AND (SELECT COUNT(*) FROM {JTI} j WHERE e > {N} AND o <> {ME_O} AND (` + own + ` IS NULL OR s < ` + own + `))
+        < :lim - (SELECT COUNT(*) FROM {JTH} j WHERE e > {N})
     WHEN 'r' THEN NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N} AND k = 'w')
       AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N} AND o <> {ME_O} AND k = 'w' AND (` + own + ` IS NULL OR s < ` + own + `))
     ELSE NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N})
@@ -129,7 +152,7 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 	io := `COALESCE((SELECT JSON_ARRAYAGG({I}) FROM {JTI} j WHERE e > {N} AND o <> {ME_O}), JSON_ARRAY())`
 	newState := `IF(` + ok + `,
     JSON_OBJECT('h', JSON_ARRAY_APPEND(` + h + `, '$', {ME}), 'i', ` + io + `),
-    JSON_OBJECT('h', ` + h + `, 'i', IF({ME_K} = 's', ` + io + `,
+    JSON_OBJECT('h', ` + h + `, 'i', IF(:life <= 0 OR {ME_K} = 's' AND lim <> :lim AND EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N}), ` + io + `,
       JSON_ARRAY_APPEND(` + io + `, '$', JSON_OBJECT('o', {ME_O}, 'k', {ME_K}, 's', COALESCE(` + own + `, LAST_INSERT_ID()), 'e', {ME_E})))))`
 	meIn := `EXISTS (SELECT 1 FROM {JTH} j WHERE o = {ME_O})`
 	// (A derived table cannot read the row's column: no UNION of the two.)
@@ -143,7 +166,7 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 ON DUPLICATE KEY UPDATE
   state = IF(kind = 0, state, ` + newState + `),
   token = IF(kind = 0, LAST_INSERT_ID(token + 1), IF(` + meIn + `, LAST_INSERT_ID(),
-    token + 0 * LAST_INSERT_ID(IF({ME_K} = 's' AND lim <> :lim, 4611686018427387904 | lim, 9223372036854775808 | GREATEST(` + left + `, 0))))),
+    token + 0 * LAST_INSERT_ID(IF({ME_K} = 's' AND lim <> :lim AND JSON_LENGTH(state, '$.h') > 0, 4611686018427387904 | lim, 9223372036854775808 | GREATEST(` + left + `, 0))))),
   lim = IF(kind = 0 OR NOT ` + meIn + `, lim, :lim),
   expires_at = IF(kind = 0, expires_at, '1970-01-01' + INTERVAL ` + last + ` MICROSECOND)`)
 	acq, m.kAcqArgs = named(acq)
@@ -205,16 +228,19 @@ WHERE lock_key = :key AND kind = :rk AND EXISTS (SELECT 1 FROM {JTH} j WHERE o =
 // semaphores and read/write locks.
 func (m *MySQL) CheckKind(backend.Kind) error { return nil }
 
-// kindVals are the named arguments of the kinds statements for l.
-func kindVals(l *backend.Lease) map[string]any {
+// kindVals are the named arguments of the kinds statements for l; life
+// is the life of the intent a refused attempt records (see
+// groupIntentLife).
+func kindVals(l *backend.Lease, life time.Duration) map[string]any {
 	rk := groupRow(l.Kind)
 	return map[string]any{"counter": groupCounterKey(rk, l.Key), "key": l.Key, "rk": rk, "ttl": micros(l.TTL),
-		"lim": l.Limit, "o": l.Value, "k": mode(l.Kind), "label": l.Label}
+		"lim": l.Limit, "o": l.Value, "k": mode(l.Kind), "label": l.Label, "life": groupIntentLife(l, life)}
 }
 
-// kindArgs are the kinds acquire's arguments for l.
-func (m *MySQL) kindArgs(l *backend.Lease) []any {
-	return namedStmt{names: m.kAcqArgs}.args(kindVals(l))
+// kindArgs are the kinds acquire's arguments for l, whose refused
+// attempt records an intent for life (see groupIntentLife).
+func (m *MySQL) kindArgs(l *backend.Lease, life time.Duration) []any {
+	return namedStmt{names: m.kAcqArgs}.args(kindVals(l, life))
 }
 
 // kindStmt returns the kinds acquire statement bounded on the server by
@@ -235,7 +261,7 @@ func (m *MySQL) kindStmt(bound time.Duration) (*sql.Stmt, time.Duration) {
 // (kWdr, kWdrAny) of l's entry, and deletes the row if that left it
 // without a live entry. It reports whether the entry was live.
 func (m *MySQL) groupRemove(ctx context.Context, del, upd namedStmt, l *backend.Lease) (bool, error) {
-	vals := kindVals(l)
+	vals := kindVals(l, 0)
 	n, err := m.exec(ctx, del.Stmt, del.args(vals)...)
 	if err != nil || n > 0 {
 		return err == nil, err
@@ -255,11 +281,16 @@ func (m *MySQL) groupRemove(ctx context.Context, del, upd namedStmt, l *backend.
 }
 
 // Withdraw implements backend.Withdrawer: it deletes l.Value's intent in
-// l.Key's read/write lock, if any, with the row when nothing else is left
-// in it.
+// l.Key's semaphore or read/write lock, if any, with the row when nothing
+// else is left in it. For a mutex, or a semaphore whose acquisition does
+// not wait in line (l.Waits unset), it returns nil without I/O: their
+// attempts record no intent.
 func (m *MySQL) Withdraw(ctx context.Context, l *backend.Lease) error {
 	if err := m.validate(l); err != nil {
 		return err
+	}
+	if !recordsIntent(l) {
+		return nil
 	}
 	if _, err := m.groupRemove(ctx, m.kWdr, m.kWdrAny, l); err != nil {
 		return fmt.Errorf("sqldb: mysql: withdraw %q: %w", l.Key, err)

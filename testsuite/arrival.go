@@ -31,6 +31,9 @@ func testArrivalOrder(t *testing.T, h *Harness) {
 			if h.Unsupported[kind] != "" {
 				t.Skip(h.Unsupported[kind])
 			}
+			if h.NoLine[kind] != "" {
+				t.Skip(h.NoLine[kind])
+			}
 			arrivalOrder(t, h, kind)
 		})
 	}

@@ -119,6 +119,12 @@ type Harness struct {
 	// and whichever waiter tries first after a release gets the lock);
 	// the ArrivalOrder case then skips with it.
 	NoArrivalOrder string
+	// NoLine says, per kind (KindMutex, KindSemaphore), why the store
+	// grants the waiters of that kind in no particular order while it
+	// queues the other's (MySQL: semaphore waiters queue, mutex waiters
+	// race); the ArrivalOrder case skips that kind with it. Requests
+	// may then return an error wrapping errors.ErrUnsupported for it.
+	NoLine map[backend.Kind]string
 }
 
 func (h *Harness) ttl() time.Duration {
