@@ -175,7 +175,7 @@ func kindsPeers(ctx context.Context, s *servers, w string, g []*peer) (ps []*kin
 // each store, for the tables' footnotes.
 var kindsNotes = map[string]string{
 	"redis":     "redis.New, defaults: one script per attempt (a semaphore's holders in a sorted set scored by their expiry on the server's clock; a read/write lock's holders and arrival-ordered intents, so new readers wait behind a waiting writer; a token per grant), one script per release that PUBLISHes a notice waking the waiters, WithSpin 10ms+[0,10ms)",
-	"postgres":  "sqldb.NewPostgres, defaults: one upsert of the lock's row per attempt (holders, and the arrival-ordered intents of a read/write lock's requests and of a semaphore's waiters that wait 1s or more, in jsonb; a token per grant drawn under an advisory lock), one statement per release (a second when a concurrent release left the row empty), NOTIFY to the waiters that marked the row, LISTEN for wake-up",
+	"postgres":  "sqldb.NewPostgres, defaults: one upsert of the lock's row per attempt (holders, and the arrival-ordered intents of a read/write lock's requests and of a semaphore's waiters that wait 1s or more, in jsonb; a token per grant drawn under an advisory lock), one statement per release (a second when a concurrent release left the row empty), NOTIFY to a semaphore's first waiters in line, or to the waiters that marked the row, LISTEN for wake-up",
 	"etcd":      "etcd.New: the queue of keys the mutex keeps, a waiter watching the entry it waits for",
 	"zookeeper": "zookeeper.New: the queue of znodes the mutex keeps, a waiter watching the entry it waits for",
 }

@@ -40,6 +40,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("ListenWithPoolHooks", func(t *testing.T) { testListenDynamicCredentials(t, pg) })
 	t.Run("RefreshAllOneStatement", func(t *testing.T) { testRefreshAllOneStatement(t, pg) })
 	t.Run("QueueOrderMutex", func(t *testing.T) { testQueueOrder(t, pg, backend.KindMutex) })
+	t.Run("SemaphoreHeadNotice", func(t *testing.T) { testSemaphoreHeadNotice(t, pg) })
 	t.Run("DeadHeadPassedOver", func(t *testing.T) { testDeadHeadPassedOver(t, pg) })
 	t.Run("HeadWithdraws", func(t *testing.T) { testHeadWithdraws(t, pg) })
 	t.Run("WithdrawnInFlight", func(t *testing.T) { testWithdrawnInFlight(t, pg) })

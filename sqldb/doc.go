@@ -8,7 +8,7 @@
 // Proclaim) and backend.KeyValidator, and are used through distlock.New.
 // Both queue the waiters of semaphores that wait a second or more in
 // arrival order, and [Postgres] those of mutexes too, waking the head of
-// a mutex's line only (backend.Queuer, backend.MinQueueWaiter,
+// the line only (backend.Queuer, backend.MinQueueWaiter,
 // backend.HeadNotifier; see "Waiting in line"):
 //
 //	pool, _ := pgxpool.New(ctx, dsn)
@@ -243,7 +243,8 @@
 // with none (MySQL: the UPDATE's outcome says so), a second statement
 // deletes the row if it still has no live entry. A release or withdrawal
 // on PostgreSQL notifies the key's waiters, of every kind, when a
-// contender marked the row.
+// contender marked the row, but for a semaphore with waiters in line (see
+// Waiting in line).
 //
 // # Waiting in line
 //
@@ -305,10 +306,11 @@
 // permit is granted only while fewer live intents precede the attempt's
 // own than permits are free: the first k waiters in line can take k free
 // permits, and a newcomer without an intent only a permit that no waiter
-// in line waits for. No permit is kept for anybody: a release frees it
-// and, on PostgreSQL, notifies the key's waiters when a contender marked
-// the row (on MySQL the waiters find it on their next attempt); the
-// waiters try again, and only the first ones in line get in. A waiter in
+// in line waits for. No permit is kept for anybody: a release frees it,
+// and on PostgreSQL it notifies, as a mutex's release notifies its head,
+// the first waiters in line, as many as permits are free, and the key's
+// waiters only when more permits are free than waiters wait in line (on
+// MySQL the waiters find their turn on their next attempt). A waiter in
 // line that died holds a permit back from those behind it until its
 // intent lapses, at most l.TTL after its last attempt and before the end
 // of its wait. Shorter waits do not queue, as for a mutex: a permit waits
@@ -388,7 +390,7 @@
 // this process has waiters it keeps one dedicated connection that LISTENs
 // on the table's channel, distlock_ followed by the table's oid (one
 // channel however the table is spelled), and on its queue channel (the
-// same and _q). A release of a mutex with queued waiters
+// same and _q). A release of a mutex or semaphore with queued waiters
 // notifies the head on the queue channel (see Waiting in line). Otherwise
 // Release (and Withdraw) notifies when a contender tried the lock while
 // it was held, with the key as payload, or, for a key that is not text,

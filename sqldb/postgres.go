@@ -423,8 +423,17 @@ WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint
 // with expired entries, deleting the row when no live entry is left (no
 // row stays behind), and notifies the waiters when a contender marked
 // the row. Parameters: $1 key, $2 owner, $3 the row's kind, $4 the
-// grant's mode, $5 the channel, $6 the payload. It returns one row
-// (whether our entry was live) when it was there, none otherwise.
+// grant's mode, $5 the channel, $6 the payload, $7 the queue channel. It
+// returns one row (whether our entry was live) when it was there, none
+// otherwise.
+//
+// A semaphore's waiters in line are told their turn as a mutex's head
+// is: when live intents are left, it notifies the first of them, as many
+// as permits are free, each on the queue channel with its owner value as
+// payload, and the key's waiters only when more permits are free than
+// waiters wait in line (a newcomer may then take one). So a release
+// wakes the waiter it lets in, not every waiter of the key (each of
+// which tried again, only for the first in line to get in).
 //
 // Whether our entry was live is read by cur, which locks the row (FOR
 // UPDATE) and so reads its latest version, the one the DELETE or the
@@ -473,10 +482,16 @@ func groupRemove(kq, arr, mine string) string {
   FROM cur
   WHERE g.lock_key = $1::bytea AND g.kind = $3::smallint AND NOT EXISTS (SELECT FROM d)
     AND EXISTS (SELECT FROM jsonb_array_elements(g.state->'` + arr + `') x WHERE ` + mine + `)
-  RETURNING g.waited, cur.live, g.state = '{"h": [], "i": []}'::jsonb AS empty
+  RETURNING g.waited, cur.live, g.state = '{"h": [], "i": []}'::jsonb AS empty,
+    greatest(g.lim - jsonb_array_length(g.state->'h'), 0) AS free, g.state->'i' AS line
 )
-SELECT coalesce(r.live, false), CASE WHEN r.waited THEN pg_notify($5, $6) END::text, r.empty
-FROM (SELECT *, false AS empty FROM d UNION ALL SELECT * FROM u) r`
+SELECT coalesce(r.live, false), CASE WHEN r.heads >= 0 AND r.waited AND r.general THEN pg_notify($5, $6) END::text, r.empty
+FROM (SELECT d.waited, d.live, false AS empty, true AS general, 0::bigint AS heads FROM d
+  UNION ALL SELECT u.waited, u.live, u.empty, $3::smallint <> ` + strconv.Itoa(rowSem) + ` OR jsonb_array_length(u.line) < u.free,
+    CASE WHEN $3::smallint = ` + strconv.Itoa(rowSem) + ` THEN (SELECT count(pg_notify($7, h.o)::text)
+      FROM (SELECT x->>'o' AS o FROM jsonb_array_elements(u.line) x ORDER BY (x->>'s')::bigint LIMIT u.free) h
+      WHERE octet_length(h.o) < ` + strconv.Itoa(maxPayload) + `) ELSE 0 END
+  FROM u) r`
 }
 
 // tableID is what a table name resolved to.
@@ -1162,7 +1177,7 @@ func (p *Postgres) withdraw(ctx context.Context, c *pgxpool.Conn, l *backend.Lea
 func (p *Postgres) groupRemove(ctx context.Context, c *pgxpool.Conn, stmt string, l *backend.Lease) (live bool, err error) {
 	var empty bool
 	err = retryConflicts(pgContention, func() error {
-		err := c.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key)).Scan(&live, nil, &empty)
+		err := c.QueryRow(ctx, stmt, bytesArg(l.Key), l.Value, groupRow(l.Kind), mode(l.Kind), p.channel, notifyPayload(l.Key), p.ln.qchannel).Scan(&live, nil, &empty)
 		if errors.Is(err, pgx.ErrNoRows) {
 			live, err = false, nil
 		}

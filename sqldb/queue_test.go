@@ -775,3 +775,86 @@ func testSemaphoreLine(t *testing.T, f fixture) {
 	mustRelease(t, owner[ws[4]], ws[4])
 	wantRows(t, f, key)
 }
+
+// testSemaphoreHeadNotice: a release of a semaphore's permit with
+// waiters in line notifies the first of them only, on the queue channel
+// (as many as permits are free), not the key's waiters; a withdrawal of
+// the waiter told tells the next one; with more permits free than
+// waiters in line, the key's waiters are notified too (a newcomer may
+// take one).
+func testSemaphoreHeadNotice(t *testing.T, pg *pgFixture) {
+	key := testsuite.Key(t)
+	p := pg.resource(t, pg.pool(t, nil))
+	listening(t, p)
+	lease := func(waits bool) *backend.Lease {
+		l := newLease(t, key, time.Minute)
+		l.Kind, l.Limit, l.Waits = backend.KindSemaphore, 1, waits
+		return l
+	}
+	holder := lease(false)
+	mustAcquire(t, p, holder)
+	ws := []*backend.Lease{lease(true), lease(true)}
+	chs := make([]<-chan struct{}, len(ws))
+	for i, w := range ws {
+		if ok, _ := attempt(t, p, w); ok {
+			t.Fatalf("waiter %d acquired a held permit", i)
+		}
+		ch, cancel := p.ln.subscribeWaiter(w.Value)
+		t.Cleanup(cancel)
+		chs[i] = ch
+	}
+	keyCh, cancel := p.Subscribe(key)
+	t.Cleanup(cancel)
+	quiet := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+			t.Fatalf("%s was notified", what)
+		default:
+		}
+	}
+	mustRelease(t, p, holder)
+	noticed(t, chs[0], "the first waiter in line, after the release")
+	noticeBarrier(t, p)
+	quiet(chs[1], "the second waiter in line")
+	quiet(keyCh, "the key's waiters, with a waiter in line for the only free permit")
+	if err := p.Withdraw(t.Context(), ws[0]); err != nil {
+		t.Fatal(err)
+	}
+	noticed(t, chs[1], "the next waiter in line, after the first withdrew")
+	noticeBarrier(t, p)
+	quiet(keyCh, "the key's waiters, after the withdrawal")
+	if err := p.Withdraw(t.Context(), ws[1]); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, pg.fixture(), key)
+
+	// Limit 2, one waiter in line: a release frees a permit for the
+	// waiter and one for anybody.
+	key2 := key + "-2"
+	l2 := func(waits bool) *backend.Lease {
+		l := newLease(t, key2, time.Minute)
+		l.Kind, l.Limit, l.Waits = backend.KindSemaphore, 2, waits
+		return l
+	}
+	h1, h2, w := l2(false), l2(false), l2(true)
+	mustAcquire(t, p, h1)
+	mustAcquire(t, p, h2)
+	if ok, _ := attempt(t, p, w); ok {
+		t.Fatal("the waiter acquired a held permit")
+	}
+	wch, wcancel := p.ln.subscribeWaiter(w.Value)
+	t.Cleanup(wcancel)
+	kch, kcancel := p.Subscribe(key2)
+	t.Cleanup(kcancel)
+	mustRelease(t, p, h1)
+	noticed(t, wch, "the waiter in line")
+	noticeBarrier(t, p)
+	quiet(kch, "the key's waiters, with one permit free and one waiter in line")
+	mustRelease(t, p, h2)
+	noticed(t, kch, "the key's waiters, with two permits free and one waiter in line")
+	if err := p.Withdraw(t.Context(), w); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, pg.fixture(), key2)
+}
