@@ -1284,15 +1284,15 @@ func (p *Postgres) MinQueueWait(backend.Kind) time.Duration { return lineMinWait
 // the lock: a release's notice and the next waiter's attempt, while the
 // permit waits for the first waiters in line (a head near the end of its
 // wait holds it back from those behind until it withdraws), so the same
-// bound serves both. A mutex's line
-// hands the lock on one waiter at a time, each handoff a release with
-// its NOTIFY and the head's attempt: measured at load 11 on 2 cores, a
-// grant every 38ms with 20ms holds (about 18ms of handoff), so a wait
-// reaches the head past about 10 waiters in 200ms, 50 in a second. With
-// 200ms waits and 12 waiters (3 processes x 4, 1ms holds) the line
-// granted 228-538 of 600 against 33-584 without it; with 3s waits
-// (20ms holds) 120/120 at 3 processes and 477/480 at 12 (3.06 and 3.14
-// requests per grant) against 120 and 447 (6.87 and 19.90).
+// bound serves both. A mutex's line hands the lock on one waiter at a
+// time, each handoff a release with its NOTIFY and the head's attempt:
+// measured at load 11 on 2 cores, a grant every 38ms with 20ms holds
+// (about 18ms of handoff), so a wait reaches the head past about 10
+// waiters in 200ms, 50 in a second. With 200ms waits and 12 waiters (3
+// processes x 4, 1ms holds) the line granted 228-538 of 600 against
+// 33-584 without it; with 3s waits (20ms holds) 120/120 at 3 processes
+// and 477/480 at 12 (3.06 and 3.14 requests per grant) against 120 and
+// 447 (6.87 and 19.90).
 const lineMinWait = time.Second
 
 // Close stops the LISTEN connection and its goroutine, if any, and waits
