@@ -345,7 +345,16 @@ func startMariaDB(t testing.TB, mariadbd, installDB string) (*process, string) {
 		t.Cleanup(func() { os.RemoveAll(short) })
 		sock = filepath.Join(short, "s")
 	}
-	userArgs := []string{}
+	// A temporary directory of its own: a MariaDB server deletes every
+	// "#sql*" file in its tmpdir when it starts, so servers sharing /tmp
+	// delete each other's internal temporary tables (a running one then
+	// fails a statement with "Error on delete of '/tmp/#sql-temptable-...
+	// .MAI'", or dies), which tests starting servers side by side do.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		t.Fatalf("testserver: %v", err)
+	}
+	userArgs := []string{"--tmpdir=" + tmp}
 	if os.Geteuid() == 0 {
 		userArgs = append(userArgs, "--user=root")
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -74,6 +75,27 @@ func TestMariaDBSelect1(t *testing.T) {
 	}
 	if _, err := db.ExecContext(t.Context(), "CREATE TABLE x (k VARCHAR(64) PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMariaDBLeavesSharedTmpAlone: a MariaDB server started by the tests
+// does not delete other servers' internal temporary tables. A server
+// deletes every "#sql*" file in its tmpdir when it starts; with the
+// shared /tmp, servers started side by side (the packages of make test)
+// deleted each other's, which failed their statements ("Error on delete
+// of '/tmp/#sql-temptable-....MAI'").
+func TestMariaDBLeavesSharedTmpAlone(t *testing.T) {
+	probe := filepath.Join(os.TempDir(), "#sql-temptable-probe-"+strconv.FormatInt(time.Now().UnixNano(), 16)+".MAI")
+	if err := os.WriteFile(probe, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(probe) })
+	s := MariaDB(t)
+	if err := mariadbPing(s.DSN); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(probe); err != nil {
+		t.Errorf("a file like another server's temporary table, %s, is gone after a server started: %v", probe, err)
 	}
 }
 
