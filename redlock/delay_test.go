@@ -327,6 +327,23 @@ func TestRandomDelaysKeepOwnersApart(t *testing.T) {
 	}
 }
 
+// contendedNodes starts 5 nodes, the given ones behind proxies (returned
+// in that order), with the scripts loaded, and a Resource over them with
+// the delay tests' node timeout; another owner holds nodes 0, 1 and 2 of
+// the returned key, so that a round on it is contended.
+func contendedNodes(t *testing.T, proxied ...int) (*cluster, *redlock.Resource, string, []*proxy.Proxy) {
+	c := startNodes(t, 5, nil)
+	ps := make([]*proxy.Proxy, len(proxied))
+	for i, n := range proxied {
+		ps[i] = c.viaProxy(t, n)
+	}
+	c.loadScripts(t)
+	r := c.newResource(t, redlock.WithNodeTimeout(delayTestNodeTimeout))
+	key := uniqueKey(t)
+	c.hold(t, key, "other", time.Minute, 0, 1, 2)
+	return c, r, key, ps
+}
+
 // TestCleanupOfContendedRoundWaitsForUnanswered: a contended round (other
 // owners hold nodes 0, 1 and 2) whose request to node 4 is delayed on the
 // network, and whose clean-up of node 3, the one node that set the key,
@@ -337,13 +354,8 @@ func TestRandomDelaysKeepOwnersApart(t *testing.T) {
 // returned nil.
 func TestCleanupOfContendedRoundWaitsForUnanswered(t *testing.T) {
 	ctx := t.Context()
-	c := startNodes(t, 5, nil)
-	p3 := c.viaProxy(t, 3)
-	p4 := c.viaProxy(t, 4)
-	c.loadScripts(t)
-	r := c.newResource(t, redlock.WithNodeTimeout(delayTestNodeTimeout))
-	key := uniqueKey(t)
-	c.hold(t, key, "other", time.Minute, 0, 1, 2)
+	c, r, key, ps := contendedNodes(t, 3, 4)
+	p3, p4 := ps[0], ps[1]
 
 	// Node 4 gets neither the request nor the clean-ups until the test
 	// lets them through (the round's clean-up and the first round of
@@ -400,12 +412,8 @@ func TestCleanupOfContendedRoundWaitsForUnanswered(t *testing.T) {
 // every other owner: the round sends node 4 its delete again.
 func TestContendedRoundDeletesUnansweredNodeAgain(t *testing.T) {
 	ctx := t.Context()
-	c := startNodes(t, 5, nil)
-	p4 := c.viaProxy(t, 4)
-	c.loadScripts(t)
-	r := c.newResource(t, redlock.WithNodeTimeout(delayTestNodeTimeout))
-	key := uniqueKey(t)
-	c.hold(t, key, "other", time.Minute, 0, 1, 2)
+	c, r, key, ps := contendedNodes(t, 4)
+	p4 := ps[0]
 
 	set := holdScript(t, p4, redisscript.AcquireQuiet)
 	first := holdScript(t, p4, redisscript.Cleanup, redisscript.Release)
