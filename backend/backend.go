@@ -56,7 +56,7 @@
 //     (var _ backend.Waiter = (*Resource)(nil));
 //   - its conformance test, in that module: testsuite.Run and
 //     testsuite.RunStalled over a harness that sets Stall, and Requests
-//     (or NoArrivalOrder, saying why its waiters keep no order);
+//     (or NoLine, saying per kind why its waiters keep no order);
 //   - a test-server starter in internal/testserver: a real server on a
 //     free 127.0.0.1 port, or the one an environment variable names;
 //     a skip that says why when none can be had, a failure when CI is set;

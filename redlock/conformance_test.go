@@ -37,7 +37,9 @@ func harness(c *cluster) testsuite.Harness {
 			backend.KindRead:      "majorities cannot order readers and writers",
 			backend.KindWrite:     "majorities cannot order readers and writers",
 		},
-		NoArrivalOrder: "Redlock's independent nodes keep no common line of waiters: after a release, whichever waiter's attempt wins a majority first gets the lock",
+		NoLine: map[backend.Kind]string{
+			backend.KindMutex: "Redlock's independent nodes keep no common line of waiters: after a release, whichever waiter's attempt wins a majority first gets the lock",
+		},
 		NewResource: func(t *testing.T) backend.RemoteResource {
 			return c.newResource(t)
 		},

@@ -316,7 +316,7 @@ func (rd *round) persist(i int, err error) (int64, error) {
 	a.mu.Unlock()
 	nd := rd.nodes[i]
 	var v int64
-	for unanswered && !settled(err) && time.Until(rd.until) > 0 {
+	for err != nil && unanswered && !settled(err) && time.Until(rd.until) > 0 {
 		pause := time.NewTimer(rd.timeout)
 		select {
 		case <-pause.C:
@@ -327,9 +327,6 @@ func (rd *round) persist(i int, err error) (int64, error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(rd.ctx), min(max(rd.timeout, lateCleanupTimeout), time.Until(rd.until)))
 		v, err = nd.eval(ctx, rd.op, rd.args, rd.h)
 		cancel()
-		if err == nil {
-			return v, nil
-		}
 	}
 	return v, err
 }

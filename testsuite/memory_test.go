@@ -17,10 +17,13 @@ import (
 func TestConformance(t *testing.T) {
 	store := memory.New()
 	testsuite.Run(t, testsuite.Harness{
-		NewResource:    func(*testing.T) backend.RemoteResource { return store },
-		NoStall:        "the in-process store answers in the caller's goroutine: nothing to stall",
-		NoRefuse:       "the in-process store has no connection to refuse",
-		NoArrivalOrder: "the memory store keeps no line of mutex or semaphore waiters: after a release, whichever waiter tries first gets the lock",
+		NewResource: func(*testing.T) backend.RemoteResource { return store },
+		NoStall:     "the in-process store answers in the caller's goroutine: nothing to stall",
+		NoRefuse:    "the in-process store has no connection to refuse",
+		NoLine: map[backend.Kind]string{
+			backend.KindMutex:     "the memory store keeps no line of mutex waiters: after a release, whichever waiter tries first gets the lock",
+			backend.KindSemaphore: "the memory store keeps no line of semaphore waiters: after a release, whichever waiter tries first gets the permit",
+		},
 		Leftovers: func(_ context.Context, key string) ([]string, error) {
 			return store.Contents(key), nil
 		},

@@ -112,18 +112,14 @@ type Harness struct {
 	// waiters; an error wrapping errors.ErrUnsupported for a kind it
 	// cannot count (that part of the case is skipped, saying so). The
 	// ArrivalOrder case needs it, to know that a waiter queued before the
-	// next one comes, or NoArrivalOrder.
+	// next one comes, or NoLine.
 	Requests func(ctx context.Context, key string, kind backend.Kind) (int, error)
-	// NoArrivalOrder says why the store grants a lock's waiters in no
-	// particular order (Redlock: independent nodes keep no common line,
-	// and whichever waiter tries first after a release gets the lock);
-	// the ArrivalOrder case then skips with it.
-	NoArrivalOrder string
 	// NoLine says, per kind (KindMutex, KindSemaphore), why the store
-	// grants the waiters of that kind in no particular order while it
-	// queues the other's (MySQL: semaphore waiters queue, mutex waiters
-	// race); the ArrivalOrder case skips that kind with it. Requests
-	// may then return an error wrapping errors.ErrUnsupported for it.
+	// grants the waiters of that kind in no particular order (Redlock:
+	// independent nodes keep no common line; MySQL: semaphore waiters
+	// queue, mutex waiters race); the ArrivalOrder case skips that kind
+	// with it. Requests may then return an error wrapping
+	// errors.ErrUnsupported for it.
 	NoLine map[backend.Kind]string
 }
 
