@@ -54,6 +54,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("LateReplyRead", func(t *testing.T) { testLateReplyRead(t, pg) })
 	t.Run("TakenLateCleanedOnOwnConn", func(t *testing.T) { testTakenLateCleanedOnOwnConn(t, pg) })
 	t.Run("GatedStatements", func(t *testing.T) { testGatedStatements(t, pg) })
+	t.Run("CleanupsAskFew", func(t *testing.T) { testCleanupsAskFew(t, pg) })
 }
 
 // TestMariaDB runs everything on one MariaDB server.

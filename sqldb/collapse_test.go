@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -300,4 +301,87 @@ func testGatedStatements(t *testing.T, pg *pgFixture) {
 	if n := pool.Stat().NewConnsCount() - before; n > 2 {
 		t.Errorf("%d calls ended while no connection was to be had made %d connections; want at most 2", calls, n)
 	}
+}
+
+// testCleanupsAskFew: many attempts cut off at once (a slow server or
+// machine) leave as many clean-ups; none makes a cancel request of its
+// own (pgconn sent one as it closed the connection: a new connection
+// each), and every lock is cleaned up. Before, each clean-up made a
+// second cancel request and polled around the gate: a connection storm
+// of their own (a CI run on a loaded machine: 294 connections being made
+// at once, 1 of 960 granted). At most maxSettling poll at once (see
+// settled).
+func testCleanupsAskFew(t *testing.T, pg *pgFixture) {
+	const attempts = 12
+	pool, px := pg.proxiedPool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 0, attempts })
+	r := pg.resource(t, pool)
+	key := testsuite.Key(t)
+	// Warm: a prepared connection per attempt.
+	var cs []*pgxpool.Conn
+	for range attempts {
+		c, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		c.Release()
+	}
+	for range attempts {
+		l := newLease(t, key, time.Minute)
+		mustAcquire(t, r, l)
+		mustRelease(t, r, l)
+	}
+	// A hold that never matches sees every chunk sent to the server:
+	// it counts the cancel requests (a message of 16 bytes of its own,
+	// code 80877102, on a new connection):
+	// pgconn sends one from each connection it closes in mid-statement.
+	var cancels atomic.Int32
+	px.Hold(proxy.Up, func(b []byte) bool {
+		if len(b) == 16 && binary.BigEndian.Uint32(b[4:8]) == 80877102 {
+			cancels.Add(1)
+		}
+		return false
+	})
+	var delay atomic.Int64
+	px.SetDelay(proxy.Down, func() time.Duration { return time.Duration(delay.Load()) })
+	delay.Store(int64(300 * time.Millisecond)) // past lateReply: cut off
+	abandoned := make([]*backend.AbandonedError, attempts)
+	var wg sync.WaitGroup
+	for i := range attempts {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+			defer cancel()
+			ok, _, err := r.TryAcquire(backend.BoundedContext(noCancel{ctx}), newLease(t, key, time.Minute))
+			if ok || !errors.As(err, &abandoned[i]) {
+				t.Errorf("attempt %d with its reply 300ms late = %v, %v; want an AbandonedError", i, ok, err)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	delay.Store(0)
+	errs := make([]error, attempts)
+	for i, ab := range abandoned {
+		wg.Go(func() { errs[i] = ab.Cleanup(t.Context()) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Cleanup %d: %v", i, err)
+		}
+	}
+	// The cancel requests pgconn sends are on their way when the
+	// clean-ups return (it does not wait for them): seen within a second.
+	for end := time.Now().Add(time.Second); cancels.Load() < attempts && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("%d attempts cut off and cleaned up: %d cancel requests", attempts, cancels.Load())
+	if n := cancels.Load(); n > attempts {
+		t.Errorf("%d attempts cut off and cleaned up made %d cancel requests; want at most one each (pgconn's)", attempts, n)
+	}
+	wantRows(t, pg.fixture(), key)
 }

@@ -374,9 +374,12 @@
 //     its token is null and the insert fails its NOT NULL constraint (the
 //     statement is rolled back), and a conflicting row is left as it was.
 //     The statement still waits for the table's lock, so an abandoned one
-//     is also cancelled at once with a cancel request (pgconn's
-//     CancelRequest, over a new connection to the same server): its reply
-//     comes within milliseconds and the clean-up is over.
+//     is also cancelled at once with a cancel request (pgconn sends one,
+//     over a new connection to the same server, when it closes a
+//     connection in mid-statement): its process ends within milliseconds
+//     and the clean-up, which waits for it, is over. At most two
+//     clean-ups of a store look for their statement's process at once;
+//     the others wait for the statement's bound.
 //   - MariaDB: SET STATEMENT max_statement_time, which interrupts the
 //     statement wherever it waits and rolls it back (ER_STATEMENT_TIMEOUT).
 //     The bound is a constant of the prepared statement, so the acquire is

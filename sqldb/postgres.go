@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,6 +46,9 @@ type Postgres struct {
 	// (see pgdirect.go).
 	tracer pgx.QueryTracer
 	gate   connGate // how acquire attempts get their connections
+	// settling counts the clean-ups asking the server whether their
+	// abandoned statement has settled (see settled).
+	settling atomic.Int32
 }
 
 // pgMutexSQL is the statements of mutexes in one table.
@@ -793,29 +797,56 @@ var afterAttempt func()
 // the server process that ran it is gone (it had read the whole closed
 // connection, the statement included, by then), or by is past (the
 // statement's server-side bound and replyGrace: a statement that reaches
-// the server that late is assumed lost). It first asks the server to
-// cancel the statement, so that one blocked on a lock (a locked table)
-// fails at once, and its process notices the closed connection.
+// the server that late is assumed lost). The server was asked to cancel
+// the statement when pc closed (pgconn sends a cancel request from a
+// connection it closes in mid-statement), so that one blocked on a lock
+// (a locked table) fails at once and its process notices the closed
+// connection.
 //
-// Nothing it waits for, the cancel request included (a new connection: a
-// fork on a server that may be busy making hundreds), outlasts by: past
-// it the statement is settled whatever the server says, and the lock it
-// may have taken must go without waiting longer (a clean-up that waited
-// up to cleanupTimeout per try for them kept the key from everyone).
+// Nothing it waits for outlasts by: past it the statement is settled
+// whatever the server says, and the lock it may have taken must go
+// without waiting longer (a clean-up that waited up to cleanupTimeout per
+// try for them kept the key from everyone).
+//
+// Asking costs a connection of the pool, taken through the gate, for the
+// clean-up's polls. At most maxSettling clean-ups of a store ask at once;
+// the others wait for by, which needs no connection. Attempts are cut off
+// in numbers when the server or the machine is slow, and a clean-up per
+// cut-off attempt, each making a cancel request of its own (a second one:
+// pgconn had sent one) and polling around the gate, fed the storm of new
+// connections the gate keeps attempts from making (issue 36: 294
+// connections being made at once, 1 of 960 attempts granted, in a CI run
+// on a loaded machine).
 func (p *Postgres) settled(ctx context.Context, pc *pgconn.PgConn, by time.Time) error {
 	if !time.Now().Before(by) {
 		return nil
 	}
 	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
-	_ = pc.CancelRequest(cctx) // best effort: the process may be gone already
+	if p.settling.Add(1) > maxSettling {
+		p.settling.Add(-1)
+		<-cctx.Done()
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for the abandoned statement's bound: %w", ctx.Err())
+		}
+		return nil
+	}
+	defer p.settling.Add(-1)
+	fail := func(err error) error {
+		if ctx.Err() == nil && !time.Now().Before(by) {
+			return nil // by came first: settled
+		}
+		return fmt.Errorf("waiting for the abandoned statement's server process: %w", err)
+	}
+	c, err := p.gate.conn(cctx, p.pool)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Release()
 	for time.Now().Before(by) {
 		var alive bool
-		if err := p.pool.QueryRow(cctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pc.PID())).Scan(&alive); err != nil {
-			if ctx.Err() == nil && !time.Now().Before(by) {
-				return nil // by came first: settled
-			}
-			return fmt.Errorf("waiting for the abandoned statement's server process: %w", err)
+		if err := c.QueryRow(cctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pc.PID())).Scan(&alive); err != nil {
+			return fail(err)
 		}
 		if !alive {
 			return nil
@@ -825,11 +856,15 @@ func (p *Postgres) settled(ctx context.Context, pc *pgconn.PgConn, by time.Time)
 		case <-t.C:
 		case <-cctx.Done():
 			t.Stop()
-			return fmt.Errorf("waiting for the abandoned statement's server process: %w", cctx.Err())
+			return fail(cctx.Err())
 		}
 	}
 	return nil
 }
+
+// maxSettling is how many clean-ups of a store ask the server about their
+// abandoned statements at once (see settled).
+const maxSettling = 2
 
 // settlePoll is how often settled looks for the server process.
 const settlePoll = 10 * time.Millisecond
