@@ -50,17 +50,7 @@ func testShortWaitsManyProcesses(t *testing.T, pg *pgFixture) {
 	// Warm pools: a connection per goroutine and the LISTEN one, so that
 	// what is made during the run is what the run's calls make.
 	for _, pool := range pools {
-		var cs []*pgxpool.Conn
-		for range workers + 1 {
-			c, err := pool.Acquire(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs = append(cs, c)
-		}
-		for _, c := range cs {
-			c.Release()
-		}
+		warmPool(t, pool, workers+1)
 	}
 	key := testsuite.Key(t)
 	var (
@@ -316,23 +306,7 @@ func testCleanupsAskFew(t *testing.T, pg *pgFixture) {
 	pool, px := pg.proxiedPool(t, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 0, attempts })
 	r := pg.resource(t, pool)
 	key := testsuite.Key(t)
-	// Warm: a prepared connection per attempt.
-	var cs []*pgxpool.Conn
-	for range attempts {
-		c, err := pool.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs = append(cs, c)
-	}
-	for _, c := range cs {
-		c.Release()
-	}
-	for range attempts {
-		l := newLease(t, key, time.Minute)
-		mustAcquire(t, r, l)
-		mustRelease(t, r, l)
-	}
+	warmPool(t, pool, attempts) // a connection per attempt, made before the replies are late
 	// A hold that never matches sees every chunk sent to the server:
 	// it counts the cancel requests (a message of 16 bytes of its own,
 	// code 80877102, on a new connection):

@@ -188,6 +188,24 @@ func (f *pgFixture) proxiedPool(t testing.TB, tweak func(*pgxpool.Config)) (*pgx
 	return pool, px
 }
 
+// warmPool makes pool hold at least n connections, idle.
+func warmPool(t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	cs := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range cs {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+}
+
 // resource returns a Postgres over pool, closed when t ends (before pool:
 // cleanups run last-in first-out).
 func (f *pgFixture) resource(t testing.TB, pool *pgxpool.Pool, opts ...Option) *Postgres {
