@@ -69,6 +69,8 @@ func TestMariaDB(t *testing.T) {
 	t.Run("LeastPrivilege", func(t *testing.T) { testMySQLLeastPrivilege(t, my) })
 	t.Run("CounterRowDeleted", func(t *testing.T) { testCounterRowDeleted(t, my) })
 	t.Run("KeysDoNotSerialize", func(t *testing.T) { testKeysDoNotSerialize(t, my) })
+	t.Run("KindsNoTempTables", func(t *testing.T) { testKindsNoTempTables(t, my) })
+	t.Run("KindsExpiredEntries", func(t *testing.T) { testKindsExpiredEntries(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {

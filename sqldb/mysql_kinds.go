@@ -55,11 +55,9 @@ func groupCounterKey(rk int, key string) string {
 var mysqlKindSQL = strings.NewReplacer(
 	// the statement's time, microseconds since 1970 (fixed for the statement)
 	"{N}", "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
-	// a group's holders and intents as rows
-	"{JTH}", "JSON_TABLE({T}.state, '$.h[*]' COLUMNS (o VARCHAR(1024) PATH '$.o', k VARCHAR(1) PATH '$.k', t BIGINT UNSIGNED PATH '$.t', e BIGINT PATH '$.e', l VARCHAR(1024) PATH '$.l'))",
-	"{JTI}", "JSON_TABLE({T}.state, '$.i[*]' COLUMNS (o VARCHAR(1024) PATH '$.o', k VARCHAR(1) PATH '$.k', s BIGINT UNSIGNED PATH '$.s', e BIGINT PATH '$.e'))",
-	"{H}", "JSON_OBJECT('o', o, 'k', k, 't', t, 'e', e, 'l', l)",
-	"{I}", "JSON_OBJECT('o', o, 'k', k, 's', s, 'e', e)",
+	// a group's holders and intents as rows, n numbering them from 1
+	"{JTH}", "JSON_TABLE({T}.state, '$.h[*]' COLUMNS (n FOR ORDINALITY, o VARCHAR(1024) PATH '$.o', k VARCHAR(1) PATH '$.k', e BIGINT PATH '$.e'))",
+	"{JTI}", "JSON_TABLE({T}.state, '$.i[*]' COLUMNS (n FOR ORDINALITY, o VARCHAR(1024) PATH '$.o', k VARCHAR(1) PATH '$.k', s BIGINT UNSIGNED PATH '$.s', e BIGINT PATH '$.e'))",
 	// the acquiring grant (MariaDB takes no VALUES() in a subquery)
 	"{ME}", "JSON_OBJECT('o', HEX(:o), 'k', :k, 't', LAST_INSERT_ID(), 'e', {N} + :ttl, 'l', HEX(:label))",
 	"{ME_O}", "HEX(:o)",
@@ -112,6 +110,32 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 		q, names := named(x(q))
 		return namedStmt{prep(q), names}
 	}
+	// The statements change a row's state in place, never rebuild its
+	// arrays: an aggregate over JSON_TABLE (JSON_ARRAYAGG) makes an
+	// internal temporary table each time its statement runs, on disk as
+	// it holds JSON (MariaDB 10.11: 5 per attempt, refused or not, and 2
+	// per release), while EXISTS, COUNT, MIN and MAX over JSON_TABLE make
+	// none. An entry is added with JSON_ARRAY_APPEND and changed or
+	// dropped by its index, which idx reads with JSON_TABLE. Expired
+	// entries therefore stay until dropped, and every rule reads the live
+	// ones only (e > {N}). A statement that writes the row drops at most
+	// one entry per array: its own, else the last expired one; so an
+	// array grows only while all its entries are live, and an acquire
+	// that finds no live entry but its own intent writes the state anew.
+	// The state keeps its format (groupState): processes of the previous
+	// version, which rebuild the arrays, share a table with these.
+	//
+	// idx is the index (from 0) of the last entry of array arr ("h" or
+	// "i") meeting cond, NULL if none; at is the path to the entry of
+	// index i, or to an index past any array's end when i is NULL
+	// (JSON_REMOVE leaves the document as it is then; a NULL path would
+	// make it NULL).
+	idx := func(arr, cond string) string {
+		return `(SELECT MAX(n) - 1 FROM {JT` + strings.ToUpper(arr) + `} j WHERE ` + cond + `)`
+	}
+	at := func(arr, i string) string {
+		return `CONCAT('$.` + arr + `[', COALESCE(` + i + `, 2147483647), ']')`
+	}
 	// One statement, two rows, as the mutex's acquire: row 1 bumps the
 	// lock's counter (kind 0) into LAST_INSERT_ID(), its row lock held
 	// until commit ordering the draws; row 2 is the lock's row: a new
@@ -127,37 +151,47 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 	//   w: nobody holds, and no intent precedes ours (or none at all).
 	// A grant adds a holder with the token and drops our intent; an
 	// attempt that cannot hold (but a semaphore's refused for another
-	// limit) adds an intent for :life from now (0: none), numbered by
-	// the token drawn (arrival order), or renews ours, keeping its
-	// number; expired entries go.
+	// limit) adds an intent for :life from now (0: none, and an intent
+	// of ours goes), numbered by the token drawn (arrival order), or
+	// renews our live one, keeping its number. An attempt refused
+	// without an intent of ours leaves the state as it is.
 	// SET is evaluated left to right: state first from the old state,
 	// then the others read the new one (and token the old lim). The
 	// outcome leaves in LAST_INSERT_ID(): the token; contendedBit | the
-	// time until the first other entry expires; or mismatchBit | the
-	// holders' limit. (The time counts the intents behind ours too: a
-	// JSON_TABLE subquery nested in another here, after state was set,
-	// crashed MariaDB 10.11 under concurrent attempts.)
+	// time until the first other live entry expires (the intents behind
+	// ours count too); or mismatchBit | the holders' limit.
 	own := `(SELECT s FROM {JTI} j2 WHERE e > {N} AND o = {ME_O} LIMIT 1)`
+	liveH := `EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N})`
 	ok := `CASE {ME_K}
     WHEN 's' THEN (SELECT COUNT(*) FROM {JTH} j WHERE e > {N}) < :lim
-      AND ((SELECT COUNT(*) FROM {JTH} j WHERE e > {N}) = 0 OR lim = :lim)
+      AND (NOT ` + liveH + ` OR lim = :lim)
       AND (SELECT COUNT(*) FROM {JTI} j WHERE e > {N} AND o <> {ME_O} AND (` + own + ` IS NULL OR s < ` + own + `))
         < :lim - (SELECT COUNT(*) FROM {JTH} j WHERE e > {N})
     WHEN 'r' THEN NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N} AND k = 'w')
       AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N} AND o <> {ME_O} AND k = 'w' AND (` + own + ` IS NULL OR s < ` + own + `))
-    ELSE NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N})
+    ELSE NOT ` + liveH + `
       AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N} AND o <> {ME_O} AND (` + own + ` IS NULL OR s < ` + own + `))
   END`
-	h := `COALESCE((SELECT JSON_ARRAYAGG({H}) FROM {JTH} j WHERE e > {N}), JSON_ARRAY())`
-	io := `COALESCE((SELECT JSON_ARRAYAGG({I}) FROM {JTI} j WHERE e > {N} AND o <> {ME_O}), JSON_ARRAY())`
+	noneLive := `NOT ` + liveH + ` AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N} AND o <> {ME_O})`
+	deadH := idx("h", `e <= {N}`)
+	deadI := idx("i", `e <= {N} AND o <> {ME_O}`)
+	mineI := idx("i", `o = {ME_O}`)
+	liveMineI := idx("i", `o = {ME_O} AND e > {N}`)
+	dropI := `COALESCE(` + mineI + `, ` + deadI + `)`
 	newState := `IF(` + ok + `,
-    JSON_OBJECT('h', JSON_ARRAY_APPEND(` + h + `, '$', {ME}), 'i', ` + io + `),
-    JSON_OBJECT('h', ` + h + `, 'i', IF(:life <= 0 OR {ME_K} = 's' AND lim <> :lim AND EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N}), ` + io + `,
-      JSON_ARRAY_APPEND(` + io + `, '$', JSON_OBJECT('o', {ME_O}, 'k', {ME_K}, 's', COALESCE(` + own + `, LAST_INSERT_ID()), 'e', {ME_E})))))`
+    IF(` + noneLive + `, JSON_OBJECT('h', JSON_ARRAY({ME}), 'i', JSON_ARRAY()),
+      JSON_ARRAY_APPEND(JSON_REMOVE(state, ` + at("h", deadH) + `, ` + at("i", dropI) + `), '$.h', {ME})),
+    IF(:life <= 0 OR {ME_K} = 's' AND lim <> :lim AND ` + liveH + `,
+      IF(` + mineI + ` IS NULL, state, JSON_REMOVE(state, ` + at("i", mineI) + `)),
+      IF(` + liveMineI + ` IS NULL,
+        JSON_ARRAY_APPEND(JSON_REMOVE(state, ` + at("h", deadH) + `, ` + at("i", dropI) + `),
+          '$.i', JSON_OBJECT('o', {ME_O}, 'k', {ME_K}, 's', LAST_INSERT_ID(), 'e', {ME_E})),
+        JSON_REMOVE(JSON_SET(state, CONCAT('$.i[', ` + liveMineI + `, '].e'), {ME_E}),
+          ` + at("h", deadH) + `, ` + at("i", deadI) + `))))`
 	meIn := `EXISTS (SELECT 1 FROM {JTH} j WHERE o = {ME_O})`
 	// (A derived table cannot read the row's column: no UNION of the two.)
-	left := `COALESCE(LEAST(COALESCE((SELECT MIN(e) FROM {JTH} j WHERE o <> {ME_O}), 9223372036854775807),
-    COALESCE((SELECT MIN(e) FROM {JTI} j WHERE o <> {ME_O}), 9223372036854775807)) - {N}, 0)`
+	left := `COALESCE(LEAST(COALESCE((SELECT MIN(e) FROM {JTH} j WHERE e > {N} AND o <> {ME_O}), 9223372036854775807),
+    COALESCE((SELECT MIN(e) FROM {JTI} j WHERE e > {N} AND o <> {ME_O}), 9223372036854775807)) - {N}, 0)`
 	last := `GREATEST(COALESCE((SELECT MAX(e) FROM {JTH} j), 0), COALESCE((SELECT MAX(e) FROM {JTI} j), 0))`
 	acq := x(`INSERT INTO ` + kq + ` (lock_key, kind, token, expires_at, lim, state) VALUES
   (:counter, 0, LAST_INSERT_ID({N}), '9999-12-31 23:59:59', 0, NULL),
@@ -166,7 +200,7 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 ON DUPLICATE KEY UPDATE
   state = IF(kind = 0, state, ` + newState + `),
   token = IF(kind = 0, LAST_INSERT_ID(token + 1), IF(` + meIn + `, LAST_INSERT_ID(),
-    token + 0 * LAST_INSERT_ID(IF({ME_K} = 's' AND lim <> :lim AND JSON_LENGTH(state, '$.h') > 0, 4611686018427387904 | lim, 9223372036854775808 | GREATEST(` + left + `, 0))))),
+    token + 0 * LAST_INSERT_ID(IF({ME_K} = 's' AND lim <> :lim AND ` + liveH + `, 4611686018427387904 | lim, 9223372036854775808 | GREATEST(` + left + `, 0))))),
   lim = IF(kind = 0 OR NOT ` + meIn + `, lim, :lim),
   expires_at = IF(kind = 0, expires_at, '1970-01-01' + INTERVAL ` + last + ` MICROSECOND)`)
 	acq, m.kAcqArgs = named(acq)
@@ -181,28 +215,26 @@ ON DUPLICATE KEY UPDATE
 	// Release, in the common case one statement: delete the row when our
 	// grant is live and no other entry is (InnoDB reads and locks the
 	// latest version of the rows a DELETE or UPDATE looks at). Otherwise
-	// remove our entry (live or expired) and the expired ones; the
-	// outcome leaves in LAST_INSERT_ID(): 0 no entry of ours, 1 ours had
-	// expired, 2 ours was live, plus 4 when no live entry is left (the
-	// row goes then, by a third statement that deletes it only if still
-	// so). Withdraw is the same for our intent.
+	// remove our entry (live or expired) and the other array's last
+	// expired one; the outcome leaves in LAST_INSERT_ID(): 0 no entry of
+	// ours, 1 ours had expired, 2 ours was live, plus 4 when no live entry
+	// is left (the row goes then, by a third statement that deletes it
+	// only if still so). Withdraw is the same for our intent.
 	remove := func(arr, mineCond string) {
 		mine := `EXISTS (SELECT 1 FROM {JT` + strings.ToUpper(arr) + `} j WHERE ` + mineCond + `)`
 		mineLive := `EXISTS (SELECT 1 FROM {JT` + strings.ToUpper(arr) + `} j WHERE ` + mineCond + ` AND e > {N})`
-		othersH, othersI := `TRUE`, `TRUE`
+		othersH, othersI, other := `TRUE`, `TRUE`, "i"
 		if arr == "h" {
 			othersH = `NOT (` + mineCond + `)`
 		} else {
-			othersI = `NOT (` + mineCond + `)`
+			othersI, other = `NOT (`+mineCond+`)`, "h"
 		}
 		noOthers := `NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N} AND ` + othersH + `)
     AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N} AND ` + othersI + `)`
 		del := nprep(`DELETE FROM ` + kq + ` WHERE lock_key = :key AND kind = :rk AND ` + mineLive + ` AND ` + noOthers)
 		upd := nprep(`UPDATE ` + kq + `
 SET token = token + 0 * LAST_INSERT_ID(1 + IF(` + mineLive + `, 1, 0) + IF(` + noOthers + `, 4, 0)),
-  state = JSON_OBJECT(
-    'h', COALESCE((SELECT JSON_ARRAYAGG({H}) FROM {JTH} j WHERE e > {N} AND ` + othersH + `), JSON_ARRAY()),
-    'i', COALESCE((SELECT JSON_ARRAYAGG({I}) FROM {JTI} j WHERE e > {N} AND ` + othersI + `), JSON_ARRAY()))
+  state = JSON_REMOVE(state, ` + at(arr, idx(arr, mineCond)) + `, ` + at(other, idx(other, `e <= {N}`)) + `)
 WHERE lock_key = :key AND kind = :rk AND ` + mine)
 		if arr == "h" {
 			m.kRel, m.kRelAny = del, upd
@@ -214,12 +246,11 @@ WHERE lock_key = :key AND kind = :rk AND ` + mine)
 	remove("i", `o = HEX(:o) AND k = :k`)
 	m.kGone = nprep(`DELETE FROM ` + kq + ` WHERE lock_key = :key AND kind = :rk
   AND NOT EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N}) AND NOT EXISTS (SELECT 1 FROM {JTI} j WHERE e > {N})`)
+	mineLive := `o = HEX(:o) AND k = :k AND e > {N}`
 	m.kRef = nprep(`UPDATE ` + kq + `
-SET state = JSON_OBJECT(
-    'h', (SELECT JSON_ARRAYAGG(JSON_OBJECT('o', o, 'k', k, 't', t, 'e', IF(o = HEX(:o), {N} + :ttl, e), 'l', l)) FROM {JTH} j),
-    'i', JSON_EXTRACT(state, '$.i')),
+SET state = JSON_SET(state, CONCAT('$.h[', ` + idx("h", mineLive) + `, '].e'), {N} + :ttl),
   expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL :ttl MICROSECOND)
-WHERE lock_key = :key AND kind = :rk AND EXISTS (SELECT 1 FROM {JTH} j WHERE o = HEX(:o) AND k = :k AND e > {N})`)
+WHERE lock_key = :key AND kind = :rk AND EXISTS (SELECT 1 FROM {JTH} j WHERE ` + mineLive + `)`)
 	m.kInspect = prep(x(`SELECT state, lim, {N} FROM ` + kq + ` WHERE lock_key = ? AND kind = ?`))
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,4 +258,191 @@ func testKeysDoNotSerialize(t *testing.T, my *myFixture) {
 	}
 	wantRows(t, my.fixture(), k1)
 	wantRows(t, my.fixture(), k2)
+}
+
+// tmpTables reads the session's internal temporary tables made so far
+// (Created_tmp_tables, and of them on disk Created_tmp_disk_tables) on
+// db's one connection.
+func tmpTables(t *testing.T, db *sql.DB) (all, disk int64) {
+	t.Helper()
+	rows, err := db.QueryContext(t.Context(), "SHOW SESSION STATUS LIKE 'Created_tmp%tables'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			name string
+			n    int64
+		)
+		if err := rows.Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		switch strings.ToLower(name) {
+		case "created_tmp_tables":
+			all = n
+		case "created_tmp_disk_tables":
+			disk = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return all, disk
+}
+
+// testKindsNoTempTables counts the internal temporary tables each
+// statement path of semaphores and read/write locks makes on the server:
+// every attempt of a waiter runs one, so a table per statement (an
+// aggregate over JSON_TABLE makes one, on disk when it holds JSON) is I/O
+// that contention multiplies. The store under test has one connection,
+// whose session counters are read before and after each step.
+func testKindsNoTempTables(t *testing.T, my *myFixture) {
+	db := my.db(t, nil)
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	r := my.resource(t, db)
+	var connID int64
+	if err := db.QueryRow("SELECT CONNECTION_ID()").Scan(&connID); err != nil {
+		t.Fatal(err)
+	}
+	// Reading the counters makes temporary tables of its own: what two
+	// reads in a row count is taken off every step.
+	a0, d0 := tmpTables(t, db)
+	a1, d1 := tmpTables(t, db)
+	readAll, readDisk := a1-a0, d1-d0
+
+	semKey, rwKey := testsuite.Key(t), testsuite.Key(t)+"-rw"
+	sem := func(waits bool) *backend.Lease {
+		l := newLease(t, semKey, time.Minute)
+		l.Kind, l.Limit, l.Waits = backend.KindSemaphore, 2, waits
+		return l
+	}
+	rw := func(k backend.Kind) *backend.Lease {
+		l := newLease(t, rwKey, time.Minute)
+		l.Kind = k
+		return l
+	}
+	s1, s2, s3, w, s4 := sem(false), sem(false), sem(false), sem(true), sem(false)
+	rd, wr, rd2 := rw(backend.KindRead), rw(backend.KindWrite), rw(backend.KindRead)
+	acquire := func(l *backend.Lease, want bool) func() error {
+		return func() error {
+			ok, _, err := r.TryAcquire(t.Context(), l)
+			if err == nil && ok != want {
+				err = fmt.Errorf("acquired %v; want %v", ok, want)
+			}
+			return err
+		}
+	}
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"semaphore acquire granted (new row)", acquire(s1, true)},
+		{"semaphore acquire granted (another holder)", acquire(s2, true)},
+		{"semaphore refresh", func() error { return r.Refresh(t.Context(), s1) }},
+		{"semaphore acquire refused", acquire(s3, false)},
+		{"semaphore acquire refused, records an intent", acquire(w, false)},
+		{"semaphore acquire refused, renews its intent", acquire(w, false)},
+		{"semaphore withdraw", func() error { return r.Withdraw(t.Context(), w) }},
+		{"semaphore acquire refused, records an intent again", acquire(w, false)},
+		{"semaphore release, others left", func() error { return r.Release(t.Context(), s1) }},
+		{"semaphore acquire granted, drops its intent", acquire(w, true)},
+		{"semaphore release, one other left", func() error { return r.Release(t.Context(), s2) }},
+		{"semaphore release, last entry", func() error { return r.Release(t.Context(), w) }},
+		{"semaphore acquire granted (row deleted, new row)", acquire(s4, true)},
+		{"semaphore release, the row's only entry", func() error { return r.Release(t.Context(), s4) }},
+		{"read acquire granted", acquire(rd, true)},
+		{"write acquire refused, records an intent", acquire(wr, false)},
+		{"read acquire refused behind a writer's intent", acquire(rd2, false)},
+		{"read refresh", func() error { return r.Refresh(t.Context(), rd) }},
+		{"read withdraw", func() error { return r.Withdraw(t.Context(), rd2) }},
+		{"read release, an intent left", func() error { return r.Release(t.Context(), rd) }},
+		{"write acquire granted, drops its intent", acquire(wr, true)},
+		{"write release", func() error { return r.Release(t.Context(), wr) }},
+	}
+	for _, st := range steps {
+		a0, d0 := tmpTables(t, db)
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		a1, d1 := tmpTables(t, db)
+		all, disk := a1-a0-readAll, d1-d0-readDisk
+		t.Logf("%-55s temporary tables %d, on disk %d", st.name, all, disk)
+		if all != 0 || disk != 0 {
+			t.Errorf("%s: %d temporary tables (%d on disk); want 0", st.name, all, disk)
+		}
+	}
+	var id int64
+	if err := db.QueryRow("SELECT CONNECTION_ID()").Scan(&id); err != nil || id != connID {
+		t.Fatalf("the store's connection changed (%d, then %d, %v): the counters are not one session's", connID, id, err)
+	}
+	wantRows(t, my.fixture(), semKey)
+	wantRows(t, my.fixture(), rwKey)
+}
+
+// testKindsExpiredEntries leaves entries of a semaphore's row to expire
+// without their owners' release or withdrawal, as a process that died
+// would: every rule passes over them, a grant or a new intent drops one
+// per array, so they do not pile up in a row in use, and a grant on a row
+// with no live entry writes its state anew.
+func testKindsExpiredEntries(t *testing.T, my *myFixture) {
+	r := my.resource(t, my.db(t, nil))
+	key := testsuite.Key(t)
+	sem := func(key string, ttl time.Duration, waits bool) *backend.Lease {
+		l := newLease(t, key, ttl)
+		l.Kind, l.Limit, l.Waits = backend.KindSemaphore, 2, waits
+		return l
+	}
+	lengths := func(key string, wantH, wantI int, when string) {
+		t.Helper()
+		var h, i int
+		err := my.admin.QueryRow("SELECT JSON_LENGTH(state, '$.h'), JSON_LENGTH(state, '$.i') FROM distlock_locks_kinds WHERE lock_key = ? AND kind = ?", key, rowSem).Scan(&h, &i)
+		if err != nil || h != wantH || i != wantI {
+			t.Fatalf("%s: %d holders and %d intents in the row (err %v); want %d and %d", when, h, i, err, wantH, wantI)
+		}
+	}
+	live := func(key string, want int) {
+		t.Helper()
+		eventually(t, 10*time.Second, fmt.Sprintf("%d live requests", want), func() (bool, error) {
+			n, err := my.requests(t.Context(), key, backend.KindSemaphore)
+			return n == want, err
+		})
+	}
+	a, b, w := sem(key, time.Minute, false), sem(key, 100*time.Millisecond, false), sem(key, 100*time.Millisecond, true)
+	mustAcquire(t, r, a)
+	mustAcquire(t, r, b)
+	if ok, _, err := r.TryAcquire(t.Context(), w); ok || err != nil {
+		t.Fatalf("a third acquire of 2 permits = %v, %v; want refused", ok, err)
+	}
+	lengths(key, 2, 1, "2 holders, 1 waiter")
+	live(key, 1)
+	c, d := sem(key, time.Minute, true), sem(key, time.Minute, true)
+	mustAcquire(t, r, c)
+	lengths(key, 2, 0, "a grant after a holder and a waiter expired")
+	if ok, _, err := r.TryAcquire(t.Context(), d); ok || err != nil {
+		t.Fatalf("a third acquire of 2 permits = %v, %v; want refused", ok, err)
+	}
+	lengths(key, 2, 1, "a live waiter")
+	mustRelease(t, r, a)
+	mustRelease(t, r, c)
+	if err := r.Withdraw(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	wantRows(t, my.fixture(), key)
+
+	other := key + "-all-expired"
+	x, y := sem(other, 100*time.Millisecond, false), sem(other, 100*time.Millisecond, false)
+	mustAcquire(t, r, x)
+	mustAcquire(t, r, y)
+	live(other, 0)
+	z := sem(other, time.Minute, false)
+	mustAcquire(t, r, z)
+	lengths(other, 1, 0, "a grant on a row whose entries all expired")
+	if z.Token <= y.Token {
+		t.Errorf("token %d after expired holders' %d; want it greater", z.Token, y.Token)
+	}
+	mustRelease(t, r, z)
+	wantRows(t, my.fixture(), other)
 }
