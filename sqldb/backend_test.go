@@ -71,6 +71,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("KeysDoNotSerialize", func(t *testing.T) { testKeysDoNotSerialize(t, my) })
 	t.Run("KindsNoTempTables", func(t *testing.T) { testKindsNoTempTables(t, my) })
 	t.Run("KindsExpiredEntries", func(t *testing.T) { testKindsExpiredEntries(t, my) })
+	t.Run("KindsExpiredOwnEntry", func(t *testing.T) { testKindsExpiredOwnEntry(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {

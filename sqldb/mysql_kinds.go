@@ -188,7 +188,9 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
           '$.i', JSON_OBJECT('o', {ME_O}, 'k', {ME_K}, 's', LAST_INSERT_ID(), 'e', {ME_E})),
         JSON_REMOVE(JSON_SET(state, CONCAT('$.i[', ` + liveMineI + `, '].e'), {ME_E}),
           ` + at("h", deadH) + `, ` + at("i", deadI) + `))))`
-	meIn := `EXISTS (SELECT 1 FROM {JTH} j WHERE o = {ME_O})`
+	// (A live grant only: an expired one of the same owner value may
+	// still be in the row.)
+	meIn := `EXISTS (SELECT 1 FROM {JTH} j WHERE e > {N} AND o = {ME_O})`
 	// (A derived table cannot read the row's column: no UNION of the two.)
 	left := `COALESCE(LEAST(COALESCE((SELECT MIN(e) FROM {JTH} j WHERE e > {N} AND o <> {ME_O}), 9223372036854775807),
     COALESCE((SELECT MIN(e) FROM {JTI} j WHERE e > {N} AND o <> {ME_O}), 9223372036854775807)) - {N}, 0)`

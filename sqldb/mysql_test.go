@@ -446,3 +446,37 @@ func testKindsExpiredEntries(t *testing.T, my *myFixture) {
 	mustRelease(t, r, z)
 	wantRows(t, my.fixture(), other)
 }
+
+// testKindsExpiredOwnEntry takes a write lock with the owner value of a
+// read grant that expired while another reader holds (an application's
+// ValueFunc may give one value per process): the expired entry, still in
+// the row, must not count as the writer's grant.
+func testKindsExpiredOwnEntry(t *testing.T, my *myFixture) {
+	r := my.resource(t, my.db(t, nil))
+	key := testsuite.Key(t)
+	value := testsuite.Key(t)
+	read := func(ttl time.Duration) *backend.Lease {
+		l := newLease(t, key, ttl)
+		l.Kind = backend.KindRead
+		return l
+	}
+	mine, other, holder := read(100*time.Millisecond), read(100*time.Millisecond), read(time.Minute)
+	mine.Value = value
+	for _, l := range []*backend.Lease{mine, other, holder} {
+		mustAcquire(t, r, l)
+	}
+	eventually(t, 10*time.Second, "one live reader", func() (bool, error) {
+		in, err := r.Inspect(t.Context(), key, backend.KindRead)
+		return len(in.Holders) == 1, err
+	})
+	w := newLease(t, key, time.Minute)
+	w.Kind, w.Value = backend.KindWrite, value
+	if ok, _, err := r.TryAcquire(t.Context(), w); ok || err != nil {
+		t.Fatalf("a write attempt while a reader holds = %v, %v; want refused", ok, err)
+	}
+	if err := r.Withdraw(t.Context(), w); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, r, holder)
+	wantRows(t, my.fixture(), key)
+}
