@@ -224,7 +224,11 @@
 //     it; backend.Withdrawer deletes it when the wait ends without the
 //     lock;
 //   - expired entries are dropped by whichever statement next writes the
-//     row.
+//     row (PostgreSQL: all of them; MySQL: one per array, the rules
+//     reading live entries only, since rebuilding the arrays took an
+//     aggregate over JSON_TABLE, which makes a temporary table on disk
+//     per statement; an array then grows only while all its entries are
+//     live).
 //
 // Semaphore waiters that wait in line get freed permits in order of
 // arrival, and read and write requests are served in order of arrival,
