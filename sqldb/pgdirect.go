@@ -3,6 +3,8 @@ package sqldb
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 	"time"
@@ -105,14 +107,31 @@ func (p *Postgres) acquireDirect(ctx context.Context, call *pgCall, c *pgxpool.C
 	rows := 0
 	for rr.NextRow() {
 		v := rr.Values()
-		if len(v) == 3 && len(v[0]) == 1 && len(v[1]) == 8 && len(v[2]) == 8 {
+		switch {
+		case len(v) == 3 && len(v[0]) == 1 && len(v[1]) == 8 && len(v[2]) == 8: // acqAlone
 			r.token = int64(binary.BigEndian.Uint64(v[1]))
 			r.left = int64(binary.BigEndian.Uint64(v[2]))
 			r.ours, r.waited = r.left == -1, v[0][0] != 0
 			rows++
+		case len(v) == 5 && len(v[0]) == 1 && len(v[1]) == 8 && (v[2] == nil || len(v[2]) == 8) && len(v[4]) == 8: // acq
+			r.token = int64(binary.BigEndian.Uint64(v[1]))
+			r.waited = v[0][0] != 0
+			holder := int64(-2) // none: the row is free
+			if v[2] != nil {
+				holder = int64(binary.BigEndian.Uint64(v[2]))
+			}
+			r.ours = holder == -1
+			if !r.ours {
+				r.left, r.err = queueLapse(holder, v[3], l.Value, int64(binary.BigEndian.Uint64(v[4])))
+			} else {
+				r.left = -1
+			}
+			rows++
 		}
 	}
-	_, r.err = rr.Close()
+	if _, err := rr.Close(); err != nil {
+		r.err = err // the statement's error first: a reply to parse is incomplete then
+	}
 	if r.err == nil && rows == 0 {
 		r.err = pgx.ErrNoRows
 	}
@@ -140,4 +159,49 @@ func (p *Postgres) relFastDirect(ctx context.Context, c *pgxpool.Conn, m *pgMute
 	params := [2][]byte{strBytes(l.Key), strBytes(l.Value)}
 	tag, err := conn.PgConn().ExecStatement(ctx, sd, params[:], formats, nil).Close()
 	return tag.RowsAffected(), err
+}
+
+// queueLapse is acq's hint to a refused attempt of owner, in microseconds:
+// the holder's time left (holder; -2 when nobody holds), or, when sooner,
+// the time until the last of the live intents that precede owner's in
+// queue lapses, by the server's clock now; 0 when neither applies. queue
+// is the row's queue as jsonb in binary (a version byte, then the text),
+// nil for none.
+func queueLapse(holder int64, queue []byte, owner string, now int64) (int64, error) {
+	left, some := holder, holder >= 0
+	if len(queue) > 1 {
+		if queue[0] != 1 {
+			return 0, fmt.Errorf("sqldb: postgres: queue in jsonb format %d", queue[0])
+		}
+		var q []struct {
+			O string `json:"o"`
+			S int64  `json:"s"`
+			E int64  `json:"e"`
+		}
+		if err := json.Unmarshal(queue[1:], &q); err != nil {
+			return 0, fmt.Errorf("sqldb: postgres: queue: %w", err)
+		}
+		own := -1
+		for i := range q {
+			if q[i].O == owner {
+				own = i
+				break
+			}
+		}
+		if own >= 0 {
+			last, found := int64(0), false
+			for _, x := range q {
+				if x.S < q[own].S && (!found || x.E > last) {
+					last, found = x.E, true
+				}
+			}
+			if found && (!some || last-now < left) {
+				left, some = last-now, true
+			}
+		}
+	}
+	if !some {
+		return 0, nil
+	}
+	return left, nil
 }

@@ -462,3 +462,38 @@ func TestIntentLife(t *testing.T) {
 		t.Errorf("25ms left: %v; want 0, no intent (under the margin, 50ms)", got)
 	}
 }
+
+// TestQueueLapse: acq's hint worked out from the row's queue, as the
+// statement's RETURNING did: the holder's time, or the lapse of the last
+// intent ahead when sooner; 0 when neither.
+func TestQueueLapse(t *testing.T) {
+	q := func(s string) []byte { return append([]byte{1}, s...) }
+	line := q(`[{"o":"a","s":5,"e":1300},{"o":"me","s":7,"e":1900},{"o":"b","s":6,"e":1500},{"o":"c","s":9,"e":1100}]`)
+	for _, c := range []struct {
+		name   string
+		holder int64
+		queue  []byte
+		owner  string
+		want   int64
+	}{
+		{"held, nobody in line", 800, nil, "me", 800},
+		{"free, nobody in line", -2, nil, "me", 0},
+		{"free, two ahead: the later lapse", -2, line, "me", 500},
+		{"held longer than the line ahead", 900, line, "me", 500},
+		{"held shorter than the line ahead", 200, line, "me", 200},
+		{"first in line", 300, line, "a", 300},
+		{"not in line", 300, line, "z", 300},
+		{"free and first in line", -2, line, "a", 0},
+		{"empty line", 300, q(`[]`), "me", 300},
+	} {
+		got, err := queueLapse(c.holder, c.queue, c.owner, 1000)
+		if err != nil || got != c.want {
+			t.Errorf("%s: queueLapse = %d, %v; want %d", c.name, got, err, c.want)
+		}
+	}
+	for _, bad := range [][]byte{append([]byte{2}, `[]`...), q(`[{"o":`)} {
+		if _, err := queueLapse(0, bad, "me", 0); err == nil {
+			t.Errorf("queueLapse(%q) = nil error; want one", bad)
+		}
+	}
+}
