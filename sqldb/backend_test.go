@@ -72,6 +72,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("KindsNoTempTables", func(t *testing.T) { testKindsNoTempTables(t, my) })
 	t.Run("KindsExpiredEntries", func(t *testing.T) { testKindsExpiredEntries(t, my) })
 	t.Run("KindsExpiredOwnEntry", func(t *testing.T) { testKindsExpiredOwnEntry(t, my) })
+	t.Run("KindsGrantToken", func(t *testing.T) { testKindsGrantToken(t, my) })
 }
 
 func harness(f fixture) testsuite.Harness {

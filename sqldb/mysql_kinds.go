@@ -123,7 +123,11 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 	// array grows only while all its entries are live, and an acquire
 	// that finds no live entry but its own intent writes the state anew.
 	// The state keeps its format (groupState): processes of the previous
-	// version, which rebuild the arrays, share a table with these.
+	// version, which rebuild the arrays, share a table with these. A
+	// state written anew is still set on the old one (JSON_SET of both
+	// arrays): an expression that reads no column is evaluated once,
+	// before the statement draws its token, and {ME} would carry the
+	// previous statement's LAST_INSERT_ID (KindsGrantToken).
 	//
 	// idx is the index (from 0) of the last entry of array arr ("h" or
 	// "i") meeting cond, NULL if none; at is the path to the entry of
@@ -179,7 +183,7 @@ func (m *MySQL) kindStmts(ctx context.Context, kq string, prep func(string) *sql
 	liveMineI := idx("i", `o = {ME_O} AND e > {N}`)
 	dropI := `COALESCE(` + mineI + `, ` + deadI + `)`
 	newState := `IF(` + ok + `,
-    IF(` + noneLive + `, JSON_OBJECT('h', JSON_ARRAY({ME}), 'i', JSON_ARRAY()),
+    IF(` + noneLive + `, JSON_SET(state, '$.h', JSON_ARRAY({ME}), '$.i', JSON_ARRAY()),
       JSON_ARRAY_APPEND(JSON_REMOVE(state, ` + at("h", deadH) + `, ` + at("i", dropI) + `), '$.h', {ME})),
     IF(:life <= 0 OR {ME_K} = 's' AND lim <> :lim AND ` + liveH + `,
       IF(` + mineI + ` IS NULL, state, JSON_REMOVE(state, ` + at("i", mineI) + `)),

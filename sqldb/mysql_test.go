@@ -480,3 +480,51 @@ func testKindsExpiredOwnEntry(t *testing.T, my *myFixture) {
 	mustRelease(t, r, holder)
 	wantRows(t, my.fixture(), key)
 }
+
+// testKindsGrantToken: a grant writes its own token into the row's
+// holders, whatever the connection's LAST_INSERT_ID was before the
+// statement. A grant on a row whose entries had all gone (the readers
+// released, only the writer's intent left) wrote the state from an
+// expression that read no column, which MariaDB evaluated once, before
+// the statement drew the token: the holder carried the previous
+// statement's LAST_INSERT_ID (a release's outcome, 2; the distlock
+// command's status showed the writer with a contended refusal's
+// 9223372036863506787).
+func testKindsGrantToken(t *testing.T, my *myFixture) {
+	db := my.db(t, nil)
+	db.SetMaxOpenConns(1) // one session: every statement sees the last one's LAST_INSERT_ID
+	r := my.resource(t, db)
+	key := testsuite.Key(t)
+	lease := func(k backend.Kind) *backend.Lease {
+		l := newLease(t, key, time.Minute)
+		l.Kind, l.Waits = k, true
+		return l
+	}
+	want := func(l *backend.Lease, when string) {
+		t.Helper()
+		in, err := r.Inspect(t.Context(), key, backend.KindWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range in.Holders {
+			if h.Kind == l.Kind && h.Token == l.Token {
+				return
+			}
+		}
+		t.Errorf("%s: holders %+v; want one of kind %v with the grant's token %d", when, in.Holders, l.Kind, l.Token)
+	}
+	rd, rd2, w := lease(backend.KindRead), lease(backend.KindRead), lease(backend.KindWrite)
+	mustAcquire(t, r, rd)
+	want(rd, "a reader on a new row")
+	mustAcquire(t, r, rd2)
+	want(rd2, "a second reader")
+	if ok, _, err := r.TryAcquire(t.Context(), w); ok || err != nil {
+		t.Fatalf("a writer's attempt while readers hold = %v, %v; want refused", ok, err)
+	}
+	mustRelease(t, r, rd)
+	mustRelease(t, r, rd2)
+	mustAcquire(t, r, w)
+	want(w, "the writer, after the readers left")
+	mustRelease(t, r, w)
+	wantRows(t, my.fixture(), key)
+}
