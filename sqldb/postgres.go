@@ -916,10 +916,10 @@ func (p *Postgres) acquireGroup(ctx context.Context, c *pgxpool.Conn, l *backend
 }
 
 // intentLife is the life of the intent a refused attempt of a waiting
-// mutex or semaphore acquisition records: the lease's TTL, but no longer than the
-// acquisition's context has left (its wait and the facade's grace) less
-// headMargin, and 0 (no intent: the attempt does not queue) when less
-// than headMargin is left. So the intent of a waiter that left lapses
+// mutex or semaphore acquisition records: the lease's TTL, but no longer
+// than the acquisition's context has left (its wait and the facade's
+// grace) less headMargin, and 0 (no intent: the attempt does not queue)
+// when less than headMargin is left. So the intent of a waiter that left lapses
 // before its wait ends even if its withdrawal comes late or never (an
 // attempt cut off at the end of the wait may commit after the
 // withdrawal and renew the intent), and a release never keeps the lock
